@@ -1,0 +1,111 @@
+"""Audio loading for jobs: soundfile decoding through fsspec, channel choice, resampling, checks."""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import fsspec
+import numpy as np
+import soundfile as sf
+
+from espnet3_flows.manifest import Utterance
+
+
+class AudioError(ValueError):
+    """An utterance's audio cannot be used; the message names the utterance and the reason."""
+
+
+@dataclass(frozen=True)
+class AudioConfig:
+    """How audio is read for a job.
+
+    Attributes:
+        sampling_rate: Target rate in Hz; other rates are resampled (polyphase, exact ratio).
+        channel: Channel index to keep from multi-channel audio, or ``None`` for the mean.
+        max_duration: Longest accepted recording in seconds (checked from the header,
+            before decoding, so a 2-hour file is refused without loading it); ``None`` = no limit.
+    """
+
+    sampling_rate: int = 16000
+    channel: int | None = None
+    max_duration: float | None = 3600.0
+
+
+def read_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None) -> np.ndarray:
+    """Load an utterance as float32 mono samples at ``config.sampling_rate``.
+
+    Raises:
+        AudioError: missing or unreadable file, zero-length audio, too long, a missing
+            channel, or NaN/Inf samples; the message names the utterance.
+    """
+    try:
+        if utt.cut is not None:
+            samples, rate = _read_lhotse(utt)
+        else:
+            samples, rate = _read_soundfile(utt.path, config, storage_options)
+    except AudioError as exc:
+        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
+    except FileNotFoundError:
+        raise AudioError(f"utt {utt.utt_id!r}: audio file not found: {utt.path}") from None
+    except Exception as exc:  # noqa: BLE001 - decoders raise many types
+        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): cannot decode audio: {exc}") from None
+    try:
+        mono = _select_channel(samples, config.channel)
+    except AudioError as exc:
+        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
+    if mono.size == 0:
+        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): zero-length audio")
+    if not np.isfinite(mono).all():
+        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): audio contains NaN or Inf samples")
+    if rate != config.sampling_rate:
+        mono = resample(mono, rate, config.sampling_rate)
+    return mono
+
+
+def resample(x: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
+    """Polyphase resampling by the exact rational ratio ``target_sr / orig_sr`` (float32 out)."""
+    from scipy.signal import resample_poly
+
+    g = math.gcd(int(orig_sr), int(target_sr))
+    up, down = int(target_sr) // g, int(orig_sr) // g
+    return resample_poly(x.astype(np.float64), up, down).astype(np.float32)
+
+
+def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str, Any] | None):
+    protocol = fsspec.core.split_protocol(path)[0]
+    if protocol in (None, "file"):
+        source: Any = fsspec.core.strip_protocol(path) if protocol else path
+    else:
+        with fsspec.open(path, "rb", **(storage_options or {})) as f:
+            source = io.BytesIO(f.read())
+    info = sf.info(source)
+    if hasattr(source, "seek"):
+        source.seek(0)
+    if info.samplerate <= 0:
+        raise AudioError("invalid sampling rate in header")
+    duration = info.frames / info.samplerate
+    if config.max_duration is not None and duration > config.max_duration:
+        raise AudioError(f"duration {duration:.1f} s exceeds max_duration {config.max_duration:g} s")
+    data, rate = sf.read(source, dtype="float32", always_2d=True)
+    return data.T, int(rate)  # (channels, samples)
+
+
+def _read_lhotse(utt: Utterance):
+    from lhotse import CutSet
+
+    cut = CutSet.from_dicts([dict(utt.cut)])[0]  # type: ignore[arg-type]
+    audio = cut.load_audio()
+    return np.asarray(audio, dtype=np.float32).reshape(-1, audio.shape[-1]), int(cut.sampling_rate)
+
+
+def _select_channel(samples: np.ndarray, channel: int | None) -> np.ndarray:
+    if samples.shape[0] == 1:
+        return np.ascontiguousarray(samples[0])
+    if channel is None:
+        return samples.mean(axis=0, dtype=np.float64).astype(np.float32)
+    if not 0 <= channel < samples.shape[0]:
+        raise AudioError(f"channel {channel} requested but the audio has {samples.shape[0]} channel(s)")
+    return np.ascontiguousarray(samples[channel])

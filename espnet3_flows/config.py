@@ -1,0 +1,120 @@
+"""Job configuration: OmegaConf YAML plus ``key=value`` overrides, checked against typed dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping, Sequence, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value, key or file is invalid; raised before any work starts."""
+
+
+def _describe(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None)
+    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"{key}: {msg}" if key else msg
+
+
+def load_config(
+    schema: type[T],
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    base: Mapping[str, Any] | None = None,
+) -> T:
+    """Build a typed config object from defaults, a YAML file and command-line overrides.
+
+    Later sources win: the dataclass defaults, then ``base`` (e.g. flow parameters), then
+    the YAML file at ``path``, then ``overrides`` such as ``["shard_size=64",
+    "parallel.env=slurm"]``. The schema is in struct mode, so an unknown key or a value of
+    the wrong type is a :class:`ConfigError` naming the key.
+
+    Args:
+        schema: A dataclass type describing the configuration.
+        path: Optional YAML file.
+        overrides: ``key=value`` strings in OmegaConf dot-list syntax.
+        base: Optional mapping merged before the file.
+
+    Returns:
+        An instance of ``schema`` (its ``__post_init__`` validation has run).
+    """
+    try:
+        cfg = OmegaConf.structured(schema)
+        layers: list[DictConfig] = []
+        if base:
+            layers.append(OmegaConf.create(dict(base)))
+        if path is not None:
+            p = Path(path)
+            if not p.is_file():
+                raise ConfigError(f"config file not found: {p}")
+            loaded = OmegaConf.load(p)
+            if not isinstance(loaded, DictConfig):
+                raise ConfigError(f"{p}: the top level of a config file must be a mapping")
+            layers.append(loaded)
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} is not of the form key=value")
+        if overrides:
+            layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(cfg, *layers)
+        obj = OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid configuration: {_describe(exc)}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from None
+    assert isinstance(obj, schema)
+    return obj
+
+
+def to_plain(obj: Any) -> Any:
+    """Convert a config dataclass (or OmegaConf node) into plain JSON-able dicts and lists."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, DictConfig) or OmegaConf.is_config(obj):
+        return OmegaConf.to_container(obj, resolve=True)
+    if isinstance(obj, Mapping):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def split_cli_args(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Split ``[--config FILE] [key=value ...]`` command-line arguments.
+
+    Returns:
+        The config file path (or ``None``) and the list of overrides.
+
+    Raises:
+        ConfigError: on an argument that is neither ``--config FILE`` nor ``key=value``.
+    """
+    path: str | None = None
+    overrides: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("--config", "-c"):
+            if i + 1 >= len(args):
+                raise ConfigError("--config needs a file argument")
+            path = args[i + 1]
+            i += 2
+            continue
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif "=" in arg and not arg.startswith("-"):
+            overrides.append(arg)
+        else:
+            raise ConfigError(f"unexpected argument {arg!r}: use --config FILE and key=value overrides")
+        i += 1
+    return path, overrides

@@ -1,0 +1,240 @@
+"""Dask clusters from the ``parallel:`` config: local processes, local GPUs, or a batch scheduler."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+import inspect
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from espnet3_flows.config import ConfigError
+
+#: ``parallel.env`` → cluster class. ``serial`` runs in the calling process with no Dask.
+CLUSTER_CLASSES: dict[str, str] = {
+    "local": "distributed.LocalCluster",
+    "local_gpu": "dask_cuda.LocalCUDACluster",
+    "slurm": "dask_jobqueue.SLURMCluster",
+    "pbs": "dask_jobqueue.PBSCluster",
+    "sge": "dask_jobqueue.SGECluster",
+    "lsf": "dask_jobqueue.LSFCluster",
+    "htcondor": "dask_jobqueue.HTCondorCluster",
+    "oar": "dask_jobqueue.OARCluster",
+    "moab": "dask_jobqueue.MoabCluster",
+}
+ENVS = ("serial", *CLUSTER_CLASSES)
+
+
+@dataclass
+class ParallelConfig:
+    """The ``parallel:`` section: where shards run.
+
+    Attributes:
+        env: ``serial`` (in this process, no Dask), ``local`` (a process ``LocalCluster``),
+            ``local_gpu`` (``dask_cuda.LocalCUDACluster``, one GPU per worker) or a batch
+            scheduler of dask-jobqueue: ``slurm``, ``pbs``, ``sge``, ``lsf``, ``htcondor``,
+            ``oar``, ``moab``.
+        n_workers: Workers to start; 0 means one per CPU core (``local``), one per visible
+            GPU (``local_gpu``) or 1 job (batch schedulers, unless ``adapt`` is set).
+        threads_per_worker: Threads per local worker (1: a speech job is CPU-bound per item).
+        options: Keyword arguments for the cluster class (e.g. ``queue``, ``cores``,
+            ``memory``, ``walltime``, ``job_extra_directives`` for SLURM). Unknown names are
+            an error at construction.
+        adapt: Adaptive scaling bounds for batch schedulers, e.g. ``{"minimum": 1, "maximum": 8}``.
+        allowed_failures: How often a task may lose its worker before Dask gives up on it.
+    """
+
+    env: str = "local"
+    n_workers: int = 0
+    threads_per_worker: int = 1
+    options: dict[str, Any] = field(default_factory=dict)
+    adapt: dict[str, Any] = field(default_factory=dict)
+    allowed_failures: int = 3
+
+    def __post_init__(self) -> None:
+        if self.env not in ENVS:
+            close = difflib.get_close_matches(str(self.env), ENVS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"parallel.env: unknown environment {self.env!r}{hint}; choose one of {', '.join(ENVS)}")
+        if self.n_workers < 0:
+            raise ConfigError(f"parallel.n_workers must be >= 0, got {self.n_workers}")
+        if self.threads_per_worker < 1:
+            raise ConfigError(f"parallel.threads_per_worker must be >= 1, got {self.threads_per_worker}")
+        bad_adapt = set(self.adapt) - {"minimum", "maximum", "minimum_jobs", "maximum_jobs", "interval", "wait_count", "target_duration"}
+        if bad_adapt:
+            raise ConfigError(f"parallel.adapt: unknown keys {sorted(bad_adapt)}")
+        if self.env != "serial":
+            cluster_spec(self)  # validates options now, not on the cluster
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A resolved cluster: class path, constructor keyword arguments, workers and adaptivity."""
+
+    class_path: str
+    kwargs: dict[str, Any]
+    n_workers: int
+    adapt: dict[str, Any]
+
+    @property
+    def is_jobqueue(self) -> bool:
+        """Whether the cluster submits batch jobs (workers are scaled, not passed as ``n_workers``)."""
+        return self.class_path.startswith("dask_jobqueue.")
+
+
+def _import(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        extra = " (pip install 'espnet3-flows[gpu]')" if module == "dask_cuda" else ""
+        raise ConfigError(f"parallel.env needs {module}, which cannot be imported: {exc}{extra}") from None
+
+
+def _accepted_kwargs(cls: type) -> set[str] | None:
+    names: set[str] = set()
+    classes = list(inspect.getmro(cls))
+    job_cls = getattr(cls, "job_cls", None)
+    if job_cls is not None:
+        classes += list(inspect.getmro(job_cls))
+    if cls.__name__ in ("LocalCluster", "LocalCUDACluster"):
+        from distributed import Nanny, Worker
+
+        classes += [Nanny, Worker]
+    for c in classes:
+        init = c.__dict__.get("__init__")
+        if init is None:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
+                names.add(p.name)
+    return names or None
+
+
+def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
+    """Resolve ``cfg`` to a cluster class and checked keyword arguments.
+
+    Raises:
+        ConfigError: for ``serial``, an unknown option name (with the closest valid one), or
+            a cluster package that is not installed.
+    """
+    if cfg.env == "serial":
+        raise ConfigError("parallel.env=serial runs without a cluster")
+    class_path = CLUSTER_CLASSES[cfg.env]
+    cls = _import(class_path)
+    accepted = _accepted_kwargs(cls)
+    if accepted is not None:
+        for key in cfg.options:
+            if key not in accepted:
+                close = difflib.get_close_matches(key, sorted(accepted), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"parallel.options.{key}: not an option of {class_path}{hint}")
+    kwargs = dict(cfg.options)
+    n = cfg.n_workers
+    if cfg.env == "local":
+        n = n or (os.cpu_count() or 1)
+        kwargs.setdefault("n_workers", n)
+        kwargs.setdefault("threads_per_worker", cfg.threads_per_worker)
+        kwargs.setdefault("processes", True)
+        kwargs.setdefault("dashboard_address", None)
+    elif cfg.env == "local_gpu":
+        if n:
+            kwargs.setdefault("n_workers", n)
+        kwargs.setdefault("threads_per_worker", cfg.threads_per_worker)
+        kwargs.setdefault("dashboard_address", None)
+    else:
+        n = n or (0 if cfg.adapt else 1)
+        kwargs.setdefault("cores", 1)
+        kwargs.setdefault("memory", "2GB")
+        kwargs.setdefault("processes", 1)
+    return ClusterSpec(class_path, kwargs, n, dict(cfg.adapt))
+
+
+def make_cluster(cfg: ParallelConfig) -> Any:
+    """Start the cluster described by ``cfg`` (scaled, or adaptive for batch schedulers)."""
+    import dask
+
+    spec = cluster_spec(cfg)
+    cls = _import(spec.class_path)
+    with dask.config.set({"distributed.scheduler.allowed-failures": cfg.allowed_failures}):
+        cluster = cls(**spec.kwargs)
+    if spec.is_jobqueue:
+        if spec.adapt:
+            cluster.adapt(**spec.adapt)
+        else:
+            cluster.scale(spec.n_workers)
+    return cluster
+
+
+_CURRENT: ParallelConfig | None = None
+
+
+def set_parallel(config: ParallelConfig | Any) -> None:
+    """Set the process-wide ``parallel`` config used by :func:`get_client` (ESPnet3's API)."""
+    global _CURRENT
+    if not isinstance(config, ParallelConfig):
+        from espnet3_flows.config import load_config, to_plain
+
+        config = load_config(ParallelConfig, base=to_plain(config))
+    _CURRENT = config
+
+
+def get_parallel_config() -> ParallelConfig:
+    """The config set with :func:`set_parallel` (a default local one if none was set)."""
+    return _CURRENT if _CURRENT is not None else ParallelConfig()
+
+
+@contextlib.contextmanager
+def get_client(plugin: Any = None, config: ParallelConfig | None = None, wait_for_workers: int = 1) -> Iterator[Any]:
+    """A ``distributed.Client`` on a fresh cluster from the ``parallel`` config, closed on exit.
+
+    Args:
+        plugin: Optional ``distributed.WorkerPlugin`` (e.g. one loading a model in ``setup``)
+            registered on every worker, present and future.
+        config: The parallel config; :func:`get_parallel_config` by default.
+        wait_for_workers: Block until this many workers joined (0 to not wait).
+    """
+    from distributed import Client
+
+    cfg = config or get_parallel_config()
+    if cfg.env == "serial":
+        raise ConfigError("get_client needs a cluster; parallel.env=serial runs in-process")
+    with contextlib.ExitStack() as stack:
+        cluster = make_cluster(cfg)
+        stack.callback(cluster.close)
+        client = Client(cluster)
+        stack.callback(client.close)
+        if wait_for_workers:
+            client.wait_for_workers(min(wait_for_workers, max(1, cluster_spec(cfg).n_workers or 1)), timeout=600)
+        if plugin is not None:
+            client.register_plugin(plugin)
+        yield client
+
+
+def parallel_map(func: Callable[[Any], Any], items: Iterable[Any], client: Any = None,
+                 desc: str = "items", progress: bool = True) -> list[Any]:
+    """Apply ``func`` to every item on the cluster and return results in input order.
+
+    Runs in this process when ``client`` is ``None``. A progress bar shows completion.
+    """
+    from tqdm.auto import tqdm
+
+    seq: Sequence[Any] = list(items)
+    bar = tqdm(total=len(seq), desc=desc, disable=not progress, leave=False)
+    try:
+        if client is None:
+            out = []
+            for x in seq:
+                out.append(func(x))
+                bar.update(1)
+            return out
+        from distributed import as_completed
+
+        futures = client.map(func, seq, pure=False)
+        for _ in as_completed(futures):
+            bar.update(1)
+        return client.gather(futures)
+    finally:
+        bar.close()

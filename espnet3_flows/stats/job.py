@@ -1,0 +1,256 @@
+"""The collect-stats job: config, provider and runner (feature shapes and global mean/variance)."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from espnet3_flows.audio import AudioConfig, read_audio
+from espnet3_flows.config import ConfigError, to_plain
+from espnet3_flows.manifest import ON_ERROR_POLICIES, SkippedItem, Utterance, read_manifest
+from espnet3_flows.parallel.cluster import ParallelConfig
+from espnet3_flows.parallel.provider import EnvironmentProvider
+from espnet3_flows.parallel.runner import BaseRunner, ShardResult
+from espnet3_flows.sharding import Shard, fingerprint_files
+from espnet3_flows.stats.accumulator import StatsAccumulator
+from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
+
+_SPLIT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+@dataclass
+class CollectStatsConfig:
+    """Configuration of collect-stats (``python flows/collect_stats.py`` takes these keys).
+
+    Attributes:
+        manifests: Split name → manifest (TSV or lhotse ``.jsonl[.gz]``), path or URL. Empty
+            means: generate the demo corpus and use its splits.
+        output_dir: Where outputs go (path or fsspec URL such as ``s3://bucket/stats``).
+        storage_options: fsspec options for ``output_dir`` and remote inputs (credentials,
+            ``client_kwargs.endpoint_url``); never written to outputs or logs.
+        shard_size: Utterances per shard (the unit of caching, retry and parallelism).
+        batch_size: Utterances per ``forward`` call.
+        frontend: Feature extraction (see :class:`FrontendConfig`).
+        write_collected_feats: Also write the features as Kaldi ark/scp (``collect_feats/``).
+        collect_stats_kwargs: Extra keyword arguments for ``model.collect_feats``.
+        on_error: ``fail`` stops at the first bad item; ``skip`` lists it in ``skipped.tsv``.
+        retries: Retries of a failed shard task (Prefect).
+        retry_delay_seconds: First retry delay; doubles on each retry.
+        demo_utterances: Size of the generated demo corpus when ``manifests`` is empty.
+        parallel: Where shards run (see :class:`ParallelConfig`).
+    """
+
+    manifests: dict[str, str] = field(default_factory=dict)
+    output_dir: str = "exp/collect_stats"
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    shard_size: int = 128
+    batch_size: int = 16
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    write_collected_feats: bool = False
+    collect_stats_kwargs: dict[str, Any] = field(default_factory=dict)
+    on_error: str = "fail"
+    retries: int = 2
+    retry_delay_seconds: float = 2.0
+    demo_utterances: int = 300
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self) -> None:
+        check_common(self.on_error, self.shard_size, self.batch_size, self.manifests)
+
+
+def check_common(on_error: str, shard_size: int, batch_size: int, manifests: Mapping[str, str]) -> None:
+    """Checks shared by the jobs' configs."""
+    if on_error not in ON_ERROR_POLICIES:
+        raise ConfigError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
+    if shard_size < 1:
+        raise ConfigError(f"shard_size must be >= 1, got {shard_size}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    for split in manifests:
+        if not split or set(split) - _SPLIT_CHARS or split.startswith((".", "-")):
+            raise ConfigError(f"manifests: split name {split!r} must be letters, digits, '_', '-' or '.'")
+
+
+class UtteranceDataset:
+    """A split's utterances, read from its manifest once per process."""
+
+    def __init__(self, manifest: str, split: str, on_error: str, storage_options: Mapping[str, Any] | None):
+        self.split = split
+        self.utts, self.skipped = read_manifest(manifest, split, on_error, storage_options)
+
+    def __len__(self) -> int:
+        return len(self.utts)
+
+    def __getitem__(self, idx: int) -> Utterance:
+        return self.utts[idx]
+
+
+def _build_env(cfg: CollectStatsConfig, split: str) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    fe = cfg.frontend
+    return {
+        "dataset": UtteranceDataset(cfg.manifests[split], split, cfg.on_error, cfg.storage_options),
+        "frontend": build_frontend(fe),
+        "audio": AudioConfig(fe.sampling_rate, fe.channel, fe.max_duration),
+        "storage_options": dict(cfg.storage_options),
+        "collect_stats_kwargs": dict(cfg.collect_stats_kwargs),
+    }
+
+
+class CollectStatsProvider(EnvironmentProvider):
+    """Builds ``dataset`` (the split's utterances), ``frontend``, ``audio``, ``storage_options``
+    and ``collect_stats_kwargs`` once per worker. ``params["split"]`` names the split."""
+
+    def build_env_local(self) -> dict[str, Any]:
+        return _build_env(self.config, self.params["split"])
+
+    def build_worker_setup_fn(self):
+        cfg, split = self.config, self.params["split"]
+        return lambda: _build_env(cfg, split)
+
+
+class CollectStatsRunner(BaseRunner):
+    """Per shard: feature shapes, exact count/mean/M2, optional Kaldi ark/scp of the features."""
+
+    def __init__(self, cfg: CollectStatsConfig, split: str, **kwargs: Any):
+        self.cfg = cfg
+        self.split = split
+        self._utts: list[Utterance] | None = None
+        super().__init__(CollectStatsProvider(cfg, {"split": split}), batch_size=cfg.batch_size,
+                         output_dir=cfg.output_dir, shard_subdir=f"{split}/shards", shard_size=cfg.shard_size,
+                         storage_options=cfg.storage_options, on_error=cfg.on_error, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_utts"] = None  # workers read the manifest themselves (once, in the env)
+        return state
+
+    # -- driver side --
+    def utterances(self) -> list[Utterance]:
+        """The split's utterances (read on the driver for planning)."""
+        if self._utts is None:
+            self._utts, self._manifest_skipped = read_manifest(
+                self.cfg.manifests[self.split], self.split, self.cfg.on_error, self.cfg.storage_options)
+        return self._utts
+
+    def item_keys(self, indices: Sequence[int]) -> list[str]:
+        utts = self.utterances()
+        prints = fingerprint_files([utts[i].path for i in indices], self.cfg.storage_options)
+        return [f"{utts[i].utt_id}\t{utts[i].path}\t{prints[utts[i].path]}" for i in indices]
+
+    def hash_config(self) -> Mapping[str, Any]:
+        fe = to_plain(self.cfg.frontend)
+        if self.cfg.frontend.type == "none":
+            fe = {"type": "none", "sampling_rate": fe["sampling_rate"], "max_duration": fe["max_duration"]}
+        return {"job": "collect_stats/1", "split": self.split, "frontend": fe,
+                "write_collected_feats": self.cfg.write_collected_feats,
+                "collect_stats_kwargs": to_plain(self.cfg.collect_stats_kwargs), "on_error": self.cfg.on_error}
+
+    def manifest_skipped(self) -> list[SkippedItem]:
+        """Manifest lines skipped under ``on_error: skip``."""
+        self.utterances()
+        return list(self._manifest_skipped)
+
+    # -- worker side --
+    @staticmethod
+    def forward(idx: Any, dataset: UtteranceDataset, frontend: Any, audio: AudioConfig,
+                storage_options: Mapping[str, Any], collect_stats_kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Load the utterances of ``idx`` and return ``{utt_id, speech_len, feats}`` for each."""
+        ids = idx if isinstance(idx, list) else [idx]
+        utts = [dataset[i] for i in ids]
+        if frontend is None:
+            return [{"utt_id": u.utt_id, "speech_len": _header_length(u, audio, storage_options), "feats": None}
+                    for u in utts]
+        waves = [read_audio(u, audio, storage_options) for u in utts]
+        feats = frontend(waves, collect_stats_kwargs)
+        out = []
+        for u, w, f in zip(utts, waves, feats):
+            if f.ndim != 2 or f.shape[0] == 0:
+                raise ValueError(f"utt {u.utt_id!r}: the frontend returned features of shape {tuple(f.shape)}")
+            if not np.isfinite(f).all():
+                raise ValueError(f"utt {u.utt_id!r}: features contain NaN or Inf")
+            out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "feats": f})
+        return out
+
+    def describe_item(self, idx: int, env: Mapping[str, Any]) -> str:
+        return env["dataset"][idx].where(self.split)
+
+    def skip_record(self, idx: int, env: Mapping[str, Any], exc: BaseException) -> dict[str, Any]:
+        u = env["dataset"][idx]
+        return SkippedItem(self.split, u.utt_id, u.line, u.path, f"{type(exc).__name__}: {exc}").to_dict()
+
+    def open_writers(self, staging_dir: Path) -> Any:
+        if not self.cfg.write_collected_feats:
+            return None
+        import kaldiio
+
+        self._staging = staging_dir
+        return kaldiio.WriteHelper(f"ark,scp:{staging_dir / 'feats.ark'},{staging_dir / 'feats.scp'}")
+
+    def write_record(self, writers: Any, idx: Any, result: list[dict[str, Any]]) -> None:
+        if writers is not None:
+            for r in result:
+                writers(r["utt_id"], np.asarray(r["feats"], dtype=np.float32))
+
+    def close_writers(self, writers: Any) -> None:
+        if writers is not None:
+            writers.close()
+
+    def init_state(self) -> dict[str, Any]:
+        return {"acc": StatsAccumulator(), "shapes": []}
+
+    def reduce_state(self, state: dict[str, Any], result: list[dict[str, Any]]) -> dict[str, Any]:
+        blocks = [r["feats"] for r in result if r["feats"] is not None]
+        if blocks:
+            state["acc"].update(np.concatenate(blocks, axis=0))
+        for r in result:
+            f = r["feats"]
+            state["shapes"].append([r["utt_id"], r["speech_len"], None if f is None else [int(f.shape[0]), int(f.shape[1])]])
+        return state
+
+    def finalize_state(self, state: dict[str, Any], writers: Any) -> dict[str, Any]:
+        return {"stats": state["acc"].to_dict(), "shapes": state["shapes"]}
+
+    def publish_rel(self, shard: Shard, name: str) -> str:
+        if name in ("feats.ark", "feats.scp"):
+            stem, ext = name.split(".")
+            return posixpath.join(self.split, "collect_feats", f"{stem}.{shard.name}.{ext}")
+        return super().publish_rel(shard, name)
+
+    def merge(self, results: list[ShardResult]) -> dict[str, Any]:
+        from espnet3_flows.stats.outputs import publish_split
+
+        return publish_split(self, results)
+
+
+def _header_length(u: Utterance, audio: AudioConfig, storage_options: Mapping[str, Any]) -> int:
+    """Length in samples at the target rate, from the header alone (``frontend.type: none``)."""
+    import math
+
+    import soundfile as sf
+    import fsspec
+
+    from espnet3_flows.audio import AudioError
+
+    if u.cut is not None:
+        dur = float(u.cut.get("duration", 0.0))
+        return int(round(dur * audio.sampling_rate))
+    try:
+        with fsspec.open(u.path, "rb", **(dict(storage_options) if "://" in u.path else {})) as f:
+            info = sf.info(f)
+    except FileNotFoundError:
+        raise AudioError(f"utt {u.utt_id!r}: audio file not found: {u.path}") from None
+    except (RuntimeError, sf.LibsndfileError) as exc:
+        raise AudioError(f"utt {u.utt_id!r} ({u.path}): cannot read audio header: {exc}") from None
+    if info.frames <= 0:
+        raise AudioError(f"utt {u.utt_id!r} ({u.path}): zero-length audio")
+    if audio.max_duration is not None and info.frames / info.samplerate > audio.max_duration:
+        raise AudioError(f"utt {u.utt_id!r} ({u.path}): duration {info.frames / info.samplerate:.1f} s exceeds "
+                         f"max_duration {audio.max_duration:g} s")
+    return int(math.ceil(info.frames * audio.sampling_rate / info.samplerate))

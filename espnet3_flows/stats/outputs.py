@@ -1,0 +1,164 @@
+"""Merged collect-stats outputs: ESPnet2 ``feats_stats.npz``, shape files, keys, summary, plot, scp."""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from espnet3_flows.manifest import SkippedItem, write_skipped_tsv
+from espnet3_flows.parallel.runner import ShardResult
+from espnet3_flows.stats.accumulator import StatsAccumulator
+
+if TYPE_CHECKING:
+    from espnet3_flows.stats.job import CollectStatsRunner
+
+EPS = 1e-20  # ESPnet2 GlobalMVN's floor on the variance
+
+
+def merge_stats(results: list[ShardResult]) -> StatsAccumulator:
+    """Chan-merge the shards' count/mean/M2 (order-independent up to float64 rounding)."""
+    acc = StatsAccumulator()
+    for r in results:
+        acc.merge(StatsAccumulator.from_dict(r.result["stats"]))
+    return acc
+
+
+def espnet_mvn(stats: dict[str, np.ndarray], eps: float = EPS) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std exactly as ``espnet2.layers.global_mvn.GlobalMVN`` derives them from the npz."""
+    count = stats["count"]
+    mean = stats["sum"] / count
+    var = stats["sum_square"] / count - mean * mean
+    return mean, np.sqrt(np.maximum(var, eps))
+
+
+def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> dict[str, Any]:
+    """Write and publish one split's merged outputs; ``summary.json`` is published last.
+
+    Returns:
+        The summary (utterances, frames, seconds, dims, lengths, skipped, shard counts, files).
+    """
+    store = runner.storage
+    assert store is not None, "collect-stats needs an output_dir"
+    split, cfg = runner.split, runner.cfg
+    shapes = sorted((row for r in results for row in r.result["shapes"]), key=lambda row: row[0])
+    skipped = [*runner.manifest_skipped(), *(SkippedItem.from_dict(s) for r in results for s in r.skipped)]
+    acc = merge_stats(results)
+    sr = cfg.frontend.sampling_rate
+    speech_lens = np.array([row[1] for row in shapes], dtype=np.int64)
+    stage = Path(tempfile.mkdtemp(prefix=f"espnet3-merge-{split}-"))
+    try:
+        files: list[str] = []
+        if acc.count:
+            np.savez(stage / "feats_stats.npz", **acc.to_espnet())
+            _write_lhotse_mvn(stage / "lhotse_global_mvn.pt", acc)
+            files += ["feats_stats.npz", "lhotse_global_mvn.pt"]
+            (stage / "feats_shape").write_text("".join(f"{u} {f[0]},{f[1]}\n" for u, _, f in shapes))
+            files.append("feats_shape")
+        (stage / "speech_shape").write_text("".join(f"{u} {n}\n" for u, n, _ in shapes))
+        (stage / "stats_keys").write_text("feats\n" if acc.count else "")
+        (stage / "batch_keys").write_text("speech\n")
+        (stage / "skipped.tsv").write_text(write_skipped_tsv(skipped))
+        files += ["speech_shape", "stats_keys", "batch_keys", "skipped.tsv"]
+        frames = np.array([row[2][0] for row in shapes if row[2]], dtype=np.int64)
+        if shapes and _plot(stage / "stats.png", acc, frames if frames.size else speech_lens / sr, frames.size > 0):
+            files.append("stats.png")
+        if cfg.write_collected_feats:
+            _merge_scp(runner, results, stage / "feats.scp")
+        summary = {
+            "split": split,
+            "utterances": len(shapes),
+            "frames": int(frames.sum()) if frames.size else 0,
+            "seconds": float(speech_lens.sum() / sr) if shapes else 0.0,
+            "feature_dim": acc.dim,
+            "frontend": cfg.frontend.type,
+            "frames_min": int(frames.min()) if frames.size else None,
+            "frames_max": int(frames.max()) if frames.size else None,
+            "frames_mean": float(frames.mean()) if frames.size else None,
+            "seconds_min": float(speech_lens.min() / sr) if shapes else None,
+            "seconds_max": float(speech_lens.max() / sr) if shapes else None,
+            "skipped": len(skipped),
+            "shards": len(results),
+            "shards_computed": sum(not r.cached for r in results),
+            "shards_cached": sum(r.cached for r in results),
+            "compute_seconds": float(sum(r.seconds for r in results if not r.cached)),
+        }
+        for name in files:
+            store.publish_file(stage / name, posixpath.join(split, name))
+        if cfg.write_collected_feats:
+            store.publish_file(stage / "feats.scp", posixpath.join(split, "collect_feats", "feats.scp"))
+            files.append("collect_feats/feats.scp")
+        summary["files"] = {name: store.uri(split, name) for name in files}
+        store.write_json(posixpath.join(split, "summary.json"), summary)
+        summary["files"]["summary.json"] = store.uri(split, "summary.json")
+        return summary
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _write_lhotse_mvn(path: Path, acc: StatsAccumulator) -> None:
+    import torch
+
+    std = np.sqrt(np.maximum(acc.variance(), EPS))
+    torch.save({"norm_means": torch.from_numpy(acc.mean.astype(np.float32)),  # type: ignore[union-attr]
+                "norm_stds": torch.from_numpy(std.astype(np.float32))}, path)
+
+
+def _merge_scp(runner: "CollectStatsRunner", results: list[ShardResult], dest: Path) -> None:
+    """One scp for the split whose lines point at the published shard arks (absolute path or URL)."""
+    store = runner.storage
+    assert store is not None
+    lines: list[str] = []
+    for r in results:
+        scp_rel = next((f for f in r.files if f.endswith(".scp")), None)
+        ark_rel = next((f for f in r.files if f.endswith(".ark")), None)
+        if scp_rel is None or ark_rel is None:
+            continue
+        ark_uri = store.uri(ark_rel)
+        for line in store.read_bytes(scp_rel).decode("utf-8").splitlines():
+            key, _, loc = line.partition(" ")
+            offset = loc.rsplit(":", 1)[1]
+            lines.append(f"{key} {ark_uri}:{offset}")
+    lines.sort()
+    dest.write_text("".join(line + "\n" for line in lines))
+
+
+def _plot(path: Path, acc: StatsAccumulator, lengths: np.ndarray, in_frames: bool) -> bool:
+    """Per-dimension mean ± std and a length histogram, as a PNG (False if nothing to plot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2 if acc.count else 1, figsize=(10 if acc.count else 5, 3.2))
+    axes = np.atleast_1d(axes)
+    if acc.count:
+        dims = np.arange(acc.dim or 0)
+        std = np.sqrt(acc.variance())
+        axes[0].plot(dims, acc.mean, lw=1.2, label="mean")
+        axes[0].fill_between(dims, acc.mean - std, acc.mean + std, alpha=0.3, label="± std")  # type: ignore[operator]
+        axes[0].set_xlabel("feature dimension")
+        axes[0].set_title("per-dimension mean ± std")
+        axes[0].legend(fontsize=8)
+    ax = axes[-1]
+    ax.hist(lengths, bins=min(50, max(5, len(lengths) // 5)))
+    ax.set_xlabel("frames" if in_frames else "seconds")
+    ax.set_title("utterance lengths")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    path.write_bytes(buf.getvalue())
+    return True
+
+
+def read_summary(store: Any, split: str) -> dict[str, Any] | None:
+    """The published ``summary.json`` of a split, or ``None``."""
+    data = store.read_json(posixpath.join(split, "summary.json"))
+    return json.loads(json.dumps(data)) if data is not None else None

@@ -1,0 +1,220 @@
+"""Output storage through fsspec: atomic publishing of files and JSON records, on disk or object stores."""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+_SECRET_WORDS = ("secret", "password", "token", "key", "credential", "session")
+
+
+class StorageError(RuntimeError):
+    """The output location cannot be read or written."""
+
+
+def redact(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return a copy of fsspec storage options with credentials replaced by ``***``."""
+    out: dict[str, Any] = {}
+    for k, v in (options or {}).items():
+        if isinstance(v, Mapping):
+            out[k] = redact(v)
+        elif any(w in k.lower() for w in _SECRET_WORDS) and "endpoint" not in k.lower():
+            out[k] = "***"
+        else:
+            out[k] = v
+    return out
+
+
+class Storage:
+    """A root location (local path or fsspec URL) where shard and merged outputs are published.
+
+    Every write is atomic for readers: on a local file system a file is written beside its
+    destination under a temporary name and renamed; on object stores a single PUT is atomic
+    per object. ``repr`` never shows credentials.
+
+    Args:
+        url: Local path or URL such as ``s3://bucket/prefix`` or ``memory://run``.
+        storage_options: Keyword arguments for the fsspec file system (credentials,
+            ``client_kwargs={"endpoint_url": ...}``). Standard AWS environment variables
+            apply when they are omitted.
+    """
+
+    def __init__(self, url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None):
+        self.url = str(url)
+        self.storage_options = dict(storage_options or {})
+        fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        self.fs = fs
+        self.root = root.rstrip("/") or "/"
+        self.is_local = isinstance(fs, LocalFileSystem)
+
+    def __repr__(self) -> str:
+        return f"Storage({self.url!r}, storage_options={redact(self.storage_options)!r})"
+
+    def __reduce__(self):  # rebuild the file system on the worker instead of pickling sockets
+        return (Storage, (self.url, self.storage_options))
+
+    # -- paths -------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        """The file-system path of ``parts`` below the root (no protocol)."""
+        clean = [p.strip("/") for p in parts if p not in ("", None)]
+        return posixpath.join(self.root, *clean) if clean else self.root
+
+    def uri(self, *parts: str) -> str:
+        """The full URL (with protocol for remote stores) of ``parts`` below the root."""
+        p = self.path(*parts)
+        if self.is_local:
+            return p
+        return self.fs.unstrip_protocol(p)
+
+    def child(self, *parts: str) -> "Storage":
+        """A storage rooted at a sub-directory, sharing the options."""
+        return Storage(self.uri(*parts), self.storage_options)
+
+    # -- reads -------------------------------------------------------------------------
+    def exists(self, *parts: str) -> bool:
+        """Whether a file exists (a fresh listing, not a cached one)."""
+        self.fs.invalidate_cache()
+        return bool(self.fs.exists(self.path(*parts)))
+
+    def read_bytes(self, *parts: str) -> bytes:
+        """Read a whole file."""
+        try:
+            return self.fs.cat_file(self.path(*parts))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - fsspec back ends raise many types
+            raise StorageError(f"cannot read {self.uri(*parts)}: {exc}") from exc
+
+    def read_json(self, *parts: str) -> Any:
+        """Read and parse a JSON file; ``None`` when it does not exist."""
+        try:
+            data = self.read_bytes(*parts)
+        except FileNotFoundError:
+            return None
+        return json.loads(data.decode("utf-8"))
+
+    def get_file(self, rel: str, local_path: str | os.PathLike[str]) -> None:
+        """Download one file to a local path."""
+        self.fs.get_file(self.path(rel), str(local_path))
+
+    def list_files(self, *parts: str) -> list[str]:
+        """Relative names of the files directly below a directory (empty if it is missing)."""
+        base = self.path(*parts)
+        self.fs.invalidate_cache()
+        try:
+            entries = self.fs.ls(base, detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted(
+            posixpath.basename(e["name"].rstrip("/")) for e in entries if e.get("type") == "file"
+        )
+
+    # -- writes ------------------------------------------------------------------------
+    def write_bytes(self, rel: str, data: bytes) -> str:
+        """Atomically write ``data`` to ``rel``; returns its URI."""
+        dest = self.path(rel)
+        try:
+            if self.is_local:
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, dest)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+            else:
+                self.fs.pipe_file(dest, data)
+        except OSError as exc:
+            raise StorageError(f"cannot write {self.uri(rel)}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise StorageError(f"cannot write {self.uri(rel)}: {exc}") from exc
+        return self.uri(rel)
+
+    def write_json(self, rel: str, obj: Any) -> str:
+        """Atomically write ``obj`` as indented, key-sorted JSON."""
+        text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        return self.write_bytes(rel, text.encode("utf-8"))
+
+    def write_text(self, rel: str, text: str) -> str:
+        """Atomically write UTF-8 text."""
+        return self.write_bytes(rel, text.encode("utf-8"))
+
+    def publish_file(self, local_path: str | os.PathLike[str], rel: str) -> str:
+        """Atomically copy a local file to ``rel``; returns its URI."""
+        dest = self.path(rel)
+        try:
+            if self.is_local:
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
+                try:
+                    _copy_file(str(local_path), tmp)
+                    os.replace(tmp, dest)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+            else:
+                self.fs.put_file(str(local_path), dest)
+        except Exception as exc:  # noqa: BLE001
+            raise StorageError(f"cannot publish {self.uri(rel)}: {exc}") from exc
+        return self.uri(rel)
+
+    def publish_dir(self, local_dir: str | os.PathLike[str], rel: str) -> list[str]:
+        """Publish every file below ``local_dir`` under ``rel``; returns relative file names."""
+        names = sorted(_walk_files(Path(local_dir)))
+        for name in names:
+            self.publish_file(Path(local_dir) / name, posixpath.join(rel, name))
+        return names
+
+    def remove(self, *parts: str) -> None:
+        """Delete a file if it exists."""
+        p = self.path(*parts)
+        try:
+            self.fs.rm_file(p)
+        except FileNotFoundError:
+            pass
+
+    def remove_tree(self, *parts: str) -> None:
+        """Delete a directory tree if it exists."""
+        p = self.path(*parts)
+        try:
+            if self.fs.exists(p):
+                self.fs.rm(p, recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def check_writable(self) -> None:
+        """Write and delete a probe file, raising :class:`StorageError` with a clear reason."""
+        probe = f".write-probe-{uuid.uuid4().hex}"
+        try:
+            self.write_bytes(probe, b"ok")
+        except StorageError as exc:
+            raise StorageError(f"output location {self.uri()} is not writable: {exc.__cause__ or exc}") from None
+        self.remove(probe)
+
+
+def _copy_file(src: str, dst: str) -> None:
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        while True:
+            buf = fi.read(1 << 20)
+            if not buf:
+                break
+            fo.write(buf)
+        fo.flush()
+        os.fsync(fo.fileno())
+
+
+def _walk_files(root: Path) -> Iterable[str]:
+    for dirpath, _dirs, files in os.walk(root):
+        for fn in files:
+            yield os.path.relpath(os.path.join(dirpath, fn), root).replace(os.sep, "/")
