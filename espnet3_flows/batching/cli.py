@@ -1,0 +1,161 @@
+"""Command line and one-call Python entry: shape files in, ``batches/<split>.txt`` + report out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Union
+
+from espnet3_flows.batching.config import BatchConfig
+from espnet3_flows.batching.lengths import ColumnSource, LengthTable, read_path_list
+from espnet3_flows.batching.plan import build_batch_plan
+from espnet3_flows.batching.report import BatchReport, summarize_plan
+
+PathLike = Union[str, "os.PathLike[str]"]
+_SPLIT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def export_batches(
+    table: LengthTable,
+    config: BatchConfig,
+    output_dir: PathLike,
+    split: str,
+) -> BatchReport:
+    """Plan batches for ``table`` and write ``output_dir/batches/<split>.txt`` and ``.json``.
+
+    The text file has one batch a line, utterance ids separated by spaces, in plan
+    order. The JSON file holds the report (with the settings that produced it) and
+    the names of the shape files.
+
+    Args:
+        table: Lengths to batch (see :class:`LengthTable` constructors).
+        config: Strategy and budget.
+        output_dir: Root folder; ``batches/`` is created inside it.
+        split: Name of the data split (``train``, ``valid``...); letters, digits, ``_.-``.
+
+    Returns:
+        The plan's :class:`BatchReport`.
+
+    Raises:
+        ValueError: A split name that is not a plain file name.
+    """
+    if not _SPLIT_NAME.match(split):
+        raise ValueError(f"split name {split!r} must be letters, digits, '_', '.' or '-'")
+    plan = build_batch_plan(table, config)
+    report = summarize_plan(plan, table)
+    folder = Path(output_dir) / "batches"
+    plan.write_text(folder / f"{split}.txt")
+    record = {"report": report.to_dict(), "sources": table.column_names}
+    staging = folder / f".{split}.json.tmp"
+    staging.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    os.replace(staging, folder / f"{split}.json")
+    return report
+
+
+class _AppendColumn(argparse.Action):
+    """Keeps ``--shape-file`` and ``--shape-list`` in one ordered list of columns."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        columns = list(getattr(namespace, self.dest) or [])
+        columns.append(read_path_list(value) if option == "--shape-list" else value)
+        setattr(namespace, self.dest, columns)
+
+
+def _parse_descending(text: str) -> bool | None:
+    choices = {"true": True, "false": False, "none": None}
+    if text.lower() not in choices:
+        raise argparse.ArgumentTypeError("expected true, false or none")
+    return choices[text.lower()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m espnet3_flows.batching``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m espnet3_flows.batching",
+        description="Write length-sorted / budgeted training batches from ESPnet2 shape files.",
+    )
+    inputs = parser.add_argument_group("inputs")
+    inputs.add_argument(
+        "--shape-file", dest="columns", action=_AppendColumn, metavar="FILE",
+        help="a shape file (uttid 123,80); repeat for files sharing ids, the first drives sorting",
+    )
+    inputs.add_argument(
+        "--shape-list", dest="columns", action=_AppendColumn, metavar="LIST",
+        help="a file listing shape files with disjoint ids, concatenated into one column",
+    )
+    inputs.add_argument("--group-file", help="uttid group file (utt2spk, utt2category...)")
+    inputs.add_argument(
+        "--frame-shift", type=float, help="seconds per length unit of the first shape file"
+    )
+    strategy = parser.add_argument_group("strategy")
+    strategy.add_argument("--batch-type", choices=["sorted", "numel", "length"], default="numel")
+    strategy.add_argument("--batch-size", type=int, help="rows per batch (sorted)")
+    strategy.add_argument("--batch-bins", type=int, help="padded element budget (numel)")
+    strategy.add_argument("--max-frames", type=float, help="total length budget (length)")
+    strategy.add_argument("--max-duration", type=float, help="total seconds budget (length)")
+    strategy.add_argument(
+        "--is-descending", type=_parse_descending, default=True, metavar="{true,false,none}",
+        help="sort longest first, shortest first, or keep file order (default: true)",
+    )
+    strategy.add_argument("--ngpu", type=int, default=1, help="devices each batch is split over")
+    strategy.add_argument(
+        "--uneven", choices=["borrow", "drop"], default="borrow",
+        help="rows that do not split evenly over ngpu: repeat neighbours or leave out",
+    )
+    strategy.add_argument("--group-by", action="store_true", help="never mix groups in a batch")
+    strategy.add_argument(
+        "--strict", action="store_true", help="an over-budget utterance is an error"
+    )
+    output = parser.add_argument_group("output")
+    output.add_argument("--output-dir", required=True, help="writes DIR/batches/<split>.txt")
+    output.add_argument("--split", required=True, help="split name: train, valid...")
+    output.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> BatchReport:
+    """Run the command line; prints the report and returns it.
+
+    Args:
+        argv: Arguments without the program name (default: ``sys.argv[1:]``).
+
+    Raises:
+        ValueError: Bad input files or settings (the message names file, line and id).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.columns:
+        parser.error("give at least one --shape-file or --shape-list")
+    config = BatchConfig(
+        batch_type=args.batch_type,
+        batch_size=args.batch_size,
+        batch_bins=args.batch_bins,
+        max_frames=args.max_frames,
+        max_duration=args.max_duration,
+        is_descending=args.is_descending,
+        ngpu=args.ngpu,
+        uneven=args.uneven,
+        group_by=args.group_by,
+        strict=args.strict,
+    )
+    columns: list[ColumnSource] = args.columns
+    table = LengthTable.from_shape_files(
+        columns, frame_shift=args.frame_shift, group_file=args.group_file
+    )
+    report = export_batches(table, config, args.output_dir, args.split)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
+    return report
+
+
+def run() -> None:
+    """Console entry: errors become one line on stderr and exit status 1."""
+    try:
+        main()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
