@@ -1,0 +1,81 @@
+"""Prefect artifacts a person reads in the UI: per-split report, links to outputs, progress."""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any, Mapping
+
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from espnet3_flows.storage import Storage
+
+_ROWS = [("utterances", "Utterances"), ("seconds", "Audio (s)"), ("frames", "Frames"), ("feature_dim", "Feature dim"),
+         ("embedding_dim", "Embedding dim"), ("speakers", "Speakers"), ("shards", "Shards"),
+         ("shards_computed", "Shards computed"), ("shards_cached", "Shards cached"), ("skipped", "Skipped items"),
+         ("throughput_utt_per_s", "Throughput (utt/s)"), ("realtime_factor", "× realtime")]
+
+
+def artifact_key(*parts: str) -> str:
+    """A valid artifact key (lowercase letters, digits and dashes)."""
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")[:100]
+
+
+def _link(uri: str) -> str:
+    return uri if "://" in uri else f"file://{uri}"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return "—" if v is None else str(v)
+
+
+def publish_split_artifacts(job: str, summary: Mapping[str, Any], store: Storage) -> None:
+    """Markdown report (with the plot inline), and one link artifact per published file."""
+    split = summary["split"]
+    lines = [f"# {job}: split `{split}`", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {label} | {_fmt(summary[key])} |" for key, label in _ROWS if key in summary]
+    files = summary.get("files", {})
+    if files:
+        lines += ["", "## Published files", ""] + [f"- [{name}]({_link(uri)})" for name, uri in sorted(files.items())]
+    if "stats.png" in files:
+        png = store.read_bytes(split, "stats.png")
+        lines += ["", "## Statistics", "", f"![per-dimension mean ± std and lengths](data:image/png;base64,"
+                  f"{base64.b64encode(png).decode()})"]
+    if summary.get("skipped"):
+        lines += ["", f"**{summary['skipped']} item(s) skipped**: see [skipped.tsv]({_link(files.get('skipped.tsv', ''))})."]
+    create_markdown_artifact("\n".join(lines), key=artifact_key(job, split, "report"),
+                             description=f"{job} {split}: summary")
+    for name, uri in sorted(files.items()):
+        create_link_artifact(_link(uri), link_text=name, key=artifact_key(job, split, name),
+                             description=f"{job} {split}: {name}")
+
+
+def publish_table_artifact(job: str, summaries: list[Mapping[str, Any]]) -> None:
+    """One table with a row per split."""
+    rows = [{label: summary.get(key) for key, label in [("split", "split"), *_ROWS] if key in summary}
+            for summary in summaries]
+    create_table_artifact(rows, key=artifact_key(job, "splits"), description=f"{job}: all splits")
+
+
+class ProgressArtifact:
+    """A progress artifact updated as shards finish (a percentage in the UI)."""
+
+    def __init__(self, job: str, total: int):
+        self.total = max(1, total)
+        self.done = 0
+        self.id = create_progress_artifact(0.0, key=artifact_key(job, "progress"), description=f"{job}: shards done")
+
+    def advance(self, n: int = 1) -> None:
+        """Count ``n`` more finished shards."""
+        self.done += n
+        update_progress_artifact(self.id, min(100.0, 100.0 * self.done / self.total))

@@ -1,0 +1,177 @@
+"""The user-facing flows (typed parameters for the Prefect UI) and the command-line entry point."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any, Literal, Sequence
+
+from prefect import flow
+
+from espnet3_flows.config import ConfigError, load_config, split_cli_args, to_plain
+from espnet3_flows.orchestration.flows import run_job
+from espnet3_flows.orchestration.jobs import demo_manifests, get_job
+from espnet3_flows.orchestration.local_server import prefect_api
+from espnet3_flows.storage import redact
+
+
+def resolve_config(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str]) -> Any:
+    """Defaults < ``config_file`` < typed parameters that differ from their defaults < ``overrides``.
+
+    Generates the demo corpus when a collect-stats config names no manifest.
+    """
+    spec = get_job(job)
+    defaults = to_plain(spec.schema())
+    changed = [f"{k}={json.dumps(v)}" for k, v in _flatten(params) if _lookup(defaults, k) != v]
+    cfg = load_config(spec.schema, config_file, [*changed, *overrides])
+    if job == "collect_stats" and not cfg.manifests:
+        manifests = demo_manifests(cfg.output_dir, cfg.demo_utterances)
+        cfg = load_config(spec.schema, base=to_plain(cfg) | {"manifests": manifests})
+    return cfg
+
+
+def _flatten(params: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in params.items():
+        if v is None:
+            continue
+        out.append((prefix + k, v))
+    return out
+
+
+def _lookup(d: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return object()
+        d = d[part]
+    return d
+
+
+@flow(name="collect-stats", log_prints=True)
+def collect_stats(
+    manifests: dict[str, str] | None = None,
+    output_dir: str = "exp/collect_stats",
+    config_file: str | None = None,
+    shard_size: int = 128,
+    batch_size: int = 16,
+    frontend_type: Literal["fbank", "none"] = "fbank",
+    sampling_rate: int = 16000,
+    num_mel_bins: int = 80,
+    write_collected_feats: bool = False,
+    on_error: Literal["fail", "skip"] = "fail",
+    parallel_env: str = "local",
+    n_workers: int = 0,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    """Collect feature shapes and exact global mean/variance (ESPnet2 ``feats_stats.npz``) per split.
+
+    Args:
+        manifests: Split name → manifest path or URL (TSV ``utt_id, wav_path, text, speaker`` or
+            lhotse ``.jsonl[.gz]``). Empty: a generated demo corpus.
+        output_dir: Output location, a path or URL such as ``s3://bucket/stats``.
+        config_file: Optional YAML config (on the worker's file system); the other parameters
+            override it when they differ from their defaults.
+        shard_size: Utterances per shard: the unit of caching, retry and parallelism.
+        batch_size: Utterances per forward call.
+        frontend_type: ``fbank`` (80-dim log-mel) or ``none`` (lengths only).
+        sampling_rate: Audio is resampled to this rate.
+        num_mel_bins: Mel bins of the fbank.
+        write_collected_feats: Also write the features as Kaldi ark/scp.
+        on_error: ``fail`` on the first bad item, or ``skip`` and list it in ``skipped.tsv``.
+        parallel_env: ``local`` (Dask processes), ``serial``, ``local_gpu``, ``slurm``, ``pbs``, ...
+        n_workers: Dask workers (0 = one per core locally).
+        overrides: Extra ``key=value`` overrides, e.g. ``["parallel.options.queue=gpu"]``.
+    """
+    params = {"manifests": manifests or None, "output_dir": output_dir, "shard_size": shard_size,
+              "batch_size": batch_size, "frontend.type": frontend_type, "frontend.sampling_rate": sampling_rate,
+              "frontend.num_mel_bins": num_mel_bins, "write_collected_feats": write_collected_feats,
+              "on_error": on_error, "parallel.env": parallel_env, "parallel.n_workers": n_workers}
+    cfg = resolve_config("collect_stats", config_file, params, overrides or [])
+    return run_job("collect_stats", to_plain(cfg))
+
+
+@flow(name="extract-xvectors", log_prints=True)
+def extract_xvectors(
+    pretrained_model: str | None = None,
+    manifest_paths: dict[str, str] | None = None,
+    save_path: str = "exp/xvectors",
+    config_file: str | None = None,
+    spk_embed_tag: str = "xvector",
+    device: str = "cpu",
+    batch_size: int = 16,
+    shard_size: int = 128,
+    on_error: Literal["fail", "skip"] = "fail",
+    parallel_env: str = "local",
+    n_workers: int = 0,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    """Extract a speaker embedding per utterance (speechbrain), with ESPnet2 ark/scp and speaker means.
+
+    Args:
+        pretrained_model: A local speechbrain model directory (``hyperparams.yaml`` + checkpoints)
+            or a hub id already in the local cache.
+        manifest_paths: Split name → manifest TSV (``utt_id, wav_path, text, speaker``).
+        save_path: Output location, a path or URL.
+        config_file: Optional YAML config; other parameters override it when they differ from defaults.
+        spk_embed_tag: Sub-directory name of the embeddings (``{save_path}/{tag}/{split}``).
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        batch_size: Utterances per batch (length-sorted within a shard).
+        shard_size: Utterances per shard.
+        on_error: ``fail`` or ``skip``.
+        parallel_env: ``local``, ``serial``, ``local_gpu``, ``slurm``, ...
+        n_workers: Dask workers (0 = one per core locally).
+        overrides: Extra ``key=value`` overrides.
+    """
+    params = {"xvector.pretrained_model": pretrained_model, "xvector.manifest_paths": manifest_paths or None,
+              "xvector.save_path": save_path, "xvector.spk_embed_tag": spk_embed_tag, "xvector.device": device,
+              "xvector.batch_size": batch_size, "shard_size": shard_size, "on_error": on_error,
+              "parallel.env": parallel_env, "parallel.n_workers": n_workers}
+    cfg = resolve_config("extract_xvectors", config_file, params, overrides or [])
+    return run_job("extract_xvectors", to_plain(cfg))
+
+
+def main(job: str, argv: Sequence[str] | None = None) -> int:
+    """``python flows/<job>.py [--config FILE] [key=value ...]``: run locally, print a summary.
+
+    With no Prefect server configured and Dask workers in other processes, a private local
+    API server is started for the run and stopped afterwards.
+    """
+    logging.basicConfig(level=logging.WARNING)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__ if job == "" else f"usage: python flows/{job}.py [--config FILE] [key=value ...]\n"
+              "Keys: see README.md (Configuration).")
+        return 0
+    try:
+        path, overrides = split_cli_args(args)
+        cfg = resolve_config(job, path, {}, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    entry = collect_stats if job == "collect_stats" else extract_xvectors
+    with prefect_api(needs_server=cfg.parallel.env != "serial"):
+        try:
+            summaries = entry(config_file=None, overrides=_as_overrides(to_plain(cfg)))
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except Exception as exc:  # noqa: BLE001 - the CLI prints one line; the traceback is in the logs
+            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+    _print_summary(job, summaries, cfg)
+    return 0
+
+
+def _as_overrides(plain: dict[str, Any]) -> list[str]:
+    return [f"{k}={json.dumps(v)}" for k, v in plain.items()]
+
+
+def _print_summary(job: str, summaries: dict[str, Any], cfg: Any) -> None:
+    print(f"\n{job} finished (storage options: {redact(getattr(cfg, 'storage_options', {}))})")
+    for split, s in summaries.items():
+        print(f"  {split}: {s.get('utterances')} utterances, {s.get('seconds', 0):.1f} s of audio, "
+              f"shards computed {s.get('shards_computed')} / cached {s.get('shards_cached')}, "
+              f"skipped {s.get('skipped')}")
+        if s.get("files", {}).get("summary.json"):
+            print(f"    {s['files']['summary.json']}")

@@ -1,0 +1,111 @@
+"""The Prefect flows: shard tasks on the configured task runner, merge-and-publish, artifacts."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.futures import as_completed
+
+from espnet3_flows.config import load_config, to_plain
+from espnet3_flows.orchestration.artifacts import ProgressArtifact, publish_split_artifacts, publish_table_artifact
+from espnet3_flows.orchestration.jobs import check_output_dir, get_job
+from espnet3_flows.orchestration.shard_tasks import (
+    merge_task,
+    preflight_task,
+    result_storage_for,
+    retry_delays,
+    shard_task,
+)
+from espnet3_flows.orchestration.task_runner import make_task_runner
+from espnet3_flows.parallel.runner import ShardFailure
+from espnet3_flows.storage import redact
+
+
+def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Run a job's shards as a subflow on the task runner its ``parallel`` section asks for.
+
+    Args:
+        job: ``collect_stats`` or ``extract_xvectors``.
+        config: The job config as plain data (validated here, before any work).
+        progress: Show a terminal progress bar.
+
+    Returns:
+        Split name → published summary.
+    """
+    spec = get_job(job)
+    cfg = load_config(spec.schema, base=config)
+    check_output_dir(_output_dir(cfg), cfg.storage_options)
+    sub = shard_flow.with_options(task_runner=make_task_runner(cfg.parallel), name=f"{job.replace('_', '-')}-shards")
+    return sub(job=job, config=to_plain(cfg), progress=progress)
+
+
+def _output_dir(cfg: Any) -> str:
+    return cfg.output_dir
+
+
+@flow(name="shards", log_prints=True, validate_parameters=False)
+def shard_flow(job: str, config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Plan every split, submit one cached task per shard, merge and publish each split."""
+    from tqdm.auto import tqdm
+
+    logger = get_run_logger()
+    spec = get_job(job)
+    cfg = load_config(spec.schema, base=config)
+    t0 = time.perf_counter()
+    storage = result_storage_for(_output_dir(cfg), cfg.storage_options)
+    pairs = spec.runners(cfg)
+    plans = []
+    for runner, indices in pairs:
+        plan = runner.plan(indices)
+        runner.write_plan(plan)
+        plans.append((runner, plan, runner.collect_done(plan)))
+    total = sum(len(p.shards) for _, p, _ in plans)
+    logger.info("%s: %d split(s), %d shard(s), %d already done; output %s (options %s)", job, len(plans), total,
+                sum(len(d) for _, _, d in plans), _output_dir(cfg), redact(cfg.storage_options))
+    for fut in [preflight_task.submit(runner) for runner, _, _ in plans]:
+        fut.result()
+    meter = ProgressArtifact(job, total)
+    bar = tqdm(total=total, desc=job, unit="shard", disable=not progress)
+    futures: dict[Any, tuple[int, int]] = {}
+    for k, (runner, plan, done) in enumerate(plans):
+        task = shard_task.with_options(retries=cfg.retries, retry_delay_seconds=retry_delays(cfg.retries, cfg.retry_delay_seconds),
+                                       result_storage=storage)
+        fresh = task.with_options(refresh_cache=True)
+        for shard in plan.shards:
+            futures[(fresh if shard.index not in done else task).submit(runner, shard)] = (k, shard.index)
+    records: dict[tuple[int, int], tuple[dict[str, Any], bool]] = {}
+    failures: list[tuple[str, BaseException]] = []
+    for fut in as_completed(list(futures)):
+        where = futures[fut]
+        try:
+            rec = fut.result()
+        except Exception as exc:  # noqa: BLE001 - collect every failure, report after all finish
+            failures.append((f"{plans[where[0]][0].shard_subdir}/split.{where[1]}", exc))
+            continue
+        cached = fut.state.name == "Cached" or bool(rec.get("reused"))
+        records[where] = (rec, cached)
+        bar.update(1)
+        meter.advance()
+    bar.close()
+    if failures:
+        names = ", ".join(n for n, _ in failures)
+        raise ShardFailure(f"{len(failures)} shard(s) failed ({names}); finished shards are published and a rerun "
+                           f"resumes. First error: {failures[0][1]}") from failures[0][1]
+    summaries: dict[str, Any] = {}
+    wall = time.perf_counter() - t0
+    for k, (runner, plan, _) in enumerate(plans):
+        recs = [records[(k, s.index)] for s in plan.shards]
+        summary = merge_task.submit(runner, [r for r, _ in recs], [c for _, c in recs]).result()
+        summary["wall_seconds"] = wall
+        computed_utts = sum(r["num_items"] for r, c in recs if not c)
+        summary["throughput_utt_per_s"] = computed_utts / wall if wall > 0 else None
+        summary["realtime_factor"] = summary.get("seconds", 0.0) / wall if wall > 0 and computed_utts else None
+        publish_split_artifacts(job, summary, runner.storage)
+        summaries[runner.split] = summary
+        logger.info("%s %s: %s utterances, %s shard(s) computed, %s cached, %s skipped", job, runner.split,
+                    summary.get("utterances"), summary.get("shards_computed"), summary.get("shards_cached"),
+                    summary.get("skipped"))
+    publish_table_artifact(job, list(summaries.values()))
+    return summaries

@@ -1,0 +1,65 @@
+"""The jobs the flows can run: each maps a config schema to one runner per split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from espnet3_flows.config import ConfigError
+from espnet3_flows.parallel.runner import BaseRunner
+from espnet3_flows.storage import Storage
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job: its config schema and how to build its runners and their item indices."""
+
+    name: str
+    schema: type
+    runners: Callable[[Any], list[tuple[BaseRunner, range]]]
+
+
+def _collect_stats_runners(cfg: Any) -> list[tuple[BaseRunner, range]]:
+    from espnet3_flows.stats.job import CollectStatsRunner
+
+    out = []
+    for split in cfg.manifests:
+        r = CollectStatsRunner(cfg, split)
+        out.append((r, range(len(r.utterances()))))
+    return out
+
+
+def _xvector_runners(cfg: Any) -> list[tuple[BaseRunner, range]]:
+    from espnet3_flows.xvector.job import xvector_runners
+
+    return xvector_runners(cfg)
+
+
+def get_job(name: str) -> JobSpec:
+    """The job registered under ``name`` (``collect_stats`` or ``extract_xvectors``)."""
+    if name == "collect_stats":
+        from espnet3_flows.stats.job import CollectStatsConfig
+
+        return JobSpec(name, CollectStatsConfig, _collect_stats_runners)
+    if name == "extract_xvectors":
+        from espnet3_flows.xvector.job import XVectorJobConfig
+
+        return JobSpec(name, XVectorJobConfig, _xvector_runners)
+    raise ConfigError(f"unknown job {name!r}")
+
+
+def check_output_dir(output_dir: str, storage_options: dict[str, Any]) -> None:
+    """Fail before any work when the output location cannot be written."""
+    Storage(output_dir, storage_options).check_writable()
+
+
+def demo_manifests(output_dir: str, n_utts: int) -> dict[str, str]:
+    """Generate the demo corpus beside a local ``output_dir`` and return its manifests."""
+    store = Storage(output_dir)
+    if not store.is_local:
+        raise ConfigError("no manifests given: the demo corpus needs a local output_dir; pass manifests.<split>=...")
+    root = Path(store.path()).parent / "demo_data"
+    from espnet3_flows.demo import make_demo_corpus
+
+    return {k: str(v) for k, v in make_demo_corpus(root, n_utts=n_utts).items()}

@@ -1,0 +1,134 @@
+"""A private local Prefect API server for runs with no server configured (Dask workers need one)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+import httpx
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child before exec
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalPrefectServer:
+    """Prefect's API (uvicorn, SQLite under ``PREFECT_HOME``) on a free loopback port.
+
+    Prefect's own ephemeral mode starts a server per process, so every Dask worker process
+    would start (and fail to reach) its own. This server is started once by the driver, its
+    URL is exported as ``PREFECT_API_URL`` for the workers, and it dies with the driver: it
+    is stopped on exit or Ctrl-C, and the kernel sends it SIGTERM if the driver is killed.
+    """
+
+    def __init__(self, startup_timeout: float = 120.0):
+        self.port = _free_port()
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def api_url(self) -> str:
+        """The ``PREFECT_API_URL`` of this server."""
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def start(self) -> None:
+        """Start the server and wait until ``/api/health`` answers."""
+        import prefect
+        from prefect.settings import get_current_settings
+
+        env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+               "PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env.pop("PREFECT_API_URL", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "error", "--lifespan", "on"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode(errors="replace")[-2000:] if self.process.stderr else ""
+                raise RuntimeError(f"the local Prefect server exited with code {self.process.returncode}: {err}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.api_url}/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"the local Prefect server did not become healthy in {self.startup_timeout:.0f} s")
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 10 s)."""
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _drain_prefect_clients(timeout: float = 15.0) -> None:
+    """Send queued logs and events while the server is still up (else exit waits on retries)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        with contextlib.suppress(Exception):
+            service.drain_all(timeout=timeout)
+
+
+@contextlib.contextmanager
+def prefect_api(needs_server: bool) -> Iterator[str | None]:
+    """Make sure a Prefect API is reachable by this process and its future worker processes.
+
+    Uses ``PREFECT_API_URL`` when it is set (a real server). Otherwise, when
+    ``needs_server`` (Dask workers in other processes), starts a :class:`LocalPrefectServer`
+    for the duration of the block; else Prefect's in-process ephemeral mode is used.
+
+    Yields:
+        The API URL in use, or ``None`` for ephemeral mode.
+    """
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
+    if url or not needs_server:
+        yield url or None
+        return
+    server = LocalPrefectServer()
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
+    server.start()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+    finally:
+        _drain_prefect_clients()
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()
+        if previous in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -1,0 +1,86 @@
+"""Prefect tasks: a shard (cached by its content hash), the env preflight, and merge-and-publish."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import CacheKeyFnPolicy
+from prefect.context import TaskRunContext
+
+from espnet3_flows.parallel.runner import BaseRunner, ShardResult
+from espnet3_flows.parallel.worker_env import get_env
+from espnet3_flows.sharding import Shard
+from espnet3_flows.storage import Storage
+
+RESULTS_DIR = ".prefect-results"
+
+
+def shard_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    """The shard task's cache key: the shard hash, scoped to the output location."""
+    runner: BaseRunner = parameters["runner"]
+    shard: Shard = parameters["shard"]
+    where = f"{runner.storage.uri() if runner.storage else ''}|{runner.shard_subdir}"
+    return "espnet3-shard-" + hashlib.sha256(f"{where}|{shard.hash}".encode()).hexdigest()[:40]
+
+
+@task(name="shard", cache_policy=CacheKeyFnPolicy(cache_key_fn=shard_cache_key), persist_result=True,
+      result_serializer="json", task_run_name="{runner.shard_subdir}/split.{shard.index}")
+def shard_task(runner: BaseRunner, shard: Shard) -> dict[str, Any]:
+    """Compute one shard on a worker: ``init_state`` → ``reduce_state``* → ``finalize_state`` →
+    publish → ``done``. A matching ``done`` record (e.g. a run killed after publishing) is reused.
+
+    Returns:
+        The ``done`` record plus ``"reused": True`` when nothing was computed.
+    """
+    found = runner.load_done(shard)
+    if found is not None:
+        return {**found.to_dict(), "reused": True}
+    return {**runner.run_shard(shard, get_env(runner.provider)).to_dict(), "reused": False}
+
+
+@task(name="preflight", retries=0)
+def preflight_task(runner: BaseRunner) -> list[str]:
+    """Build the env on a worker and check ``forward``'s parameters against it before any shard runs."""
+    env = get_env(runner.provider)
+    runner.check_env_keys(list(env))
+    return sorted(env)
+
+
+@task(name="merge-and-publish", retries=2, retry_delay_seconds=2)
+def merge_task(runner: BaseRunner, records: list[dict[str, Any]], cached: list[bool]) -> Any:
+    """Merge a split's shard results and publish its final files atomically."""
+    results = [ShardResult.from_dict(rec, cached=c) for rec, c in zip(records, cached)]
+    return runner.merge(results)
+
+
+def result_storage_for(output_dir: str, storage_options: dict[str, Any]) -> Any:
+    """Where Prefect persists shard task results (small JSON records), following ``output_dir``.
+
+    A local ``output_dir`` keeps them in ``output_dir/.prefect-results``; an object store
+    gets a ``RemoteFileSystem`` block saved to the server (Prefect refuses unsaved blocks).
+    """
+    store = Storage(output_dir, storage_options)
+    if store.is_local:
+        path = Path(store.path(RESULTS_DIR))
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    from prefect.filesystems import RemoteFileSystem
+
+    block = RemoteFileSystem(basepath=store.uri(RESULTS_DIR), settings=dict(storage_options))
+    name = "espnet3-results-" + hashlib.sha256(store.uri().encode()).hexdigest()[:16]
+    block.save(name, overwrite=True)
+    return RemoteFileSystem.load(name)
+
+
+def retry_delays(retries: int, first: float) -> list[float]:
+    """Exponential backoff: ``first, 2·first, 4·first, ...``."""
+    return [first * (2 ** i) for i in range(max(0, retries))]
+
+
+def env_flag(name: str) -> bool:
+    """Whether an environment variable is set to a true value."""
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
