@@ -23,3 +23,53 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slurm" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A small generated corpus (60 utterances, 3 speakers): split name → manifest path."""
+    from espnet3_flows.demo import make_demo_corpus
+
+    root = tmp_path_factory.mktemp("demo")
+    manifests = make_demo_corpus(root, n_utts=60, n_speakers=3, min_seconds=0.5, max_seconds=1.5,
+                                 splits={"train": 0.8, "valid": 0.2})
+    return {k: str(v) for k, v in manifests.items()}
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """A real S3 endpoint on loopback (moto's server), shared by the session."""
+    from tests.support.servers import MotoServer
+
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_output(moto_server, request: pytest.FixtureRequest) -> tuple[str, dict]:
+    """A fresh bucket: (``s3://bucket/prefix`` URL, s3fs storage options)."""
+    import re
+    import uuid
+
+    bucket = re.sub(r"[^a-z0-9-]", "-", f"t-{request.node.name.lower()}")[:40].strip("-") + "-" + uuid.uuid4().hex[:8]
+    moto_server.make_bucket(bucket)
+    return f"s3://{bucket}/out", moto_server.storage_options()
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    """A real process-based ``distributed.LocalCluster`` with 2 single-threaded workers."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        with Client(cluster) as client:
+            yield client
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test harness (temporary SQLite server) for the whole session; startup is slow."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

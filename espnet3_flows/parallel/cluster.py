@@ -171,10 +171,11 @@ def make_cluster(cfg: ParallelConfig) -> Any:
 _CURRENT: ParallelConfig | None = None
 
 
-def set_parallel(config: ParallelConfig | Any) -> None:
-    """Set the process-wide ``parallel`` config used by :func:`get_client` (ESPnet3's API)."""
+def set_parallel(config: ParallelConfig | Any | None) -> None:
+    """Set the process-wide ``parallel`` config used by :func:`get_client` and runners (ESPnet3's
+    API); ``None`` clears it, so runners without a client run in-process again."""
     global _CURRENT
-    if not isinstance(config, ParallelConfig):
+    if config is not None and not isinstance(config, ParallelConfig):
         from espnet3_flows.config import load_config, to_plain
 
         config = load_config(ParallelConfig, base=to_plain(config))

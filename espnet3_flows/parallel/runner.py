@@ -376,6 +376,10 @@ class BaseRunner:
             return
         from distributed import as_completed
 
+        store = self.storage
+        if store is not None and store.fs.protocol in ("memory", ("memory",)):
+            raise ValueError(f"output_dir {self.output_dir!r} is in this process's memory; Dask workers in "
+                             "other processes cannot write there: use a path or an object store URL")
         self.provider.checked_setup_fn()
         for keys in client.run(_remote_env_keys, self.provider).values():
             self.check_env_keys(keys)

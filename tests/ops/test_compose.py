@@ -1,0 +1,167 @@
+"""The self-hosted stack (docker-compose.yml + Dockerfile) is valid, pinned and health-checked."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose) -> dict:
+    return compose["services"]
+
+
+def _one_shot_services(services: dict) -> set[str]:
+    """Services others wait on to *finish* (bucket creation, deployment registration)."""
+    return {
+        dep
+        for svc in services.values()
+        for dep, cond in (svc.get("depends_on") or {}).items()
+        if isinstance(cond, dict) and cond.get("condition") == "service_completed_successfully"
+    }
+
+
+def _image_is_pinned(image: str) -> bool:
+    if "@sha256:" in image:
+        return True
+    name_and_tag = image.rsplit("/", 1)[-1]
+    if ":" not in name_and_tag:
+        return False
+    tag = name_and_tag.rsplit(":", 1)[1]
+    return bool(tag) and tag != "latest"
+
+
+def test_docker_compose_config_validates():
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.fail("`docker-compose` is not installed; install Debian's package: "
+                    "`apt-get install -y docker-compose` (it validates without a Docker engine)")
+    done = subprocess.run([exe, "-f", str(COMPOSE), "config", "-q"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"docker-compose config -q failed:\n{done.stdout}{done.stderr}"
+
+
+def test_expected_services_exist(services):
+    assert {"postgres", "prefect-server", "minio", "minio-init", "worker"} <= set(services)
+
+
+def test_every_long_running_service_has_a_healthcheck(services):
+    one_shot = _one_shot_services(services)
+    assert {"minio-init", "deploy"} <= one_shot
+    for name in one_shot:
+        assert services[name].get("restart") == "no", f"one-shot {name} must not restart"
+    for name, svc in services.items():
+        if name in one_shot:
+            continue
+        check = svc.get("healthcheck") or {}
+        assert check.get("test") and not check.get("disable"), f"{name} has no healthcheck"
+
+
+def test_health_checks_use_the_right_endpoints(services):
+    def joined(name: str) -> str:
+        test = services[name]["healthcheck"]["test"]
+        return " ".join(test) if isinstance(test, list) else test
+
+    assert "/api/health" in joined("prefect-server")
+    assert "pg_isready" in joined("postgres")
+    assert "mc ready local" in joined("minio") or "/minio/health/live" in joined("minio")
+    assert "/health" in joined("worker")
+
+
+def test_images_are_pinned_to_explicit_tags(services):
+    for name, svc in services.items():
+        image = svc.get("image")
+        if image is None:
+            assert "build" in svc, f"{name} has neither image nor build"
+            continue
+        assert _image_is_pinned(image), f"{name}: image {image!r} is not pinned to a tag"
+    assert services["prefect-server"]["image"] == "prefecthq/prefect:3.8.8-python3.11"
+    assert services["postgres"]["image"].startswith("postgres:16")
+    assert services["minio"]["image"].startswith("minio/minio:RELEASE.")
+
+
+def test_dependencies_wait_for_health_or_completion(services):
+    one_shot = _one_shot_services(services)
+    for name, svc in services.items():
+        deps = svc.get("depends_on") or {}
+        assert isinstance(deps, dict), f"{name}: depends_on must name a condition"
+        for dep, cond in deps.items():
+            condition = (cond or {}).get("condition")
+            assert condition in {"service_healthy", "service_completed_successfully"}, \
+                f"{name} -> {dep}: condition {condition!r}"
+            if condition == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits on {dep}, which has none"
+            else:
+                assert dep in one_shot
+    assert services["prefect-server"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert set(services["worker"]["depends_on"]) >= {"prefect-server", "minio-init"}
+
+
+def test_state_lives_in_named_volumes(compose, services):
+    declared = set(compose.get("volumes") or {})
+    for name in ("postgres", "minio"):
+        mounts = [v.split(":", 1)[0] for v in services[name].get("volumes", [])]
+        assert mounts and all(m in declared for m in mounts), f"{name}: {mounts} not named volumes"
+
+
+def test_credentials_come_from_the_environment(services):
+    secret_key = re.compile(r"PASSWORD|SECRET|CONNECTION_URL")
+    for name, svc in services.items():
+        for key, value in (svc.get("environment") or {}).items():
+            if secret_key.search(key):
+                assert "${" in str(value), f"{name}.{key} is a literal; use ${{VAR:-default}}"
+
+
+def test_prefect_server_uses_postgres_and_listens_on_all_interfaces(services):
+    env = services["prefect-server"]["environment"]
+    assert env["PREFECT_API_DATABASE_CONNECTION_URL"].startswith("postgresql+asyncpg://")
+    assert "@postgres:5432/" in env["PREFECT_API_DATABASE_CONNECTION_URL"]
+    assert env["PREFECT_SERVER_API_HOST"] == "0.0.0.0"
+
+
+def test_worker_runs_the_process_pool_with_s3_settings(services):
+    worker = services["worker"]
+    assert "build" in worker
+    command = " ".join(worker["command"])
+    assert "worker start --pool espnet3 --type process" in command
+    env = worker["environment"]
+    for key in ("PREFECT_API_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                "AWS_ENDPOINT_URL_S3"):
+        assert key in env, f"worker lacks {key}"
+    assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
+    assert env["PREFECT_API_URL"] == "http://prefect-server:4200/api"
+    assert worker.get("stop_signal") == "SIGINT"
+
+
+def test_dockerfile_installs_the_project_with_constraints():
+    text = DOCKERFILE.read_text()
+    base = re.search(r"^FROM\s+(\S+)", text, re.MULTILINE)
+    assert base and base.group(1).startswith("python:3.11") and "slim" in base.group(1)
+    assert _image_is_pinned(base.group(1))
+    assert "-c constraints.txt" in text
+    assert re.search(r"^WORKDIR\s+/\S+", text, re.MULTILINE)
+    assert re.search(r"^USER\s+(?!root)\S+", text, re.MULTILINE), "worker must not run as root"
+
+
+def test_dockerignore_keeps_the_context_small_but_buildable():
+    patterns = {line.strip() for line in DOCKERIGNORE.read_text().splitlines()
+                if line.strip() and not line.startswith("#")}
+    assert {".git", ".venv"} <= patterns
+    for needed in ("pyproject.toml", "constraints.txt", "README.md", "espnet3_flows", "flows",
+                   "deployments"):
+        assert needed not in patterns, f".dockerignore excludes {needed}, which the image needs"

@@ -1,0 +1,76 @@
+"""Small providers and runners used by the engine tests (importable by Dask workers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from espnet3_flows.parallel import BaseRunner, EnvironmentProvider
+
+
+def _env(n: int, kill_marker: str | None = None, kill_at: int = -1) -> dict[str, Any]:
+    return {"data": np.arange(n, dtype=np.float64) * 0.5, "scale": 3.0, "kill_marker": kill_marker,
+            "kill_at": kill_at, "pid": os.getpid()}
+
+
+class ArrayProvider(EnvironmentProvider):
+    """Env: ``data`` (an array), ``scale``, and an optional crash point for fault tests."""
+
+    def build_env_local(self) -> dict[str, Any]:
+        return _env(self.config["n"], self.config.get("kill_marker"), self.config.get("kill_at", -1))
+
+    def build_worker_setup_fn(self):
+        n, marker, at = self.config["n"], self.config.get("kill_marker"), self.config.get("kill_at", -1)
+        return lambda: _env(n, marker, at)
+
+
+class DictReturningProvider(ArrayProvider):
+    """ESPnet3's documented mistake: returns the env itself instead of a function."""
+
+    def build_worker_setup_fn(self):  # type: ignore[override]
+        return _env(self.config["n"])
+
+
+class ScaleSumRunner(BaseRunner):
+    """Writes ``idx value`` lines per shard and sums ``scale * data[idx]``."""
+
+    @staticmethod
+    def forward(idx, data, scale, kill_marker, kill_at):
+        ids = idx if isinstance(idx, list) else [idx]
+        if kill_marker and kill_at in ids and not Path(kill_marker).exists():
+            Path(kill_marker).write_text("killed once")
+            os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-shard
+        return [(i, float(scale * data[i])) for i in ids]
+
+    def open_writers(self, staging_dir: Path):
+        return open(staging_dir / "values.txt", "w")
+
+    def write_record(self, writers, idx, result):
+        for i, v in result:
+            writers.write(f"{i} {v!r}\n")
+
+    def close_writers(self, writers):
+        writers.close()
+
+    def init_state(self):
+        return {"sum": 0.0, "n": 0}
+
+    def reduce_state(self, state, result):
+        state["sum"] += sum(v for _, v in result)
+        state["n"] += len(result)
+        return state
+
+    def merge(self, results):
+        return {"sum": sum(r.result["sum"] for r in results), "n": sum(r.result["n"] for r in results)}
+
+
+class NeedsMissingKeyRunner(ScaleSumRunner):
+    """``forward`` asks for ``model``, which the provider does not supply."""
+
+    @staticmethod
+    def forward(idx, data, model):  # type: ignore[override]
+        return [(idx, 0.0)]

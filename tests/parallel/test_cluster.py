@@ -1,0 +1,77 @@
+"""ParallelConfig, cluster construction, get_client with a worker plugin, parallel_map."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from espnet3_flows.config import ConfigError, load_config
+from espnet3_flows.parallel import (
+    ParallelConfig,
+    cluster_spec,
+    get_client,
+    parallel_map,
+    plugin_for,
+    set_parallel,
+)
+from espnet3_flows.parallel.worker_env import get_env
+from tests.parallel.jobs_for_tests import ArrayProvider
+
+
+def test_unknown_env_suggests_the_closest():
+    with pytest.raises(ConfigError, match=r"parallel.env.*'slurmm'.*did you mean 'slurm'"):
+        ParallelConfig(env="slurmm")
+
+
+def test_unknown_cluster_option_fails_at_construction():
+    with pytest.raises(ConfigError, match=r"parallel.options.queu: not an option of dask_jobqueue.SLURMCluster.*'queue'"):
+        ParallelConfig(env="slurm", options={"queu": "debug"})
+    with pytest.raises(ConfigError, match="n_workers"):
+        load_config(ParallelConfig, overrides=["n_workers=-1"])
+
+
+def test_cluster_specs():
+    local = cluster_spec(ParallelConfig(env="local", n_workers=3))
+    assert local.class_path == "distributed.LocalCluster" and local.kwargs["n_workers"] == 3
+    assert local.kwargs["processes"] is True and local.kwargs["threads_per_worker"] == 1
+    assert cluster_spec(ParallelConfig(env="local")).kwargs["n_workers"] == os.cpu_count()
+    slurm = cluster_spec(ParallelConfig(env="slurm", n_workers=4, options={"queue": "debug", "walltime": "01:00:00"}))
+    assert slurm.is_jobqueue and slurm.n_workers == 4 and slurm.kwargs["queue"] == "debug"
+    assert cluster_spec(ParallelConfig(env="pbs", adapt={"minimum": 0, "maximum": 8})).adapt == {"minimum": 0, "maximum": 8}
+    with pytest.raises(ConfigError, match="adapt"):
+        ParallelConfig(env="slurm", adapt={"max": 3})
+
+
+def test_local_gpu_without_dask_cuda_is_clear():
+    try:
+        import dask_cuda  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match="dask_cuda"):
+            ParallelConfig(env="local_gpu")
+    else:
+        assert cluster_spec(ParallelConfig(env="local_gpu")).class_path == "dask_cuda.LocalCUDACluster"
+
+
+def _env_pid_and_size(_: int) -> tuple[int, int]:
+    from distributed import get_worker  # noqa: F401 - runs on a worker
+
+    env = get_env(ArrayProvider({"n": 7}))
+    return env["pid"], len(env["data"])
+
+
+@pytest.mark.dask
+def test_get_client_plugin_builds_env_once_per_worker():
+    set_parallel({"env": "local", "n_workers": 2})
+    try:
+        with get_client(plugin_for(ArrayProvider({"n": 7})), wait_for_workers=2) as client:
+            out = parallel_map(_env_pid_and_size, range(20), client=client, progress=False)
+            setup_pids = {pid for pid, _ in out}
+            worker_pids = set(client.run(os.getpid).values())
+    finally:
+        set_parallel(None)
+    assert setup_pids <= worker_pids and all(size == 7 for _, size in out)
+
+
+def test_parallel_map_in_process_keeps_order():
+    assert parallel_map(lambda x: x * x, range(10), progress=False) == [x * x for x in range(10)]

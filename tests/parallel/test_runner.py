@@ -1,0 +1,118 @@
+"""BaseRunner over local, Dask, memory:// and S3 outputs: results, layout, resume, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from espnet3_flows.parallel import ProviderError
+from espnet3_flows.parallel.runner import DONE, PLAN
+from espnet3_flows.storage import Storage
+from tests.parallel.jobs_for_tests import (
+    ArrayProvider,
+    DictReturningProvider,
+    NeedsMissingKeyRunner,
+    ScaleSumRunner,
+)
+
+N = 53
+EXPECTED = 3.0 * 0.5 * sum(range(N))
+
+
+def _output(kind, request, tmp_path):
+    if kind == "local-disk":
+        return str(tmp_path / "out"), {}
+    if kind == "memory":  # per-process: serial only (refused with Dask, see below)
+        return f"memory://runner-{tmp_path.name}", {}
+    return request.getfixturevalue("s3_output")
+
+
+@pytest.mark.parametrize("where,kind", [
+    ("serial", "local-disk"), ("serial", "memory"), pytest.param("serial", "s3", marks=pytest.mark.s3),
+    pytest.param("dask", "local-disk", marks=pytest.mark.dask),
+    pytest.param("dask", "s3", marks=[pytest.mark.dask, pytest.mark.s3])])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_runner_results_layout_and_resume(where, kind, batch_size, request, tmp_path):
+    url, options = _output(kind, request, tmp_path)
+    client = request.getfixturevalue("dask_client") if where == "dask" else None
+    runner = ScaleSumRunner(ArrayProvider({"n": N}), batch_size=batch_size, output_dir=url, shard_subdir="job",
+                            shard_size=10, storage_options=options)
+    out = runner.run(range(N), client=client, progress=False)
+    assert out.merged == {"sum": EXPECTED, "n": N}
+    assert (out.computed, out.cached) == (6, 0)
+    store = Storage(url, options)
+    plan = json.loads(store.read_bytes("job", PLAN))
+    assert [s["index"] for s in plan["shards"]] == list(range(6)) and plan["num_items"] == N
+    for shard in out.plan.shards:
+        done = store.read_json("job", shard.name, DONE)
+        assert done["shard_hash"] == shard.hash and done["num_items"] == shard.num_items
+        assert done["files"] == [f"job/{shard.name}/values.txt"]
+        lines = store.read_bytes("job", shard.name, "values.txt").decode().splitlines()
+        assert [int(line.split()[0]) for line in lines] == list(shard.indices)
+    again = runner.run(range(N), client=client, progress=False)
+    assert (again.computed, again.cached) == (0, 6) and again.merged == out.merged
+
+
+def test_appending_items_recomputes_only_new_shards(tmp_path):
+    provider = ArrayProvider({"n": 100})
+    runner = ScaleSumRunner(provider, output_dir=str(tmp_path), shard_size=10)
+    first = runner.run(range(45), progress=False)
+    assert first.computed == 5
+    grown = runner.run(range(70), progress=False)
+    # shards 0-3 are full and unchanged; shard 4 (was 5 items, now 10) and 5, 6 are new
+    assert [s.cached for s in grown.shards] == [True] * 4 + [False] * 3
+    assert grown.merged["n"] == 70
+
+
+def test_forward_needs_key_the_env_lacks_fails_before_work(tmp_path):
+    runner = NeedsMissingKeyRunner(ArrayProvider({"n": 5}), output_dir=str(tmp_path), shard_size=2)
+    with pytest.raises(ProviderError) as err:
+        runner.run(range(5), progress=False)
+    msg = str(err.value)
+    assert "['model']" in msg and "ArrayProvider" in msg and "'data'" in msg and "'scale'" in msg
+    assert not list(tmp_path.rglob(DONE))
+
+
+@pytest.mark.dask
+def test_missing_key_detected_on_dask_before_any_shard(tmp_path, dask_client):
+    runner = NeedsMissingKeyRunner(ArrayProvider({"n": 5}), output_dir=str(tmp_path), shard_size=2)
+    with pytest.raises(ProviderError, match="model"):
+        runner.run(range(5), client=dask_client, progress=False)
+    assert not list(tmp_path.rglob(DONE))
+
+
+def test_setup_fn_returning_dict_is_a_clear_error(tmp_path):
+    runner = ScaleSumRunner(DictReturningProvider({"n": 5}), output_dir=str(tmp_path))
+    with pytest.raises(ProviderError, match="returned a dict"):
+        runner.provider.checked_setup_fn()
+
+
+@pytest.mark.dask
+def test_setup_fn_returning_dict_fails_at_submit(tmp_path, dask_client):
+    runner = ScaleSumRunner(DictReturningProvider({"n": 5}), output_dir=str(tmp_path), shard_size=2)
+    with pytest.raises(ProviderError, match="zero-argument function"):
+        runner.run(range(5), client=dask_client, progress=False)
+
+
+def test_in_memory_run_without_output_dir():
+    runner = ScaleSumRunner(ArrayProvider({"n": 20}), shard_size=6)
+    out = runner.run(range(20), progress=False)
+    assert out.merged == {"sum": 3.0 * 0.5 * sum(range(20)), "n": 20}
+    assert runner(range(20)) == out.merged  # ESPnet3's call form
+
+
+def test_bad_runner_arguments():
+    with pytest.raises(ValueError, match="on_error"):
+        ScaleSumRunner(ArrayProvider({"n": 1}), on_error="ignore")
+    with pytest.raises(ValueError, match="batch_size"):
+        ScaleSumRunner(ArrayProvider({"n": 1}), batch_size=0)
+    with pytest.raises(ValueError, match="shard_size"):
+        ScaleSumRunner(ArrayProvider({"n": 1}), shard_size=0)
+
+
+@pytest.mark.dask
+def test_memory_output_refused_on_dask(dask_client):
+    runner = ScaleSumRunner(ArrayProvider({"n": 5}), output_dir="memory://x", shard_size=2)
+    with pytest.raises(ValueError, match="other processes"):
+        runner.run(range(5), client=dask_client, progress=False)

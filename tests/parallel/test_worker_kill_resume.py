@@ -1,0 +1,44 @@
+"""SIGKILL of a Dask worker mid-shard: finished shards stay published, the rerun redoes only the rest."""
+
+from __future__ import annotations
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+
+from espnet3_flows.parallel import ShardFailure
+from espnet3_flows.parallel.runner import DONE
+from espnet3_flows.storage import Storage
+from tests.parallel.jobs_for_tests import ArrayProvider, ScaleSumRunner
+
+pytestmark = pytest.mark.dask
+N = 53
+
+
+def test_killed_worker_then_rerun_recomputes_only_unfinished(tmp_path):
+    marker = tmp_path / "killed"
+    crashing = ScaleSumRunner(ArrayProvider({"n": N, "kill_marker": str(marker), "kill_at": 23}),
+                              output_dir=str(tmp_path / "out"), shard_size=10)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+                Client(cluster) as client:
+            with pytest.raises(ShardFailure) as err:
+                crashing.run(range(N), client=client, progress=False)
+    assert marker.exists(), "the worker was not killed"
+    assert "split.2" in str(err.value)
+    store = Storage(str(tmp_path / "out"))
+    plan = crashing.plan(range(N))
+    done_before = {s.index for s in plan.shards if store.exists(s.name, DONE)}
+    assert 2 not in done_before and len(done_before) >= 3
+
+    rerun = crashing.run(range(N), progress=False)
+    assert {s.shard.index for s in rerun.shards if s.cached} == done_before
+    assert rerun.computed == len(plan.shards) - len(done_before)
+
+    clean = ScaleSumRunner(ArrayProvider({"n": N}), output_dir=str(tmp_path / "clean"), shard_size=10)
+    reference = clean.run(range(N), progress=False)
+    assert rerun.merged == reference.merged
+    for shard in plan.shards:
+        assert store.read_bytes(shard.name, "values.txt") == Storage(str(tmp_path / "clean")).read_bytes(
+            shard.name, "values.txt")
+    assert not [p for p in (tmp_path / "out").rglob("*") if ".tmp-" in p.name]
