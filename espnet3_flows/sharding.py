@@ -99,6 +99,11 @@ class ShardPlan:
         """Total number of items."""
         return self.shards[-1].stop if self.shards else 0
 
+    @property
+    def digest(self) -> str:
+        """Digest of the shard hashes: equal digests mean equal merged outputs."""
+        return shards_digest(s.hash for s in self.shards)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict that round-trips through :meth:`from_dict`."""
         return {
@@ -114,6 +119,11 @@ class ShardPlan:
         """Inverse of :meth:`to_dict`."""
         return cls(tuple(Shard.from_dict(s) for s in d["shards"]), int(d["shard_size"]),
                    str(d["config_hash"]), str(d["salt"]))
+
+
+def shards_digest(hashes: Iterable[str]) -> str:
+    """Digest of an ordered list of shard hashes."""
+    return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
 
 
 def plan_shards(

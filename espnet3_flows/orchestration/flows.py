@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.futures import as_completed
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from espnet3_flows.config import load_config, to_plain
 from espnet3_flows.orchestration.artifacts import ProgressArtifact, publish_split_artifacts, publish_table_artifact
@@ -14,6 +16,7 @@ from espnet3_flows.orchestration.jobs import check_output_dir, get_job
 from espnet3_flows.orchestration.shard_tasks import (
     merge_task,
     preflight_task,
+    unchanged_summary,
     result_storage_for,
     retry_delays,
     shard_task,
@@ -23,8 +26,25 @@ from espnet3_flows.parallel.runner import ShardFailure
 from espnet3_flows.storage import redact
 
 
+#: Plans made by :func:`run_job` for the subflow it calls in the same process (saves re-planning).
+_PLANNED: dict[str, list[tuple[Any, Any, dict[int, Any]]]] = {}
+
+
+def plan_job(job: str, cfg: Any) -> list[tuple[Any, Any, dict[int, Any]]]:
+    """(runner, plan, finished shards) for each split; publishes each plan's ``manifest.json``."""
+    plans = []
+    for runner, indices in get_job(job).runners(cfg):
+        plan = runner.plan(indices)
+        runner.write_plan(plan)
+        plans.append((runner, plan, runner.collect_done(plan)))
+    return plans
+
+
 def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Run a job's shards as a subflow on the task runner its ``parallel`` section asks for.
+    """Plan a job, then run its shards as a subflow on the task runner its ``parallel`` section asks for.
+
+    When every shard is already done, no cluster is started: the shard tasks are cache hits
+    (``Cached`` in the UI) resolved by an in-process runner.
 
     Args:
         job: ``collect_stats`` or ``extract_xvectors``.
@@ -37,8 +57,16 @@ def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str
     spec = get_job(job)
     cfg = load_config(spec.schema, base=config)
     check_output_dir(_output_dir(cfg), cfg.storage_options)
-    sub = shard_flow.with_options(task_runner=make_task_runner(cfg.parallel), name=f"{job.replace('_', '-')}-shards")
-    return sub(job=job, config=to_plain(cfg), progress=progress)
+    plans = plan_job(job, cfg)
+    pending = sum(len(plan.shards) - len(done) for _, plan, done in plans)
+    runner = make_task_runner(cfg.parallel) if pending else ThreadPoolTaskRunner(max_workers=4)
+    token = uuid.uuid4().hex
+    _PLANNED[token] = plans
+    try:
+        sub = shard_flow.with_options(task_runner=runner, name=f"{job.replace('_', '-')}-shards")
+        return sub(job=job, config=to_plain(cfg), progress=progress, plan_token=token)
+    finally:
+        _PLANNED.pop(token, None)
 
 
 def _output_dir(cfg: Any) -> str:
@@ -46,8 +74,8 @@ def _output_dir(cfg: Any) -> str:
 
 
 @flow(name="shards", log_prints=True, validate_parameters=False)
-def shard_flow(job: str, config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Plan every split, submit one cached task per shard, merge and publish each split."""
+def shard_flow(job: str, config: dict[str, Any], progress: bool = True, plan_token: str = "") -> dict[str, Any]:
+    """Submit one cached task per shard of every split, then merge and publish each split."""
     from tqdm.auto import tqdm
 
     logger = get_run_logger()
@@ -55,17 +83,14 @@ def shard_flow(job: str, config: dict[str, Any], progress: bool = True) -> dict[
     cfg = load_config(spec.schema, base=config)
     t0 = time.perf_counter()
     storage = result_storage_for(_output_dir(cfg), cfg.storage_options)
-    pairs = spec.runners(cfg)
-    plans = []
-    for runner, indices in pairs:
-        plan = runner.plan(indices)
-        runner.write_plan(plan)
-        plans.append((runner, plan, runner.collect_done(plan)))
+    plans = _PLANNED.get(plan_token) or plan_job(job, cfg)
+    pending = sum(len(plan.shards) - len(done) for _, plan, done in plans)
     total = sum(len(p.shards) for _, p, _ in plans)
     logger.info("%s: %d split(s), %d shard(s), %d already done; output %s (options %s)", job, len(plans), total,
                 sum(len(d) for _, _, d in plans), _output_dir(cfg), redact(cfg.storage_options))
-    for fut in [preflight_task.submit(runner) for runner, _, _ in plans]:
-        fut.result()
+    if pending:  # check env keys on a worker before any shard runs
+        for fut in [preflight_task.submit(runner) for runner, plan, done in plans if len(done) < len(plan.shards)]:
+            fut.result()
     meter = ProgressArtifact(job, total)
     bar = tqdm(total=total, desc=job, unit="shard", disable=not progress)
     futures: dict[Any, tuple[int, int]] = {}
@@ -97,7 +122,12 @@ def shard_flow(job: str, config: dict[str, Any], progress: bool = True) -> dict[
     wall = time.perf_counter() - t0
     for k, (runner, plan, _) in enumerate(plans):
         recs = [records[(k, s.index)] for s in plan.shards]
-        summary = merge_task.submit(runner, [r for r, _ in recs], [c for _, c in recs]).result()
+        summary = unchanged_summary(runner, plan) if all(c for _, c in recs) else None
+        if summary is None:
+            summary = merge_task.submit(runner, [r for r, _ in recs], [c for _, c in recs]).result()
+        else:
+            logger.info("%s %s: nothing changed since the last merge; outputs kept", job, runner.split)
+            summary.update(shards_computed=0, shards_cached=len(plan.shards))
         summary["wall_seconds"] = wall
         computed_utts = sum(r["num_items"] for r, c in recs if not c)
         summary["throughput_utt_per_s"] = computed_utts / wall if wall > 0 else None

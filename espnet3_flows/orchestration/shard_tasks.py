@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +75,19 @@ def result_storage_for(output_dir: str, storage_options: dict[str, Any]) -> Any:
     return RemoteFileSystem.load(name)
 
 
+def unchanged_summary(runner: BaseRunner, plan: Any) -> dict[str, Any] | None:
+    """The split's published summary if it was merged from exactly this plan's shards, else ``None``."""
+    store = runner.storage
+    if store is None:
+        return None
+    summary = store.read_json(runner.split, "summary.json")
+    if summary and summary.get("plan_digest") == plan.digest:
+        return summary
+    return None
+
+
 def retry_delays(retries: int, first: float) -> list[float]:
     """Exponential backoff: ``first, 2·first, 4·first, ...``."""
     return [first * (2 ** i) for i in range(max(0, retries))]
 
 
-def env_flag(name: str) -> bool:
-    """Whether an environment variable is set to a true value."""
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

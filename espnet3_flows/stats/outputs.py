@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import posixpath
 import shutil
 import tempfile
@@ -14,6 +13,7 @@ import numpy as np
 
 from espnet3_flows.manifest import SkippedItem, write_skipped_tsv
 from espnet3_flows.parallel.runner import ShardResult
+from espnet3_flows.sharding import shards_digest
 from espnet3_flows.stats.accumulator import StatsAccumulator
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
             "shards_computed": sum(not r.cached for r in results),
             "shards_cached": sum(r.cached for r in results),
             "compute_seconds": float(sum(r.seconds for r in results if not r.cached)),
+            "plan_digest": shards_digest(r.shard.hash for r in results),
         }
         for name in files:
             store.publish_file(stage / name, posixpath.join(split, name))
@@ -156,9 +157,3 @@ def _plot(path: Path, acc: StatsAccumulator, lengths: np.ndarray, in_frames: boo
     plt.close(fig)
     path.write_bytes(buf.getvalue())
     return True
-
-
-def read_summary(store: Any, split: str) -> dict[str, Any] | None:
-    """The published ``summary.json`` of a split, or ``None``."""
-    data = store.read_json(posixpath.join(split, "summary.json"))
-    return json.loads(json.dumps(data)) if data is not None else None

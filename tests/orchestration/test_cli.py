@@ -1,0 +1,92 @@
+"""``python flows/collect_stats.py`` as a user runs it: no server configured, Ctrl-C and SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from espnet3_flows.orchestration.flows import run_job
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.prefect, pytest.mark.dask, pytest.mark.slow]
+
+
+def _clean_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    return env
+
+
+def _wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.3)
+    return alive
+
+
+def test_main_command_runs_demo_without_server(tmp_path):
+    out = tmp_path / "exp" / "collect_stats"
+    proc = subprocess.run([sys.executable, "flows/collect_stats.py", f"output_dir={out}", "demo_utterances=40",
+                           "shard_size=8", "parallel.n_workers=2"], cwd=ROOT, env=_clean_env(tmp_path),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "collect_stats finished" in proc.stdout and "train: 32 utterances" in proc.stdout
+    assert (out / "train" / "feats_stats.npz").is_file() and (tmp_path / "exp" / "demo_data" / "train.tsv").is_file()
+    assert "Error logging to API" not in proc.stderr
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if str(tmp_path) in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
+    assert not leftovers, f"processes left behind: {[p.info['cmdline'] for p in leftovers]}"
+
+
+def test_bad_config_is_an_error_before_work(tmp_path):
+    proc = subprocess.run([sys.executable, "flows/collect_stats.py", f"output_dir={tmp_path}/o", "shard_sise=3"],
+                          cwd=ROOT, env=_clean_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "shard_sise" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_sigkill_of_flow_process_then_rerun_recomputes_only_unfinished(tmp_path, prefect_harness, demo_corpus):
+    from prefect.settings import PREFECT_API_URL
+
+    out = tmp_path / "out"
+    args = [f"manifests.train={demo_corpus['train']}", f"output_dir={out}", "shard_size=4", "batch_size=4",
+            "frontend.type=model", "frontend.model._target_=tests.orchestration.slow_model.SlowFramer",
+            "parallel.n_workers=2"]
+    env = _clean_env(tmp_path) | {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    proc = subprocess.Popen([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(list(out.glob("train/shards/split.*/done"))) < 3:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.1)
+    family = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not _wait_gone(family), "Dask workers or servers outlived the killed flow process"
+    done_before = {p.parent.name for p in out.glob("train/shards/split.*/done")}
+    assert 3 <= len(done_before) < 12
+    assert not (out / "train" / "summary.json").exists()
+
+    cfg = {"manifests": {"train": demo_corpus["train"]}, "output_dir": str(out), "shard_size": 4, "batch_size": 4,
+           "frontend": {"type": "model", "model": {"_target_": "tests.orchestration.slow_model.SlowFramer"}},
+           "parallel": {"env": "serial"}}  # the killed run's config, so its finished shards match
+    rerun = run_job("collect_stats", cfg, progress=False)["train"]
+    assert rerun["shards_cached"] == len(done_before)
+    assert rerun["shards_computed"] == 12 - len(done_before)
+    clean = run_job("collect_stats", cfg | {"output_dir": str(tmp_path / "clean")}, progress=False)["train"]
+    a, b = np.load(out / "train/feats_stats.npz"), np.load(tmp_path / "clean/train/feats_stats.npz")
+    assert int(a["count"]) == int(b["count"]) == clean["frames"]
+    np.testing.assert_allclose(a["sum"], b["sum"], rtol=1e-12)
+    np.testing.assert_allclose(a["sum_square"], b["sum_square"], rtol=1e-12)
+    assert (out / "train/feats_shape").read_bytes() == (tmp_path / "clean/train/feats_shape").read_bytes()

@@ -1,0 +1,102 @@
+"""Collect-stats as a Prefect flow: Dask cluster, cache hits, incremental runs, S3, artifacts."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import s3fs
+
+from espnet3_flows.orchestration.flows import run_job
+
+pytestmark = pytest.mark.prefect
+
+
+def _artifacts(prefix: str) -> dict[str, object]:
+    from prefect.client.orchestration import get_client
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts()
+
+    return {a.key: a for a in asyncio.run(read()) if a.key and a.key.startswith(prefix)}
+
+
+@pytest.mark.dask
+def test_flow_on_local_cluster_caches_and_publishes(prefect_harness, demo_corpus, tmp_path):
+    out = tmp_path / "out"
+    cfg = {"manifests": demo_corpus, "output_dir": str(out), "shard_size": 8,
+           "parallel": {"env": "local", "n_workers": 2}}
+    first = run_job("collect_stats", cfg, progress=False)
+    assert first["train"]["shards_computed"] == 6 and first["valid"]["shards_computed"] == 2
+    for split in ("train", "valid"):
+        for name in ("feats_stats.npz", "feats_shape", "speech_shape", "stats_keys", "batch_keys", "summary.json",
+                     "stats.png", "skipped.tsv"):
+            assert (out / split / name).is_file(), name
+    assert list((out / ".prefect-results").iterdir()), "shard results were not persisted beside the outputs"
+    arts = _artifacts("collect-stats-")
+    report = arts["collect-stats-train-report"]
+    assert report.type == "markdown" and "| Utterances | 48 |" in report.data and "data:image/png;base64," in report.data
+    assert arts["collect-stats-splits"].type == "table"
+    assert arts["collect-stats-progress"].type == "progress" and float(arts["collect-stats-progress"].data) == 100.0
+    assert f"file://{out}/train/feats_stats.npz" in arts["collect-stats-train-feats-stats-npz"].data
+    before = (out / "train" / "feats_stats.npz").read_bytes()
+
+    again = run_job("collect_stats", cfg, progress=False)
+    assert again["train"]["shards_computed"] == 0 and again["train"]["shards_cached"] == 6
+    assert (out / "train" / "feats_stats.npz").read_bytes() == before
+
+
+def test_incremental_append_computes_only_new_shards(prefect_harness, demo_corpus, tmp_path):
+    manifest = tmp_path / "train.tsv"
+    lines = Path(demo_corpus["train"]).read_text().splitlines(keepends=True)
+    manifest.write_text("".join(lines[:40]))
+    cfg = {"manifests": {"train": str(manifest)}, "output_dir": str(tmp_path / "out"), "shard_size": 8,
+           "parallel": {"env": "serial"}}
+    assert run_job("collect_stats", cfg, progress=False)["train"]["shards_computed"] == 5
+    manifest.write_text("".join(lines))  # 48 lines: one new shard
+    grown = run_job("collect_stats", cfg, progress=False)["train"]
+    assert (grown["shards_computed"], grown["shards_cached"], grown["utterances"]) == (1, 5, 48)
+
+    full = {"manifests": {"train": demo_corpus["train"]}, "output_dir": str(tmp_path / "full"), "shard_size": 8,
+            "parallel": {"env": "serial"}}
+    run_job("collect_stats", full, progress=False)
+    a = np.load(tmp_path / "out" / "train" / "feats_stats.npz")
+    b = np.load(tmp_path / "full" / "train" / "feats_stats.npz")
+    assert int(a["count"]) == int(b["count"])
+    np.testing.assert_allclose(a["sum"], b["sum"], rtol=1e-12)
+    np.testing.assert_allclose(a["sum_square"], b["sum_square"], rtol=1e-12)
+    assert (tmp_path / "out/train/speech_shape").read_text() == (tmp_path / "full/train/speech_shape").read_text()
+
+
+@pytest.mark.s3
+def test_outputs_and_results_on_s3(prefect_harness, demo_corpus, s3_output):
+    url, options = s3_output
+    cfg = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": url, "storage_options": options,
+           "shard_size": 4, "parallel": {"env": "serial"}}
+    first = run_job("collect_stats", cfg, progress=False)["valid"]
+    assert first["shards_computed"] == 3
+    fs = s3fs.S3FileSystem(**options)
+    root = url[len("s3://"):]
+    stats = np.load(fs.open(f"{root}/valid/feats_stats.npz", "rb"))
+    assert int(stats["count"]) == first["frames"] and stats["sum"].shape == (80,)
+    assert fs.ls(f"{root}/.prefect-results"), "Prefect results were not written to the S3 result storage"
+    assert fs.cat(f"{root}/valid/speech_shape").decode().count("\n") == 12
+    again = run_job("collect_stats", cfg, progress=False)["valid"]
+    assert again["shards_cached"] == 3
+    secret = options["secret"]
+    for path in fs.find(root):
+        assert secret.encode() not in fs.cat(path) or path.endswith(".wav")
+
+
+def test_unwritable_output_fails_before_work(prefect_harness, demo_corpus, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cfg = {"manifests": demo_corpus, "output_dir": str(blocker / "out"), "parallel": {"env": "serial"}}
+    from espnet3_flows.storage import StorageError
+
+    with pytest.raises(StorageError, match="not writable"):
+        run_job("collect_stats", cfg, progress=False)
