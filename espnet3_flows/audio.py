@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -43,14 +44,16 @@ def read_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str
     """
     try:
         if utt.cut is not None:
-            samples, rate = _read_lhotse(utt)
+            samples, rate = _read_lhotse(utt, config)
         else:
             samples, rate = _read_soundfile(utt.path, config, storage_options)
     except AudioError as exc:
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
     except FileNotFoundError:
         raise AudioError(f"utt {utt.utt_id!r}: audio file not found: {utt.path}") from None
-    except Exception as exc:  # noqa: BLE001 - decoders raise many types
+    except (RuntimeError, ValueError, EOFError, TypeError, sf.SoundFileError) as exc:
+        # a decoder's verdict on this file; I/O and network errors propagate instead, so the
+        # shard fails and is retried rather than the item being skipped as bad data
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): cannot decode audio: {exc}") from None
     try:
         mono = _select_channel(samples, config.channel)
@@ -78,6 +81,8 @@ def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str
     protocol = fsspec.core.split_protocol(path)[0]
     if protocol in (None, "file"):
         source: Any = fsspec.core.strip_protocol(path) if protocol else path
+        if not os.path.exists(source):  # libsndfile reports a missing file as "System error."
+            raise FileNotFoundError(source)
     else:
         with fsspec.open(path, "rb", **(storage_options or {})) as f:
             source = io.BytesIO(f.read())
@@ -93,8 +98,12 @@ def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str
     return data.T, int(rate)  # (channels, samples)
 
 
-def _read_lhotse(utt: Utterance):
+def _read_lhotse(utt: Utterance, config: AudioConfig):
     from lhotse import CutSet
+
+    duration = float((utt.cut or {}).get("duration") or 0.0)  # from the manifest, before decoding
+    if config.max_duration is not None and duration > config.max_duration:
+        raise AudioError(f"duration {duration:.1f} s exceeds max_duration {config.max_duration:g} s")
 
     cut = CutSet.from_dicts([dict(utt.cut)])[0]  # type: ignore[arg-type]
     audio = cut.load_audio()

@@ -78,7 +78,7 @@ class SkippedItem:
     def tsv_line(self) -> str:
         """One line of ``skipped.tsv``: split, utt id, line, path, reason (tabs and newlines escaped)."""
         cells = [self.split, self.utt_id, str(self.line), self.path, self.reason]
-        return "\t".join(c.replace("\t", "\\t").replace("\n", "\\n") for c in cells)
+        return "\t".join(c.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r") for c in cells)
 
 
 SKIPPED_HEADER = "split\tutt_id\tline\tpath\treason"
@@ -152,7 +152,8 @@ def read_manifest(
             line = bline.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as exc:
             problem = f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})"
-            _fail_or_skip(on_error, skipped, split, path, lineno, "", "", problem)
+            uid = "" if is_lhotse_manifest(path) else bline.split(b"\t", 1)[0].decode("utf-8", "backslashreplace")
+            _fail_or_skip(on_error, skipped, split, path, lineno, uid, "", problem)
             continue
         if not line.strip() or line.startswith("#"):
             continue
@@ -174,7 +175,7 @@ def read_manifest(
 
 def _fail_or_skip(on_error: str, skipped: list[SkippedItem], split: str, path: str, lineno: int,
                   utt_id: str, audio: str, problem: str) -> None:
-    msg = f"split {split!r}: {path}:{lineno}: {problem}"
+    msg = f"split {split!r}: {path}:{lineno}: " + (f"utt {utt_id!r}: " if utt_id else "") + problem
     if on_error == "fail":
         raise ManifestError(msg)
     skipped.append(SkippedItem(split, utt_id, lineno, audio, f"manifest: {problem}"))

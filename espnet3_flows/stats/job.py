@@ -122,7 +122,12 @@ class CollectStatsRunner(BaseRunner):
         self.cfg = cfg
         self.split = split
         self._utts: list[Utterance] | None = None
-        super().__init__(CollectStatsProvider(cfg, {"split": split}), batch_size=cfg.batch_size,
+        # the env (with the parsed manifest) is cached per process by its token: a manifest
+        # edited since must give a new token, or a long-lived process reads stale utterances
+        manifest = cfg.manifests.get(split)
+        stamp = fingerprint_files([manifest], cfg.storage_options)[manifest] if manifest else ""
+        super().__init__(CollectStatsProvider(cfg, {"split": split, "manifest_stamp": stamp}),
+                         batch_size=cfg.batch_size,
                          output_dir=cfg.output_dir, shard_subdir=f"{split}/shards", shard_size=cfg.shard_size,
                          storage_options=cfg.storage_options, on_error=cfg.on_error, **kwargs)
 
@@ -240,6 +245,9 @@ def _header_length(u: Utterance, audio: AudioConfig, storage_options: Mapping[st
 
     if u.cut is not None:
         dur = float(u.cut.get("duration", 0.0))
+        if audio.max_duration is not None and dur > audio.max_duration:
+            raise AudioError(f"utt {u.utt_id!r} ({u.path}): duration {dur:.1f} s exceeds "
+                             f"max_duration {audio.max_duration:g} s")
         return int(round(dur * audio.sampling_rate))
     try:
         with fsspec.open(u.path, "rb", **(dict(storage_options) if "://" in u.path else {})) as f:

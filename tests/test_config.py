@@ -1,0 +1,111 @@
+"""Job configuration: defaults, YAML and overrides in order, clear errors naming the key, CLI splitting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from espnet3_flows.config import ConfigError, load_config, split_cli_args, to_plain
+from espnet3_flows.parallel.cluster import ParallelConfig
+from espnet3_flows.stats import CollectStatsConfig, FrontendConfig
+
+
+def test_defaults_and_typed_overrides():
+    cfg = load_config(CollectStatsConfig, overrides=[
+        "shard_size=64", "frontend.num_mel_bins=40", "frontend.channel=1", "manifests.train=/d/train.tsv",
+        "parallel.env=serial", "write_collected_feats=true", "storage_options.anon=true"])
+    assert isinstance(cfg, CollectStatsConfig)
+    assert isinstance(cfg.frontend, FrontendConfig) and isinstance(cfg.parallel, ParallelConfig)
+    assert cfg.shard_size == 64 and cfg.frontend.num_mel_bins == 40 and cfg.frontend.channel == 1
+    assert cfg.manifests == {"train": "/d/train.tsv"} and cfg.parallel.env == "serial"
+    assert cfg.write_collected_feats is True and cfg.storage_options == {"anon": True}
+    assert cfg.batch_size == CollectStatsConfig().batch_size and cfg.frontend.type == "fbank"
+    assert type(cfg.manifests) is dict  # plain containers, not OmegaConf nodes
+    json.dumps(to_plain(cfg))
+
+
+def test_sources_in_order_defaults_base_file_overrides(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("shard_size: 32\nbatch_size: 4\nfrontend:\n  num_mel_bins: 64\nparallel:\n  env: serial\n")
+    cfg = load_config(CollectStatsConfig, path, overrides=["batch_size=2"],
+                      base={"shard_size": 8, "on_error": "skip", "batch_size": 99})
+    assert cfg.shard_size == 32  # the file beats base
+    assert cfg.batch_size == 2  # overrides beat the file
+    assert cfg.on_error == "skip"  # base beats the defaults
+    assert cfg.frontend.num_mel_bins == 64 and cfg.frontend.frame_shift == 0.01
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match="shard_sise"):
+        load_config(CollectStatsConfig, overrides=["shard_sise=3"])
+    with pytest.raises(ConfigError, match=r"frontend\.num_mel"):
+        load_config(CollectStatsConfig, overrides=["frontend.num_mel=3"])
+
+
+def test_unknown_key_in_a_file_is_named(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("frontend:\n  samplingrate: 8000\n")
+    with pytest.raises(ConfigError, match=r"frontend\.samplingrate"):
+        load_config(CollectStatsConfig, path)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("shard_size=abc", "shard_size"),
+    ("frontend.dither=loud", "frontend.dither"),
+    ("write_collected_feats=maybe", "write_collected_feats"),
+    ("manifests=3", "manifests"),
+])
+def test_wrong_type_is_an_error(override, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config(CollectStatsConfig, overrides=[override])
+
+
+def test_bad_parallel_env_suggests_the_closest():
+    with pytest.raises(ConfigError) as info:
+        load_config(CollectStatsConfig, overrides=["parallel.env=slurmm"])
+    msg = str(info.value)
+    assert "parallel.env" in msg and "'slurmm'" in msg and "did you mean 'slurm'" in msg
+    assert "serial" in msg and "local" in msg  # and the valid choices
+
+
+@pytest.mark.parametrize("override,match", [
+    ("on_error=ignore", "on_error must be one of"),
+    ("shard_size=0", "shard_size must be >= 1"),
+    ("batch_size=0", "batch_size must be >= 1"),
+    ("frontend.type=mfcc", "frontend.type must be one of"),
+    ("frontend.type=model", r"frontend\.model\._target_"),
+    ("frontend.max_duration=0", "max_duration must be positive"),
+    ("manifests.a/b=/a.tsv", "split name 'a/b'"),
+    ("manifests.-x=/a.tsv", "split name '-x'"),
+    ("parallel.n_workers=-1", "n_workers"),
+])
+def test_validation_errors(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(CollectStatsConfig, overrides=[override])
+
+
+def test_bad_overrides_and_files(tmp_path):
+    with pytest.raises(ConfigError, match="'shard_size' is not of the form key=value"):
+        load_config(CollectStatsConfig, overrides=["shard_size"])
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(CollectStatsConfig, tmp_path / "nope.yaml")
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(CollectStatsConfig, listing)
+
+
+def test_split_cli_args():
+    assert split_cli_args([]) == (None, [])
+    assert split_cli_args(["--config", "a.yaml", "x=1", "y.z=2"]) == ("a.yaml", ["x=1", "y.z=2"])
+    assert split_cli_args(["x=1", "-c", "b.yaml"]) == ("b.yaml", ["x=1"])
+    assert split_cli_args(["--config=c.yaml", "k=a=b"]) == ("c.yaml", ["k=a=b"])
+    with pytest.raises(ConfigError, match="--config needs a file"):
+        split_cli_args(["--config"])
+    with pytest.raises(ConfigError, match="unexpected argument '--shard_size'"):
+        split_cli_args(["--shard_size", "3"])
+    with pytest.raises(ConfigError, match="unexpected argument 'positional'"):
+        split_cli_args(["positional"])
+    with pytest.raises(ConfigError, match="unexpected argument '--x=1'"):
+        split_cli_args(["--x=1"])
