@@ -1,0 +1,82 @@
+"""An operator's path against a real Prefect server: deploy, start a worker, trigger, schedule."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.servers import PrefectServer, PrefectWorker
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
+
+
+def _prefect(server: PrefectServer, *args: str) -> subprocess.CompletedProcess[str]:
+    cli = Path(sys.executable).with_name("prefect")
+    proc = subprocess.run([str(cli), "--no-prompt", *args], cwd=ROOT, env=server.env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
+
+
+def test_prefect_yaml_declares_the_deployments():
+    spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+    names = {d["name"]: d for d in spec["deployments"]}
+    assert {"collect-stats", "extract-xvectors", "collect-stats-nightly"} <= set(names)
+    assert all(d["enforce_parameter_schema"] for d in names.values())
+    assert names["collect-stats-nightly"]["schedules"][0]["cron"] == "0 3 * * *"
+    assert "definitions" in spec
+
+
+def test_deploy_trigger_and_schedule(tmp_path, demo_corpus):
+    # the scheduler service looks for new schedules every 2 s instead of 60 s
+    fast_scheduler = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"}
+    with PrefectServer(tmp_path / "home", log_dir=tmp_path / "logs", extra_env=fast_scheduler) as server:
+        _prefect(server, "work-pool", "create", "espnet3", "--type", "process")
+        _prefect(server, "deploy", "--all", "--prefect-file", "deployments/prefect.yaml")
+        env = server.env() | {"PYTHONPATH": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        with PrefectWorker("espnet3", env, ROOT, log_dir=tmp_path / "logs"):
+            os.environ["PREFECT_API_URL"] = server.api_url
+            try:
+                from prefect.client.orchestration import get_client
+                from prefect.deployments import run_deployment
+                from prefect.settings import PREFECT_API_URL, temporary_settings
+
+                out = tmp_path / "out"
+                with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+                    run = run_deployment(
+                        "collect-stats/collect-stats", timeout=300,
+                        parameters={"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(out),
+                                    "shard_size": 4, "parallel_env": "serial"})
+                    assert run.state is not None and run.state.is_completed(), run.state
+
+                    async def inspect():
+                        from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+                        async with get_client() as client:
+                            nightly = await client.read_deployment_by_name("collect-stats/collect-stats-nightly")
+                            flt = DeploymentFilter(id=DeploymentFilterId(any_=[nightly.id]))
+                            for _ in range(60):  # the scheduler service runs every 2 s
+                                scheduled = [r for r in await client.read_flow_runs(deployment_filter=flt)
+                                             if r.state_type and r.state_type.value == "SCHEDULED"]
+                                if scheduled:
+                                    break
+                                await asyncio.sleep(1)
+                            arts = await client.read_artifacts()
+                            return nightly, scheduled, arts
+
+                    nightly, scheduled, arts = asyncio.run(inspect())
+            finally:
+                os.environ.pop("PREFECT_API_URL", None)
+    assert (out / "valid" / "feats_stats.npz").is_file() and (out / "valid" / "summary.json").is_file()
+    assert any(a.key == "collect-stats-valid-report" for a in arts)
+    assert nightly.schedules and nightly.schedules[0].active
+    assert nightly.schedules[0].schedule.cron == "0 3 * * *"
+    assert scheduled, "the nightly deployment has no scheduled run"
+    assert all(r.expected_start_time.hour == 3 and r.expected_start_time.minute == 0 for r in scheduled)
