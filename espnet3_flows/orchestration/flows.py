@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from typing import Any
@@ -57,6 +58,7 @@ def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str
     spec = get_job(job)
     cfg = load_config(spec.schema, base=config)
     check_output_dir(_output_dir(cfg), cfg.storage_options)
+    _export_api_url()
     plans = plan_job(job, cfg)
     pending = sum(len(plan.shards) - len(done) for _, plan, done in plans)
     runner = make_task_runner(cfg.parallel) if pending else ThreadPoolTaskRunner(max_workers=4)
@@ -67,6 +69,15 @@ def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str
         return sub(job=job, config=to_plain(cfg), progress=progress, plan_token=token)
     finally:
         _PLANNED.pop(token, None)
+
+
+def _export_api_url() -> None:
+    """Put the API URL in the environment: Dask workers (local processes, SLURM jobs) inherit it."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if url and not os.environ.get("PREFECT_API_URL"):
+        os.environ["PREFECT_API_URL"] = str(url)
 
 
 def _output_dir(cfg: Any) -> str:
