@@ -27,8 +27,9 @@ from espnet3_flows.parallel.runner import ShardFailure
 from espnet3_flows.storage import redact
 
 
-#: Plans made by :func:`run_job` for the subflow it calls in the same process (saves re-planning).
-_PLANNED: dict[str, list[tuple[Any, Any, dict[int, Any]]]] = {}
+#: Config and plans made by :func:`run_job` for the subflow it calls in this process: the subflow's
+#: parameters (shown in the UI) then carry no credentials, and nothing is planned twice.
+_PLANNED: dict[str, tuple[Any, list[tuple[Any, Any, dict[int, Any]]]]] = {}
 
 
 def plan_job(job: str, cfg: Any) -> list[tuple[Any, Any, dict[int, Any]]]:
@@ -63,10 +64,12 @@ def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str
     pending = sum(len(plan.shards) - len(done) for _, plan, done in plans)
     runner = make_task_runner(cfg.parallel) if pending else ThreadPoolTaskRunner(max_workers=4)
     token = uuid.uuid4().hex
-    _PLANNED[token] = plans
+    _PLANNED[token] = (cfg, plans)
+    shown = to_plain(cfg)
+    shown["storage_options"] = redact(shown.get("storage_options"))
     try:
         sub = shard_flow.with_options(task_runner=runner, name=f"{job.replace('_', '-')}-shards")
-        return sub(job=job, config=to_plain(cfg), progress=progress, plan_token=token)
+        return sub(job=job, config=shown, progress=progress, plan_token=token)
     finally:
         _PLANNED.pop(token, None)
 
@@ -86,15 +89,19 @@ def _output_dir(cfg: Any) -> str:
 
 @flow(name="shards", log_prints=True, validate_parameters=False)
 def shard_flow(job: str, config: dict[str, Any], progress: bool = True, plan_token: str = "") -> dict[str, Any]:
-    """Submit one cached task per shard of every split, then merge and publish each split."""
+    """Submit one cached task per shard of every split, then merge and publish each split.
+
+    Called by :func:`run_job` (``config`` is the redacted copy shown in the UI; the real one
+    travels in-process under ``plan_token``).
+    """
     from tqdm.auto import tqdm
 
     logger = get_run_logger()
-    spec = get_job(job)
-    cfg = load_config(spec.schema, base=config)
+    if plan_token not in _PLANNED:
+        raise RuntimeError("shard_flow runs inside run_job(); call run_job() or the collect_stats flow")
+    cfg, plans = _PLANNED[plan_token]
     t0 = time.perf_counter()
     storage = result_storage_for(_output_dir(cfg), cfg.storage_options)
-    plans = _PLANNED.get(plan_token) or plan_job(job, cfg)
     pending = sum(len(plan.shards) - len(done) for _, plan, done in plans)
     total = sum(len(p.shards) for _, p, _ in plans)
     logger.info("%s: %d split(s), %d shard(s), %d already done; output %s (options %s)", job, len(plans), total,
