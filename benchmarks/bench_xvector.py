@@ -1,0 +1,151 @@
+"""Benchmark: x-vector throughput of length-sorted padded batches vs one utterance at a time.
+
+A full-size ECAPA-TDNN (speechbrain/spkrec-ecapa-voxceleb architecture, 20.8 M parameters,
+random weights, built offline by tests/support/ecapa.py) runs on the CPU with one thread over
+N synthetic utterances of 2-6 s at 16 kHz (60; 12 with --quick). "alone" calls
+``encoder.encode_batch`` on each utterance by itself; "batched" is ``embed_waveforms`` with
+length-sorted batches and exact padding. Each repetition times every method once, in rotating
+order, by wall clock and by process CPU time (the fairer measure on a shared machine); the table
+gives the median and min-max throughput, the speedup over "alone" by both clocks, and the
+minimum cosine similarity between batched and one-by-one embeddings.
+
+Run ``python benchmarks/bench_xvector.py [--quick]``; writes ``benchmarks/results/xvector.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # the random-model builder lives in tests/support, not in the package
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from espnet3_flows.xvector import embed_waveforms, load_speechbrain_encoder, speechbrain_embedder  # noqa: E402
+from tests.support.ecapa import build_random_ecapa_dir  # noqa: E402
+
+SR = 16000
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def synthetic_waves(count: int, seed: int = 0) -> list[np.ndarray]:
+    """``count`` utterances of 2-6 s: a few tones with vibrato plus noise."""
+    rng = np.random.default_rng(seed)
+    waves = []
+    for _ in range(count):
+        t = np.arange(int(rng.uniform(2.0, 6.0) * SR)) / SR
+        wave = 0.02 * rng.standard_normal(t.size)
+        for amp, freq, rate in rng.uniform([0.05, 100, 2], [0.3, 1500, 7], (5, 3)):
+            wave += amp * np.sin(2 * np.pi * freq * t + 3 * np.sin(2 * np.pi * rate * t))
+        waves.append(wave.astype(np.float32))
+    return waves
+
+
+def one_by_one(encoder: Any, waves: list[np.ndarray]) -> np.ndarray:
+    """The baseline: encode_batch on each utterance alone."""
+    with torch.inference_mode():
+        return np.stack([encoder.encode_batch(torch.from_numpy(w)[None])[0, 0].numpy() for w in waves])
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+
+
+def run(quick: bool = False) -> dict:
+    """Time both methods, print a table, write results/xvector.json, and return the results."""
+    torch.set_num_threads(1)
+    count, reps = (12, 2) if quick else (60, 3)
+    batch_sizes = (8,) if quick else (1, 8, 16)
+    waves = synthetic_waves(count)
+    audio_s = sum(w.size for w in waves) / SR
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_random_ecapa_dir(Path(tmp) / "ecapa", full_size=True)
+        encoder = load_speechbrain_encoder(model_dir, savedir=Path(tmp) / "save")
+    n_params = sum(p.numel() for p in encoder.mods.embedding_model.parameters())
+    embedder = speechbrain_embedder(encoder)
+
+    methods: dict[str, Callable[[], np.ndarray]] = {"alone": lambda: one_by_one(encoder, waves)}
+    for b in batch_sizes:
+        methods[f"batched (bs {b})"] = lambda b=b: embed_waveforms(embedder, waves, batch_size=b)
+
+    embedder(torch.from_numpy(waves[0][: 2 * SR])[None], torch.ones(1))  # warm-up
+    seconds: dict[str, list[float]] = {name: [] for name in methods}
+    cpu_seconds: dict[str, list[float]] = {name: [] for name in methods}
+    outputs: dict[str, np.ndarray] = {}
+    names = list(methods)
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[: rep % len(names)]:
+            start, cpu_start = time.perf_counter(), time.process_time()
+            outputs[name] = methods[name]()
+            seconds[name].append(time.perf_counter() - start)
+            cpu_seconds[name].append(time.process_time() - cpu_start)
+
+    rows = []
+    base = float(np.median(seconds["alone"]))
+    cpu_base = float(np.median(cpu_seconds["alone"]))
+    for name in names:
+        s = np.array(seconds[name])
+        cpu = float(np.median(cpu_seconds[name]))
+        rows.append({
+            "method": name,
+            "seconds_median": float(np.median(s)),
+            "seconds_min": float(s.min()),
+            "seconds_max": float(s.max()),
+            "utt_per_s_median": count / float(np.median(s)),
+            "utt_per_s_min": count / float(s.max()),
+            "utt_per_s_max": count / float(s.min()),
+            "audio_s_per_s_median": audio_s / float(np.median(s)),
+            "speedup_median": base / float(np.median(s)),
+            "cpu_seconds_median": cpu,
+            "cpu_utt_per_s_median": count / cpu,
+            "cpu_speedup_median": cpu_base / cpu,
+            "min_cosine_vs_alone": min_cosine(outputs[name], outputs["alone"]),
+        })
+
+    print(f"ECAPA-TDNN full size ({n_params / 1e6:.1f} M params), CPU, 1 thread; "
+          f"{count} utterances, {audio_s:.0f} s of audio; {reps} repetitions")
+    print(f"{'method':<18}{'utt/s median':>14}{'min-max':>13}{'speedup':>9}"
+          f"{'CPU utt/s':>11}{'CPU speedup':>13}{'min cos':>11}")
+    for r in rows:
+        spread = f"{r['utt_per_s_min']:.2f}-{r['utt_per_s_max']:.2f}"
+        print(f"{r['method']:<18}{r['utt_per_s_median']:>14.2f}{spread:>13}{r['speedup_median']:>8.2f}x"
+              f"{r['cpu_utt_per_s_median']:>11.2f}{r['cpu_speedup_median']:>12.2f}x"
+              f"{r['min_cosine_vs_alone']:>11.6f}")
+
+    result = {
+        "benchmark": "xvector",
+        "quick": quick,
+        "model": "ECAPA-TDNN channels [1024,1024,1024,1024,3072], lin_neurons 192, random weights",
+        "parameters": n_params,
+        "device": "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "utterances": count,
+        "audio_seconds": audio_s,
+        "repetitions": reps,
+        "rows": rows,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "xvector.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="12 utterances, 2 repetitions, batch size 8")
+    run(quick=parser.parse_args().quick)

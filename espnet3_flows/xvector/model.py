@@ -1,0 +1,237 @@
+"""Speaker-embedding models for x-vector extraction: offline speechbrain loading and length-sorted batching.
+
+Any callable ``(wavs [B, T] float32, wav_lens [B] relative lengths) -> [B, D]`` is an
+`EmbeddingModel`; `speechbrain_embedder` makes one from a speechbrain ``EncoderClassifier``, and a
+second toolkit plugs in by providing such a callable. `embed_waveforms` runs a model over
+utterances in length-sorted, zero-padded batches and returns the embeddings in input order.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from speechbrain.inference.speaker import EncoderClassifier
+
+HPARAMS_FILE = "hyperparams.yaml"
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:(0|[1-9][0-9]*))?)$")
+# Downloaded speechbrain model directories (e.g. spkrec-ecapa-voxceleb) point their pretrainer at
+# `<pretrained_path>/...` with pretrained_path set to the hub id: loading one "offline" would still
+# go to the hub unless pretrained_path is pointed at the directory itself.
+_PRETRAINED_PATH_RE = re.compile(r"^pretrained_path\s*:", re.MULTILINE)
+
+
+class XVectorModelError(RuntimeError):
+    """An embedding model cannot be loaded or used (missing files, unreachable hub id, no CUDA...)."""
+
+
+@runtime_checkable
+class EmbeddingModel(Protocol):
+    """Maps a zero-padded batch of waveforms to one embedding per utterance.
+
+    ``wavs``: float32 [B, T] at the model's sample rate, zero-padded on the right.
+    ``wav_lens``: float32 [B], each utterance's length divided by T, in (0, 1].
+    Returns a float tensor [B, D] (any device).
+    """
+
+    def __call__(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor: ...
+
+
+def validate_device(device: str) -> str:
+    """Return ``device`` if it is ``cpu``, ``cuda`` or ``cuda:N`` and usable here.
+
+    Raises ValueError for a malformed name, XVectorModelError when CUDA (or GPU N) is not available.
+    """
+    if not isinstance(device, str) or not _DEVICE_RE.match(device):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise XVectorModelError(f"device {device!r} requested but torch.cuda is not available")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise XVectorModelError(
+                f"device {device!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
+            )
+    return device
+
+
+def _looks_like_path(source: str) -> bool:
+    """True for sources that can only be filesystem paths, never hub ids."""
+    return source.startswith(("/", "./", "../", "~", ".\\", "..\\")) or source in (".", "..") or "\\" in source
+
+
+def load_speechbrain_encoder(
+    source: str | Path, savedir: str | Path, device: str = "cpu"
+) -> "EncoderClassifier":
+    """Load a speechbrain ``EncoderClassifier`` (e.g. ECAPA-TDNN) for inference on ``device``.
+
+    ``source`` is a local model directory holding ``hyperparams.yaml`` (loaded without any network
+    access: a top-level ``pretrained_path`` in it is pointed at the directory) or a Hugging Face
+    hub id such as ``speechbrain/spkrec-ecapa-voxceleb``. ``savedir`` receives speechbrain's links
+    to the model files. Raises XVectorModelError naming the source when it cannot be loaded.
+    """
+    from speechbrain.inference.speaker import EncoderClassifier
+    from speechbrain.utils.fetching import FetchConfig
+
+    device = validate_device(device)
+    source_str = str(source)
+    local = Path(source_str).expanduser()
+    savedir = Path(savedir)
+    run_opts = {"device": device}
+
+    if isinstance(source, Path) or local.exists() or _looks_like_path(source_str):
+        if not local.is_dir():
+            raise XVectorModelError(f"speechbrain model directory {source_str!r} does not exist")
+        hparams = local / HPARAMS_FILE
+        if not hparams.is_file():
+            raise XVectorModelError(
+                f"speechbrain model directory {str(local)!r} has no {HPARAMS_FILE}; "
+                "pass the directory that holds hyperparams.yaml and the .ckpt files"
+            )
+        local = local.resolve()
+        overrides = {}
+        if _PRETRAINED_PATH_RE.search(hparams.read_text(encoding="utf-8")):
+            overrides["pretrained_path"] = str(local)
+        try:
+            # overwrite=True re-links every file: a savedir reused from another model would
+            # otherwise silently serve that model's hyperparams.yaml and checkpoints.
+            return EncoderClassifier.from_hparams(
+                source=str(local),
+                savedir=str(savedir),
+                run_opts=run_opts,
+                overrides=overrides,
+                fetch_config=FetchConfig(overwrite=True, allow_network=False),
+            )
+        except Exception as exc:
+            raise XVectorModelError(
+                f"could not load the speechbrain model in {str(local)!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    try:
+        return EncoderClassifier.from_hparams(source=source_str, savedir=str(savedir), run_opts=run_opts)
+    except Exception as exc:
+        raise XVectorModelError(
+            f"could not fetch speechbrain model {source_str!r} from the Hugging Face Hub "
+            f"({type(exc).__name__}: {exc}). This job does not download models: download it "
+            f"where the network is reachable (e.g. `huggingface-cli download {source_str} "
+            "--local-dir DIR`) and pass that local directory as the model source."
+        ) from exc
+
+
+def speechbrain_embedder(encoder: Any, exact_padding: bool | None = None) -> EmbeddingModel:
+    """Wrap a speechbrain ``EncoderClassifier`` as an EmbeddingModel returning [B, D].
+
+    With ``exact_padding`` (default: whenever the architecture allows it, as for ECAPA-TDNN and
+    TDNN x-vectors), an utterance gets the same embedding in a padded batch as alone; see
+    `espnet3_flows.xvector.exact_padding`. ``False`` calls ``encode_batch`` as is; ``True``
+    raises ValueError when the architecture does not allow it.
+    """
+    from .exact_padding import make_aligner
+
+    aligner = make_aligner(encoder, exact_padding)
+    encode = aligner.encode if aligner is not None else encoder.encode_batch
+
+    def embed(wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            out = encode(wavs, wav_lens)
+        if out.dim() != 3 or out.shape[1] != 1:
+            raise XVectorModelError(f"encode_batch returned shape {tuple(out.shape)}, expected [B, 1, D]")
+        return out.squeeze(1)
+
+    return embed
+
+
+def length_sorted_batches(
+    lengths: Sequence[int], max_batch_size: int, max_padded_samples: int | None = None
+) -> list[list[int]]:
+    """Group indices of ``lengths`` into batches of similar length, longest first.
+
+    Each batch has at most ``max_batch_size`` items and, when ``max_padded_samples`` is given, at
+    most that many samples once padded (items x longest); an item longer than the limit alone
+    forms its own batch. Every index appears exactly once; ties keep input order.
+    """
+    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be a positive int, got {max_batch_size!r}")
+    if max_padded_samples is not None and (
+        isinstance(max_padded_samples, bool) or not isinstance(max_padded_samples, int) or max_padded_samples < 1
+    ):
+        raise ValueError(f"max_padded_samples must be a positive int or None, got {max_padded_samples!r}")
+    for i, n in enumerate(lengths):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"lengths[{i}] must be a non-negative int, got {n!r}")
+
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current:
+            longest = int(lengths[current[0]])  # descending order: the first is the longest
+            full = len(current) >= max_batch_size
+            too_big = max_padded_samples is not None and (len(current) + 1) * longest > max_padded_samples
+            if full or too_big:
+                batches.append(current)
+                current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _as_waveform(wave: Any, index: int, ids: Sequence[str] | None) -> np.ndarray:
+    """``wave`` as a 1-D float32 array; ValueError naming the item when it is not a usable one."""
+    name = f"utterance {ids[index]!r}" if ids is not None else f"waveform {index}"
+    arr = np.asarray(wave)
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D waveform, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name}: empty waveform")
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise ValueError(f"{name}: expected float samples in [-1, 1], got dtype {arr.dtype}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name}: waveform contains NaN or infinite samples")
+    return arr.astype(np.float32, copy=False)
+
+
+def embed_waveforms(
+    model: EmbeddingModel,
+    waves: Sequence[np.ndarray],
+    batch_size: int,
+    max_padded_samples: int | None = None,
+    ids: Sequence[str] | None = None,
+) -> np.ndarray:
+    """Embed ``waves`` (1-D float arrays) with ``model``; returns float32 [N, D] in input order.
+
+    Utterances are grouped by `length_sorted_batches`, zero-padded, and passed with relative
+    lengths ``len / max_len``. ``ids`` (optional, one per wave) name items in error messages.
+    An empty ``waves`` gives an array of shape [0, 0].
+    """
+    if ids is not None and len(ids) != len(waves):
+        raise ValueError(f"got {len(ids)} ids for {len(waves)} waveforms")
+    arrays = [_as_waveform(w, i, ids) for i, w in enumerate(waves)]
+    if not arrays:
+        return np.zeros((0, 0), dtype=np.float32)
+
+    result: np.ndarray | None = None
+    for batch in length_sorted_batches([a.shape[0] for a in arrays], batch_size, max_padded_samples):
+        longest = arrays[batch[0]].shape[0]
+        wavs = torch.zeros(len(batch), longest, dtype=torch.float32)
+        for row, i in enumerate(batch):
+            wavs[row, : arrays[i].shape[0]] = torch.from_numpy(arrays[i])
+        wav_lens = torch.tensor([arrays[i].shape[0] / longest for i in batch], dtype=torch.float32)
+        out = model(wavs, wav_lens)
+        if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != len(batch):
+            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise XVectorModelError(f"embedding model returned {shape} for a batch of {len(batch)}, expected [B, D]")
+        emb = out.detach().to("cpu", torch.float32).numpy()
+        if result is None:
+            result = np.empty((len(arrays), emb.shape[1]), dtype=np.float32)
+        elif emb.shape[1] != result.shape[1]:
+            raise XVectorModelError(f"embedding dimension changed from {result.shape[1]} to {emb.shape[1]}")
+        result[batch] = emb
+    assert result is not None
+    return result

@@ -1,0 +1,177 @@
+"""Writers for x-vectors in the ESPnet2 TTS layout: per-utterance .pt files, kaldi ark/scp, speaker means.
+
+Pure functions over local directories; publishing (upload / atomic rename) is the caller's job.
+Layout written into ``out_dir``::
+
+    {utt_id}.pt           float32 tensor [D] per utterance (torch.save, loads with weights_only=True)
+    xvector.ark/.scp      utterance embeddings keyed by utt id (kaldiio), keys sorted
+    spk_xvector.ark/.scp  mean embedding per speaker keyed by speaker id, keys sorted
+
+kaldiio writes the ark path into the scp verbatim and a reader opens it relative to its own working
+directory, not the scp's. So the scp written here names the ark by its absolute local path, and
+whoever moves or publishes the pair calls `relocate_scp` with the ark's final path or URL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from espnet3_flows.manifest import validate_utt_id
+
+_SCP_VALUE_RE = re.compile(r"^(?P<path>.+):(?P<offset>[0-9]+)(?P<slice>\[[^\]]*\])?$")
+
+
+def _embedding_vector(key: str, value: object, kind: str = "utterance") -> np.ndarray:
+    """``value`` as a finite 1-D float32 vector; ValueError naming ``key`` otherwise."""
+    arr = np.asarray(value)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{kind} {key!r}: expected a 1-D embedding, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.number):
+        raise ValueError(f"{kind} {key!r}: expected numbers, got dtype {arr.dtype}")
+    arr = arr.astype(np.float32)
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{kind} {key!r}: embedding contains NaN or infinite values")
+    return arr
+
+
+def _validate_key(key: object, kind: str) -> str:
+    """An ark/scp key must be one non-empty token without whitespace or control characters."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"{kind} id must be a non-empty string, got {key!r}")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in key):
+        raise ValueError(f"{kind} id {key!r} contains whitespace or control characters")
+    return key
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_utterance_tensors(out_dir: str | Path, embeddings: Mapping[str, np.ndarray]) -> list[Path]:
+    """Write each embedding as ``out_dir/{utt_id}.pt`` (float32 torch tensor of shape [D]).
+
+    Every id is checked with `espnet3_flows.manifest.validate_utt_id` and every vector for shape
+    and finiteness before any file is written. Each file appears atomically (temporary name,
+    then rename). Returns the written paths in key order.
+    """
+    out = Path(out_dir)
+    checked = {}
+    for utt_id, value in embeddings.items():
+        validate_utt_id(utt_id)
+        checked[utt_id] = _embedding_vector(utt_id, value)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for utt_id in sorted(checked):
+        path = out / f"{utt_id}.pt"
+        tmp = out / f".{utt_id}.pt.tmp"
+        torch.save(torch.from_numpy(checked[utt_id].copy()), tmp)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def write_xvector_ark_scp(
+    out_dir: str | Path, embeddings: Mapping[str, np.ndarray], name: str = "xvector", kind: str = "utterance"
+) -> tuple[Path, Path]:
+    """Write ``out_dir/{name}.ark`` and ``{name}.scp`` (kaldi binary float vectors, keys sorted).
+
+    Keys are utterance ids checked with ``validate_utt_id`` (``kind="utterance"``) or, for any
+    other ``kind`` such as ``"speaker"``, single tokens without whitespace. The scp names the ark
+    by its absolute path; see `relocate_scp`. Returns (ark_path, scp_path).
+    """
+    import kaldiio
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.startswith((".", "-")):
+        raise ValueError(f"invalid ark/scp base name {name!r}")
+    checked: dict[str, np.ndarray] = {}
+    for key in sorted(embeddings):
+        if kind == "utterance":
+            validate_utt_id(key)
+        else:
+            _validate_key(key, kind)
+        checked[key] = _embedding_vector(key, embeddings[key], kind)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ark = (out / f"{name}.ark").resolve()
+    scp = (out / f"{name}.scp").resolve()
+    _check_ark_path(str(ark))
+    kaldiio.save_ark(str(ark), checked, scp=str(scp))
+    return ark, scp
+
+
+def _check_ark_path(path: str) -> None:
+    """Reject ark paths that kaldiio would misparse from an scp line."""
+    if not path or path != path.strip() or any(c in path for c in "\n\r\0[]"):
+        raise ValueError(f"ark path {path!r} cannot be written into an scp file")
+    if path.startswith("|") or path.endswith("|"):
+        raise ValueError(f"ark path {path!r} would be read as a shell pipe")
+
+
+def relocate_scp(scp_path: str | Path, new_ark_path: str | Path) -> int:
+    """Point every line of ``scp_path`` at ``new_ark_path``, keeping keys and byte offsets.
+
+    Call it after the ark has been moved or published (``new_ark_path`` may be an absolute path
+    or a URL; it is written as given). All lines must reference the same ark. The scp is
+    rewritten atomically. Returns the number of entries.
+    """
+    scp = Path(scp_path)
+    new = str(new_ark_path)
+    _check_ark_path(new)
+    lines = []
+    old_paths = set()
+    for lineno, line in enumerate(scp.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = line.split(None, 1)
+        match = _SCP_VALUE_RE.match(parts[1].strip()) if len(parts) == 2 else None
+        if match is None:
+            raise ValueError(f"{scp}:{lineno}: expected 'key ark_path:offset', got {line!r}")
+        old_paths.add(match["path"])
+        lines.append(f"{parts[0]} {new}:{match['offset']}{match['slice'] or ''}\n")
+    if len(old_paths) > 1:
+        raise ValueError(f"{scp} references {len(old_paths)} arks {sorted(old_paths)}; cannot relocate to one")
+    _atomic_write_text(scp, "".join(lines))
+    return len(lines)
+
+
+def speaker_means(embeddings: Mapping[str, np.ndarray], utt2spk: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """Mean embedding per speaker (accumulated in float64, returned float32), keys sorted.
+
+    Every utterance in ``embeddings`` must have a speaker in ``utt2spk`` (ValueError naming it);
+    ``utt2spk`` entries without an embedding (e.g. skipped utterances) are ignored.
+    """
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+    for utt_id in sorted(embeddings):
+        spk = utt2spk.get(utt_id)
+        if spk is None or spk == "":
+            raise ValueError(f"utterance {utt_id!r} has no speaker in utt2spk")
+        vec = _embedding_vector(utt_id, embeddings[utt_id]).astype(np.float64)
+        if spk in sums:
+            if sums[spk].shape != vec.shape:
+                raise ValueError(
+                    f"utterance {utt_id!r}: embedding dimension {vec.shape[0]} differs from "
+                    f"{sums[spk].shape[0]} of other utterances of speaker {spk!r}"
+                )
+            sums[spk] += vec
+            counts[spk] += 1
+        else:
+            sums[spk] = vec.copy()
+            counts[spk] = 1
+    return {spk: (sums[spk] / counts[spk]).astype(np.float32) for spk in sorted(sums)}
+
+
+def write_speaker_xvector_ark_scp(
+    out_dir: str | Path, spk_embeddings: Mapping[str, np.ndarray], name: str = "spk_xvector"
+) -> tuple[Path, Path]:
+    """Write per-speaker embeddings (e.g. from `speaker_means`) as ``{name}.ark/.scp`` keyed by speaker id."""
+    return write_xvector_ark_scp(out_dir, spk_embeddings, name=name, kind="speaker")
