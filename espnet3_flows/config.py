@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
 
@@ -118,3 +119,16 @@ def split_cli_args(argv: Sequence[str]) -> tuple[str | None, list[str]]:
             raise ConfigError(f"unexpected argument {arg!r}: use --config FILE and key=value overrides")
         i += 1
     return path, overrides
+
+
+def instantiate(spec: Mapping[str, Any]) -> Any:
+    """Build ``spec["_target_"](**rest)`` (nested ``_target_`` mappings are built too)."""
+    spec = dict(spec)
+    target = spec.pop("_target_")
+    module, _, name = str(target).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"_target_: cannot import {target!r}: {exc}") from None
+    args = {k: instantiate(v) if isinstance(v, Mapping) and "_target_" in v else v for k, v in spec.items()}
+    return cls(**args)

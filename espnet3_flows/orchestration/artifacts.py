@@ -39,8 +39,11 @@ def _fmt(v: Any) -> str:
     return "—" if v is None else str(v)
 
 
-def publish_split_artifacts(job: str, summary: Mapping[str, Any], store: Storage) -> None:
-    """Markdown report (with the plot inline), and one link artifact per published file."""
+def publish_split_artifacts(job: str, summary: Mapping[str, Any], store: Storage, rel: str) -> None:
+    """Markdown report (with the plot inline), and one link artifact per published file.
+
+    ``rel`` is the split's output directory relative to the storage root.
+    """
     split = summary["split"]
     lines = [f"# {job}: split `{split}`", "", "| metric | value |", "|---|---|"]
     lines += [f"| {label} | {_fmt(summary[key])} |" for key, label in _ROWS if key in summary]
@@ -48,7 +51,7 @@ def publish_split_artifacts(job: str, summary: Mapping[str, Any], store: Storage
     if files:
         lines += ["", "## Published files", ""] + [f"- [{name}]({_link(uri)})" for name, uri in sorted(files.items())]
     if "stats.png" in files:
-        png = store.read_bytes(split, "stats.png")
+        png = store.read_bytes(rel, "stats.png")
         lines += ["", "## Statistics", "", f"![per-dimension mean ± std and lengths](data:image/png;base64,"
                   f"{base64.b64encode(png).decode()})"]
     if summary.get("skipped"):

@@ -7,6 +7,7 @@ import logging
 import sys
 from typing import Any, Literal, Sequence
 
+from omegaconf import OmegaConf
 from prefect import flow
 
 from espnet3_flows.config import ConfigError, load_config, split_cli_args, to_plain
@@ -22,7 +23,7 @@ def resolve_config(job: str, config_file: str | None, params: dict[str, Any], ov
     Generates the demo corpus when a collect-stats config names no manifest.
     """
     spec = get_job(job)
-    defaults = to_plain(spec.schema())
+    defaults = OmegaConf.to_container(OmegaConf.structured(spec.schema))
     changed = [f"{k}={json.dumps(v)}" for k, v in _flatten(params) if _lookup(defaults, k) != v]
     cfg = load_config(spec.schema, config_file, [*changed, *overrides])
     if job == "collect_stats" and not cfg.manifests:

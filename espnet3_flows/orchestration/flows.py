@@ -150,7 +150,7 @@ def shard_flow(job: str, config: dict[str, Any], progress: bool = True, plan_tok
         computed_utts = sum(r["num_items"] for r, c in recs if not c)
         summary["throughput_utt_per_s"] = computed_utts / wall if wall > 0 else None
         summary["realtime_factor"] = summary.get("seconds", 0.0) / wall if wall > 0 and computed_utts else None
-        publish_split_artifacts(job, summary, runner.storage)
+        publish_split_artifacts(job, summary, runner.storage, runner.outputs_rel)
         summaries[runner.split] = summary
         logger.info("%s %s: %s utterances, %s shard(s) computed, %s cached, %s skipped", job, runner.split,
                     summary.get("utterances"), summary.get("shards_computed"), summary.get("shards_cached"),

@@ -23,11 +23,8 @@ class JobSpec:
 def _collect_stats_runners(cfg: Any) -> list[tuple[BaseRunner, range]]:
     from espnet3_flows.stats.job import CollectStatsRunner
 
-    out = []
-    for split in cfg.manifests:
-        r = CollectStatsRunner(cfg, split)
-        out.append((r, range(len(r.utterances()))))
-    return out
+    runners = [CollectStatsRunner(cfg, split) for split in cfg.manifests]
+    return [(r, r.indices()) for r in runners]
 
 
 def _xvector_runners(cfg: Any) -> list[tuple[BaseRunner, range]]:

@@ -80,7 +80,7 @@ def unchanged_summary(runner: BaseRunner, plan: Any) -> dict[str, Any] | None:
     store = runner.storage
     if store is None:
         return None
-    summary = store.read_json(runner.split, "summary.json")
+    summary = store.read_json(runner.outputs_rel, "summary.json")
     if summary and summary.get("plan_digest") == plan.digest:
         return summary
     return None

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from espnet3_flows.config import ConfigError
+from espnet3_flows.config import ConfigError, instantiate
 
 FRONTEND_TYPES = ("fbank", "none", "model")
 
@@ -97,19 +96,6 @@ class ModelFrontend:
         if flens is None:
             return [feats[i] for i in range(len(waves))]
         return [feats[i, : int(n)] for i, n in enumerate(flens.detach().cpu().tolist())]
-
-
-def instantiate(spec: Mapping[str, Any]) -> Any:
-    """Build ``spec["_target_"](**rest)`` (nested ``_target_`` mappings are built too)."""
-    spec = dict(spec)
-    target = spec.pop("_target_")
-    module, _, name = str(target).rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"frontend.model._target_: cannot import {target!r}: {exc}") from None
-    args = {k: instantiate(v) if isinstance(v, Mapping) and "_target_" in v else v for k, v in spec.items()}
-    return cls(**args)
 
 
 def build_frontend(cfg: FrontendConfig) -> Frontend | None:

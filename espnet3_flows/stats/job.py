@@ -5,22 +5,20 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
 from espnet3_flows.audio import AudioConfig, read_audio
 from espnet3_flows.config import ConfigError, to_plain
-from espnet3_flows.manifest import ON_ERROR_POLICIES, SkippedItem, Utterance, read_manifest
+from espnet3_flows.manifest import Utterance
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
-from espnet3_flows.parallel.runner import BaseRunner, ShardResult
-from espnet3_flows.sharding import Shard, fingerprint_files
+from espnet3_flows.parallel.runner import ShardResult
+from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
-
-_SPLIT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
-
+from espnet3_flows.utterance_job import UtteranceDataset, UtteranceRunner, check_common, provider_params
 
 @dataclass
 class CollectStatsConfig:
@@ -60,33 +58,8 @@ class CollectStatsConfig:
 
     def __post_init__(self) -> None:
         check_common(self.on_error, self.shard_size, self.batch_size, self.manifests)
-
-
-def check_common(on_error: str, shard_size: int, batch_size: int, manifests: Mapping[str, str]) -> None:
-    """Checks shared by the jobs' configs."""
-    if on_error not in ON_ERROR_POLICIES:
-        raise ConfigError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
-    if shard_size < 1:
-        raise ConfigError(f"shard_size must be >= 1, got {shard_size}")
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    for split in manifests:
-        if not split or set(split) - _SPLIT_CHARS or split.startswith((".", "-")):
-            raise ConfigError(f"manifests: split name {split!r} must be letters, digits, '_', '-' or '.'")
-
-
-class UtteranceDataset:
-    """A split's utterances, read from its manifest once per process."""
-
-    def __init__(self, manifest: str, split: str, on_error: str, storage_options: Mapping[str, Any] | None):
-        self.split = split
-        self.utts, self.skipped = read_manifest(manifest, split, on_error, storage_options)
-
-    def __len__(self) -> int:
-        return len(self.utts)
-
-    def __getitem__(self, idx: int) -> Utterance:
-        return self.utts[idx]
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
 def _build_env(cfg: CollectStatsConfig, split: str) -> dict[str, Any]:
@@ -115,39 +88,18 @@ class CollectStatsProvider(EnvironmentProvider):
         return lambda: _build_env(cfg, split)
 
 
-class CollectStatsRunner(BaseRunner):
+class CollectStatsRunner(UtteranceRunner):
     """Per shard: feature shapes, exact count/mean/M2, optional Kaldi ark/scp of the features."""
 
     def __init__(self, cfg: CollectStatsConfig, split: str, **kwargs: Any):
         self.cfg = cfg
         self.split = split
-        self._utts: list[Utterance] | None = None
-        # the env (with the parsed manifest) is cached per process by its token: a manifest
-        # edited since must give a new token, or a long-lived process reads stale utterances
-        manifest = cfg.manifests.get(split)
-        stamp = fingerprint_files([manifest], cfg.storage_options)[manifest] if manifest else ""
-        super().__init__(CollectStatsProvider(cfg, {"split": split, "manifest_stamp": stamp}),
-                         batch_size=cfg.batch_size,
-                         output_dir=cfg.output_dir, shard_subdir=f"{split}/shards", shard_size=cfg.shard_size,
-                         storage_options=cfg.storage_options, on_error=cfg.on_error, **kwargs)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_utts"] = None  # workers read the manifest themselves (once, in the env)
-        return state
-
-    # -- driver side --
-    def utterances(self) -> list[Utterance]:
-        """The split's utterances (read on the driver for planning)."""
-        if self._utts is None:
-            self._utts, self._manifest_skipped = read_manifest(
-                self.cfg.manifests[self.split], self.split, self.cfg.on_error, self.cfg.storage_options)
-        return self._utts
-
-    def item_keys(self, indices: Sequence[int]) -> list[str]:
-        utts = self.utterances()
-        prints = fingerprint_files([utts[i].path for i in indices], self.cfg.storage_options)
-        return [f"{utts[i].utt_id}\t{utts[i].path}\t{prints[utts[i].path]}" for i in indices]
+        self.manifest = cfg.manifests[split]
+        self.input_options = cfg.storage_options
+        super().__init__(CollectStatsProvider(cfg, provider_params(split, self.manifest, cfg.storage_options)),
+                         batch_size=cfg.batch_size, output_dir=cfg.output_dir, shard_subdir=f"{split}/shards",
+                         shard_size=cfg.shard_size, storage_options=cfg.storage_options, on_error=cfg.on_error,
+                         **kwargs)
 
     def hash_config(self) -> Mapping[str, Any]:
         fe = to_plain(self.cfg.frontend)
@@ -156,11 +108,6 @@ class CollectStatsRunner(BaseRunner):
         return {"job": "collect_stats/1", "split": self.split, "frontend": fe,
                 "write_collected_feats": self.cfg.write_collected_feats,
                 "collect_stats_kwargs": to_plain(self.cfg.collect_stats_kwargs), "on_error": self.cfg.on_error}
-
-    def manifest_skipped(self) -> list[SkippedItem]:
-        """Manifest lines skipped under ``on_error: skip``."""
-        self.utterances()
-        return list(self._manifest_skipped)
 
     # -- worker side --
     @staticmethod
@@ -182,13 +129,6 @@ class CollectStatsRunner(BaseRunner):
                 raise ValueError(f"utt {u.utt_id!r}: features contain NaN or Inf")
             out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "feats": f})
         return out
-
-    def describe_item(self, idx: int, env: Mapping[str, Any]) -> str:
-        return env["dataset"][idx].where(self.split)
-
-    def skip_record(self, idx: int, env: Mapping[str, Any], exc: BaseException) -> dict[str, Any]:
-        u = env["dataset"][idx]
-        return SkippedItem(self.split, u.utt_id, u.line, u.path, f"{type(exc).__name__}: {exc}").to_dict()
 
     def open_writers(self, staging_dir: Path) -> Any:
         if not self.cfg.write_collected_feats:

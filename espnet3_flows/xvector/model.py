@@ -143,6 +143,7 @@ def speechbrain_embedder(encoder: Any, exact_padding: bool | None = None) -> Emb
             raise XVectorModelError(f"encode_batch returned shape {tuple(out.shape)}, expected [B, 1, D]")
         return out.squeeze(1)
 
+    embed.encoder = encoder  # type: ignore[attr-defined]  # the aligner holds it only weakly
     return embed
 
 

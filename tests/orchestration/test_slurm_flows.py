@@ -30,3 +30,15 @@ def test_collect_stats_on_slurm_matches_serial(prefect_harness, demo_corpus, tmp
     b = np.load(tmp_path / "serial/valid/feats_stats.npz")
     assert int(a["count"]) == int(b["count"])
     np.testing.assert_allclose(a["sum_square"], b["sum_square"], rtol=1e-12)
+
+
+def test_extract_xvectors_on_slurm(prefect_harness, demo_corpus, tmp_path):
+    from tests.support.ecapa import build_random_ecapa_dir
+
+    model = build_random_ecapa_dir(tmp_path / "ecapa")
+    cfg = {"xvector": {"pretrained_model": str(model), "manifest_paths": {"valid": demo_corpus["valid"]},
+                       "save_path": str(tmp_path / "xv"), "batch_size": 4},
+           "shard_size": 6, "parallel": SLURM}
+    summary = run_job("extract_xvectors", cfg, progress=False)["valid"]
+    assert summary["utterances"] == 12 and summary["shards_computed"] == 2 and summary["embedding_dim"] == 192
+    assert (tmp_path / "xv/xvector/valid/xvector.scp").is_file()

@@ -1,0 +1,52 @@
+"""The extract-xvectors flow on a process LocalCluster, and its command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import kaldiio
+import pytest
+import torch
+
+from espnet3_flows.orchestration.flows import run_job
+from tests.support.ecapa import build_random_ecapa_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.prefect, pytest.mark.dask]
+
+
+@pytest.fixture(scope="module")
+def ecapa_dir(tmp_path_factory) -> Path:
+    return build_random_ecapa_dir(tmp_path_factory.mktemp("ecapa") / "model")
+
+
+def test_xvector_flow_on_local_cluster(prefect_harness, ecapa_dir, demo_corpus, tmp_path):
+    cfg = {"xvector": {"pretrained_model": str(ecapa_dir), "manifest_paths": demo_corpus, "splits": ["valid"],
+                       "save_path": str(tmp_path / "xv"), "batch_size": 4},
+           "shard_size": 4, "parallel": {"env": "local", "n_workers": 2}}
+    summary = run_job("extract_xvectors", cfg, progress=False)["valid"]
+    assert summary["utterances"] == 12 and summary["shards_computed"] == 3 and summary["speakers"] == 3
+    split_dir = tmp_path / "xv" / "xvector" / "valid"
+    scp = kaldiio.load_scp(str(split_dir / "xvector.scp"))
+    assert len(scp) == 12
+    for key, vec in scp.items():
+        assert torch.equal(torch.load(split_dir / f"{key}.pt", weights_only=True), torch.from_numpy(vec))
+    assert not (tmp_path / "xv" / "xvector" / "train").exists()  # only the selected split
+    again = run_job("extract_xvectors", cfg, progress=False)["valid"]
+    assert again["shards_cached"] == 3
+
+
+def test_extract_xvectors_command_line(ecapa_dir, demo_corpus, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "flows/extract_xvectors.py", f"xvector.pretrained_model={ecapa_dir}",
+                           f"xvector.manifest_paths.valid={demo_corpus['valid']}", "xvector.splits=[valid]",
+                           f"xvector.save_path={tmp_path / 'out'}", "shard_size=6", "parallel.env=serial"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "valid: 12 utterances" in proc.stdout
+    assert (tmp_path / "out/xvector/valid/spk_xvector.scp").is_file()

@@ -1,0 +1,108 @@
+"""The x-vector job end to end on a random-weight ECAPA model directory, serial and on Dask."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import pytest
+import torch
+
+from espnet3_flows.audio import AudioConfig, read_audio
+from espnet3_flows.config import ConfigError, load_config
+from espnet3_flows.manifest import read_manifest
+from espnet3_flows.xvector.job import XVectorJobConfig, XVectorRunner
+from espnet3_flows.xvector.model import load_speechbrain_encoder
+from tests.support.ecapa import build_random_ecapa_dir
+
+
+@pytest.fixture(scope="module")
+def ecapa_dir(tmp_path_factory) -> Path:
+    return build_random_ecapa_dir(tmp_path_factory.mktemp("ecapa") / "model")
+
+
+def _cfg(ecapa_dir, manifest, out, *extra) -> XVectorJobConfig:
+    return load_config(XVectorJobConfig, overrides=[
+        f"xvector.pretrained_model={ecapa_dir}", f"xvector.manifest_paths.valid={manifest}",
+        f"xvector.save_path={out}", "xvector.batch_size=4", "shard_size=5", "parallel.env=serial", *extra])
+
+
+def _run(cfg, client=None):
+    runner = XVectorRunner(cfg, "valid")
+    return runner.run(runner.indices(), client=client, progress=False)
+
+
+def test_outputs_match_single_utterance_encoding(ecapa_dir, demo_corpus, tmp_path):
+    out = tmp_path / "xv"
+    outcome = _run(_cfg(ecapa_dir, demo_corpus["valid"], out))
+    summary = outcome.merged
+    assert summary["utterances"] == 12 and summary["speakers"] == 3 and summary["embedding_dim"] == 192
+    utts, _ = read_manifest(demo_corpus["valid"], "valid")
+    split_dir = out / "xvector" / "valid"
+    encoder = load_speechbrain_encoder(ecapa_dir, tmp_path / "sb")
+    scp = kaldiio.load_scp(str(split_dir / "xvector.scp"))
+    assert sorted(scp) == sorted(u.utt_id for u in utts)
+    for u in utts:
+        emb = torch.load(split_dir / f"{u.utt_id}.pt", weights_only=True)
+        assert emb.dtype == torch.float32 and emb.shape == (192,)
+        np.testing.assert_array_equal(scp[u.utt_id], emb.numpy())
+        wave = torch.from_numpy(read_audio(u, AudioConfig()))[None]
+        alone = encoder.encode_batch(wave, torch.ones(1))[0, 0]
+        cos = torch.nn.functional.cosine_similarity(alone, emb, dim=0).item()
+        assert cos >= 0.9999, (u.utt_id, cos)
+    spk = kaldiio.load_scp(str(split_dir / "spk_xvector.scp"))
+    for speaker in {u.speaker for u in utts}:
+        members = [torch.load(split_dir / f"{u.utt_id}.pt", weights_only=True).double().numpy()
+                   for u in utts if u.speaker == speaker]
+        np.testing.assert_allclose(spk[speaker], np.mean(members, axis=0), rtol=1e-6, atol=1e-7)
+    assert (split_dir / "summary.json").is_file() and (split_dir / "skipped.tsv").is_file()
+
+    again = _run(_cfg(ecapa_dir, demo_corpus["valid"], out))
+    assert (again.computed, again.cached) == (0, 3)
+
+
+@pytest.mark.dask
+def test_dask_equals_serial_and_new_utterances_only_are_computed(ecapa_dir, demo_corpus, tmp_path, dask_client):
+    manifest = tmp_path / "valid.tsv"
+    lines = Path(demo_corpus["valid"]).read_text().splitlines(keepends=True)
+    manifest.write_text("".join(lines[:10]))
+    first = _run(_cfg(ecapa_dir, manifest, tmp_path / "dask"), client=dask_client)
+    assert first.computed == 2
+    manifest.write_text("".join(lines))
+    grown = _run(_cfg(ecapa_dir, manifest, tmp_path / "dask"), client=dask_client)
+    assert [s.cached for s in grown.shards] == [True, True, False]
+    serial = _run(_cfg(ecapa_dir, manifest, tmp_path / "serial"))
+    a = kaldiio.load_scp(str(tmp_path / "dask/xvector/valid/xvector.scp"))
+    b = kaldiio.load_scp(str(tmp_path / "serial/xvector/valid/xvector.scp"))
+    assert sorted(a) == sorted(b) and len(a) == 12
+    for key in a:
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6)
+    assert serial.merged["utterances"] == 12
+
+
+def test_bad_audio_is_skipped_and_listed(ecapa_dir, demo_corpus, tmp_path):
+    manifest = tmp_path / "valid.tsv"
+    broken = tmp_path / "broken.wav"
+    broken.write_bytes(b"RIFF\x00\x00garbage" * 10)
+    lines = Path(demo_corpus["valid"]).read_text().splitlines(keepends=True)
+    manifest.write_text("".join(lines[:6]) + f"bad-utt\t{broken}\t\tspkX\n")
+    out = tmp_path / "xv"
+    summary = _run(_cfg(ecapa_dir, manifest, out, "on_error=skip")).merged
+    assert summary["utterances"] == 6 and summary["skipped"] == 1
+    skipped = (out / "xvector/valid/skipped.tsv").read_text()
+    assert "bad-utt" in skipped and "\t7\t" in skipped and "cannot decode audio" in skipped
+    assert not (out / "xvector/valid/bad-utt.pt").exists()
+    with pytest.raises(Exception, match=r"split valid, line 7, utt 'bad-utt'"):
+        _run(_cfg(ecapa_dir, manifest, tmp_path / "fail"))
+
+
+def test_config_errors_before_work(ecapa_dir, demo_corpus, tmp_path):
+    with pytest.raises(ConfigError, match="pretrained_model"):
+        load_config(XVectorJobConfig, overrides=[f"xvector.manifest_paths.valid={demo_corpus['valid']}"])
+    with pytest.raises(ConfigError, match="splits"):
+        _cfg(ecapa_dir, demo_corpus["valid"], tmp_path, "xvector.splits=[train]")
+    with pytest.raises(ConfigError, match="device"):
+        _cfg(ecapa_dir, demo_corpus["valid"], tmp_path, "xvector.device=gpu0")
+    with pytest.raises(ConfigError, match="spk_embed_tag"):
+        _cfg(ecapa_dir, demo_corpus["valid"], tmp_path, "xvector.spk_embed_tag=../x")
