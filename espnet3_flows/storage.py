@@ -7,7 +7,7 @@ import os
 import posixpath
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -122,17 +122,7 @@ class Storage:
         dest = self.path(rel)
         try:
             if self.is_local:
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
-                try:
-                    with open(tmp, "wb") as f:
-                        f.write(data)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.replace(tmp, dest)
-                finally:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
+                _replace_atomically(dest, lambda f: f.write(data))
             else:
                 self.fs.pipe_file(dest, data)
         except OSError as exc:
@@ -155,14 +145,7 @@ class Storage:
         dest = self.path(rel)
         try:
             if self.is_local:
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
-                try:
-                    _copy_file(str(local_path), tmp)
-                    os.replace(tmp, dest)
-                finally:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
+                _replace_atomically(dest, lambda f: _copy_into(str(local_path), f))
             else:
                 self.fs.put_file(str(local_path), dest)
         except Exception as exc:  # noqa: BLE001
@@ -203,15 +186,28 @@ class Storage:
         self.remove(probe)
 
 
-def _copy_file(src: str, dst: str) -> None:
-    with open(src, "rb") as fi, open(dst, "wb") as fo:
+def _replace_atomically(dest: str, write: Callable[[BinaryIO], Any]) -> None:
+    """Write through a temporary file beside ``dest``, fsync, then rename over ``dest``."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _copy_into(src: str, out: BinaryIO) -> None:
+    with open(src, "rb") as fi:
         while True:
             buf = fi.read(1 << 20)
             if not buf:
                 break
-            fo.write(buf)
-        fo.flush()
-        os.fsync(fo.fileno())
+            out.write(buf)
 
 
 def _walk_files(root: Path) -> Iterable[str]:

@@ -9,7 +9,6 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -17,7 +16,8 @@ from espnet3_flows.manifest import ON_ERROR_POLICIES
 from espnet3_flows.parallel.cluster import ParallelConfig, get_client, get_parallel_config
 from espnet3_flows.parallel.provider import EnvironmentProvider, ProviderError
 from espnet3_flows.parallel.worker_env import env_keys, get_env, plugin_for
-from espnet3_flows.sharding import Shard, ShardPlan, code_salt, plan_shards
+from espnet3_flows.parallel.results import RunOutcome, ShardResult
+from espnet3_flows.sharding import Shard, ShardPlan, plan_shards
 from espnet3_flows.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -32,59 +32,6 @@ class ItemError(RuntimeError):
 
 class ShardFailure(RuntimeError):
     """One or more shards failed; the others finished and were published."""
-
-
-@dataclass
-class ShardResult:
-    """What a finished shard produced; stored as the ``done`` record (JSON).
-
-    Attributes:
-        shard: The shard.
-        result: The JSON-able value of ``finalize_state``.
-        files: Files the shard published, relative to ``output_dir``.
-        skipped: Items left out under ``on_error: skip`` (dicts from ``skip_record``).
-        cached: True when the shard was not recomputed (a matching ``done`` record or cache hit).
-        seconds: Wall time of the computation.
-    """
-
-    shard: Shard
-    result: Any
-    files: list[str] = field(default_factory=list)
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    cached: bool = False
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``done`` record."""
-        return {"shard_hash": self.shard.hash, "shard": self.shard.to_dict(), "num_items": self.shard.num_items,
-                "result": self.result, "files": list(self.files), "skipped": list(self.skipped),
-                "seconds": round(self.seconds, 6), "salt": code_salt()}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], cached: bool = False) -> "ShardResult":
-        """Inverse of :meth:`to_dict`."""
-        return cls(Shard.from_dict(d["shard"]), d["result"], list(d["files"]), list(d["skipped"]),
-                   cached, float(d.get("seconds", 0.0)))
-
-
-@dataclass
-class RunOutcome:
-    """A whole run: the plan, each shard's result, the merged value and timing."""
-
-    plan: ShardPlan
-    shards: list[ShardResult]
-    merged: Any
-    seconds: float
-
-    @property
-    def computed(self) -> int:
-        """Shards computed in this run."""
-        return sum(not s.cached for s in self.shards)
-
-    @property
-    def cached(self) -> int:
-        """Shards reused from earlier runs."""
-        return sum(s.cached for s in self.shards)
 
 
 def _chunks(seq: Sequence[int], size: int | None) -> list[int | list[int]]:

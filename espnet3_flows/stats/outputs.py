@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from espnet3_flows.manifest import SkippedItem, write_skipped_tsv
-from espnet3_flows.parallel.runner import ShardResult
-from espnet3_flows.sharding import shards_digest
+from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.stats.accumulator import StatsAccumulator
 
 if TYPE_CHECKING:
@@ -84,11 +83,7 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
             "seconds_min": float(speech_lens.min() / sr) if shapes else None,
             "seconds_max": float(speech_lens.max() / sr) if shapes else None,
             "skipped": len(skipped),
-            "shards": len(results),
-            "shards_computed": sum(not r.cached for r in results),
-            "shards_cached": sum(r.cached for r in results),
-            "compute_seconds": float(sum(r.seconds for r in results if not r.cached)),
-            "plan_digest": shards_digest(r.shard.hash for r in results),
+            **shard_summary(results),
         }
         for name in files:
             store.publish_file(stage / name, posixpath.join(split, name))

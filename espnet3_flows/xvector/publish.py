@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from espnet3_flows.manifest import SkippedItem, write_skipped_tsv
-from espnet3_flows.parallel.runner import ShardResult
-from espnet3_flows.sharding import shards_digest
+from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.xvector.outputs import (
     relocate_scp,
     speaker_means,
@@ -83,11 +82,7 @@ def publish_split(runner: "XVectorRunner", results: list[ShardResult]) -> dict[s
             "speakers": len(means),
             "utterances_without_speaker": len(rows) - len(utt2spk),
             "skipped": len(skipped),
-            "shards": len(results),
-            "shards_computed": sum(not r.cached for r in results),
-            "shards_cached": sum(r.cached for r in results),
-            "compute_seconds": float(sum(r.seconds for r in results if not r.cached)),
-            "plan_digest": shards_digest(r.shard.hash for r in results),
+            **shard_summary(results),
             "files": {name: store.uri(rel, name) for name in files},
         }
         store.write_json(posixpath.join(rel, "summary.json"), summary)

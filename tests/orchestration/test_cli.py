@@ -57,13 +57,11 @@ def test_bad_config_is_an_error_before_work(tmp_path):
 
 
 def test_sigkill_of_flow_process_then_rerun_recomputes_only_unfinished(tmp_path, prefect_harness, demo_corpus):
-    from prefect.settings import PREFECT_API_URL
-
     out = tmp_path / "out"
     args = [f"manifests.train={demo_corpus['train']}", f"output_dir={out}", "shard_size=4", "batch_size=4",
             "frontend.type=model", "frontend.model._target_=tests.orchestration.slow_model.SlowFramer",
             "parallel.n_workers=2"]
-    env = _clean_env(tmp_path) | {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    env = _clean_env(tmp_path)  # no server configured: the run starts its private one
     proc = subprocess.Popen([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
@@ -71,6 +69,7 @@ def test_sigkill_of_flow_process_then_rerun_recomputes_only_unfinished(tmp_path,
         assert proc.poll() is None, "the run ended before it could be killed"
         time.sleep(0.1)
     family = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    assert any("uvicorn" in " ".join(psutil.Process(p).cmdline()) for p in family), "no private server seen"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not _wait_gone(family), "Dask workers or servers outlived the killed flow process"

@@ -1,0 +1,62 @@
+"""Credentials never reach outputs, logs, artifacts or flow parameters; shared results are JSON, never pickle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+import s3fs
+
+from espnet3_flows.orchestration.flows import run_job
+
+pytestmark = [pytest.mark.prefect, pytest.mark.s3]
+SECRET = "sEcReT-4f1c9e-do-not-leak"
+
+
+def test_secret_appears_nowhere_the_run_wrote(prefect_harness, demo_corpus, moto_server, s3_output, caplog,
+                                              capsys):
+    url, _ = s3_output
+    options = moto_server.storage_options(key="AKIAEXAMPLE", secret=SECRET)
+    cfg = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": url, "storage_options": options,
+           "shard_size": 4, "on_error": "skip", "parallel": {"env": "serial"}}
+    caplog.set_level(logging.DEBUG)
+    summary = run_job("collect_stats", cfg, progress=True)["valid"]
+    assert summary["shards"] == 3
+
+    fs = s3fs.S3FileSystem(**options)
+    root = url[len("s3://"):]
+    written = fs.find(root)
+    assert any(p.endswith("summary.json") for p in written) and any(".prefect-results" in p for p in written)
+    for path in written:
+        assert SECRET.encode() not in fs.cat(path), path
+    out, err = capsys.readouterr()
+    assert SECRET not in out + err + caplog.text
+
+    from prefect.client.orchestration import get_client
+
+    async def stored():
+        async with get_client() as client:
+            return await client.read_artifacts(), await client.read_flow_runs(limit=50)
+
+    artifacts, runs = asyncio.run(stored())
+    assert SECRET not in json.dumps([a.data for a in artifacts], default=str)
+    assert SECRET not in json.dumps([r.parameters for r in runs], default=str)
+
+
+def test_shard_records_and_prefect_results_are_json(prefect_harness, demo_corpus, tmp_path):
+    out = tmp_path / "out"
+    cfg = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(out), "shard_size": 4,
+           "parallel": {"env": "serial"}}
+    run_job("collect_stats", cfg, progress=False)
+    done = list(out.glob("valid/shards/split.*/done"))
+    assert len(done) == 3
+    for path in [*done, out / "valid/shards/manifest.json", out / "valid/summary.json"]:
+        json.loads(path.read_text())
+    results = list((out / ".prefect-results").iterdir())
+    assert results
+    for path in results:
+        record = json.loads(path.read_text())  # Prefect's persisted result: JSON metadata + payload
+        assert record["metadata"]["serializer"]["type"] == "json"
+        json.loads(record["result"])
