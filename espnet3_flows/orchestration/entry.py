@@ -141,8 +141,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
-        print(__doc__ if job == "" else f"usage: python flows/{job}.py [--config FILE] [key=value ...]\n"
-              "Keys: see README.md (Configuration).")
+        print(usage(job))
         return 0
     try:
         path, overrides = split_cli_args(args)
@@ -162,6 +161,23 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
             return 1
     _print_summary(job, summaries, cfg)
     return 0
+
+
+def usage(job: str) -> str:
+    """Help text: the command line form and every config key with its default."""
+    defaults = OmegaConf.to_container(OmegaConf.structured(get_job(job).schema))
+    lines = [f"usage: python flows/{job}.py [--config FILE] [key=value ...]", "",
+             "keys (default); see README.md, Configuration:"]
+
+    def walk(node: Any, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict) and value and key not in ("options", "adapt", "model"):
+                walk(value, f"{prefix}{key}.")
+            else:
+                lines.append(f"  {prefix}{key}={json.dumps(value)}")
+
+    walk(defaults, "")
+    return "\n".join(lines)
 
 
 def _as_overrides(plain: dict[str, Any]) -> list[str]:

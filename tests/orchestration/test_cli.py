@@ -89,3 +89,12 @@ def test_sigkill_of_flow_process_then_rerun_recomputes_only_unfinished(tmp_path,
     np.testing.assert_allclose(a["sum"], b["sum"], rtol=1e-12)
     np.testing.assert_allclose(a["sum_square"], b["sum_square"], rtol=1e-12)
     assert (out / "train/feats_shape").read_bytes() == (tmp_path / "clean/train/feats_shape").read_bytes()
+
+
+def test_help_lists_every_key(tmp_path):
+    proc = subprocess.run([sys.executable, "flows/extract_xvectors.py", "--help"], cwd=ROOT,
+                          env=_clean_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    for key in ("xvector.pretrained_model=", "xvector.spk_embed_tag=\"xvector\"", "shard_size=128",
+                "parallel.env=\"local\"", "on_error=\"fail\""):
+        assert key in proc.stdout
