@@ -16,6 +16,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run tests marked 'slurm' (needs ci/slurm/start.sh)")
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # speechbrain puts lazy modules (its k2 integration, deprecated redirects) in sys.modules
+    # that raise ImportError on any attribute access; hypothesis scans sys.modules and trips.
+    import sys
+
+    importutils = sys.modules.get("speechbrain.utils.importutils")
+    if importutils is None:
+        return
+    for name, module in list(sys.modules.items()):
+        if isinstance(module, importutils.LazyModule) and module.lazy_module is None:
+            del sys.modules[name]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--run-slurm"):
         return

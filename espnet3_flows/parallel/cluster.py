@@ -138,12 +138,12 @@ def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
         kwargs.setdefault("n_workers", n)
         kwargs.setdefault("threads_per_worker", cfg.threads_per_worker)
         kwargs.setdefault("processes", True)
-        kwargs.setdefault("dashboard_address", None)
+        kwargs.setdefault("dashboard_address", ":0")  # a free port: several runs may share a host
     elif cfg.env == "local_gpu":
         if n:
             kwargs.setdefault("n_workers", n)
         kwargs.setdefault("threads_per_worker", cfg.threads_per_worker)
-        kwargs.setdefault("dashboard_address", None)
+        kwargs.setdefault("dashboard_address", ":0")  # a free port: several runs may share a host
     else:
         n = n or (0 if cfg.adapt else 1)
         kwargs.setdefault("cores", 1)
