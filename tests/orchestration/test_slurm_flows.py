@@ -11,7 +11,8 @@ from tests.support.servers import slurm_available
 pytestmark = [pytest.mark.slurm, pytest.mark.prefect, pytest.mark.slow]
 
 SLURM = {"env": "slurm", "n_workers": 2,
-         "options": {"queue": "debug", "cores": 1, "memory": "2GB", "walltime": "00:20:00"}}
+         "options": {"queue": "debug", "cores": 1, "memory": "2GB", "walltime": "00:20:00",
+                     "log_directory": "/tmp/espnet3-flows-slurm/job-logs"}}
 
 
 @pytest.fixture(autouse=True)
