@@ -100,7 +100,7 @@ def extract_xvectors(
     config_file: str | None = None,
     spk_embed_tag: str = "xvector",
     device: str = "cpu",
-    batch_size: int = 16,
+    batch_size: int = 0,
     shard_size: int = 128,
     on_error: Literal["fail", "skip"] = "fail",
     parallel_env: str = "local",
@@ -117,7 +117,7 @@ def extract_xvectors(
         config_file: Optional YAML config; other parameters override it when they differ from defaults.
         spk_embed_tag: Sub-directory name of the embeddings (``{save_path}/{tag}/{split}``).
         device: ``cpu``, ``cuda`` or ``cuda:N``.
-        batch_size: Utterances per batch (length-sorted within a shard).
+        batch_size: Utterances per model call, length-sorted within a shard (0: 1 on CPU, 16 on CUDA).
         shard_size: Utterances per shard.
         on_error: ``fail`` or ``skip``.
         parallel_env: ``local``, ``serial``, ``local_gpu``, ``slurm``, ...
