@@ -74,7 +74,7 @@ def dask_client():
     """A real process-based ``distributed.LocalCluster`` with 2 single-threaded workers."""
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         with Client(cluster) as client:
             yield client
 

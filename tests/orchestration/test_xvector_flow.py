@@ -33,7 +33,7 @@ def test_xvector_flow_on_local_cluster(prefect_harness, ecapa_dir, demo_corpus, 
     scp = kaldiio.load_scp(str(split_dir / "xvector.scp"))
     assert len(scp) == 12
     for key, vec in scp.items():
-        assert torch.equal(torch.load(split_dir / f"{key}.pt", weights_only=True), torch.from_numpy(vec))
+        assert torch.equal(torch.load(split_dir / f"{key}.pt", weights_only=True), torch.from_numpy(vec.copy()))
     assert not (tmp_path / "xv" / "xvector" / "train").exists()  # only the selected split
     again = run_job("extract_xvectors", cfg, progress=False)["valid"]
     assert again["shards_cached"] == 3

@@ -20,7 +20,7 @@ def test_killed_worker_then_rerun_recomputes_only_unfinished(tmp_path):
     crashing = ScaleSumRunner(ArrayProvider({"n": N, "kill_marker": str(marker), "kill_at": 23}),
                               output_dir=str(tmp_path / "out"), shard_size=10)
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
                 Client(cluster) as client:
             with pytest.raises(ShardFailure) as err:
                 crashing.run(range(N), client=client, progress=False)
