@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import dask
-
-from espnet3_flows.parallel.cluster import ParallelConfig, cluster_spec
+from espnet3_flows.parallel.cluster import ParallelConfig, cluster_spec, configure_worker_processes
 
 
 def make_task_runner(cfg: ParallelConfig) -> Any:
@@ -22,7 +20,7 @@ def make_task_runner(cfg: ParallelConfig) -> Any:
     from prefect_dask import DaskTaskRunner
 
     spec = cluster_spec(cfg)
-    dask.config.set({"distributed.scheduler.allowed-failures": cfg.allowed_failures})
+    configure_worker_processes(cfg)
     adapt = spec.adapt or None
     if spec.is_jobqueue and adapt is None:
         adapt = {"minimum": spec.n_workers, "maximum": spec.n_workers}

@@ -44,6 +44,12 @@ class ParallelConfig:
             an error at construction.
         adapt: Adaptive scaling bounds for batch schedulers, e.g. ``{"minimum": 1, "maximum": 8}``.
         allowed_failures: How often a task may lose its worker before Dask gives up on it.
+        trim_worker_memory: Keep Dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` in worker
+            processes. Off by default: setting it disables glibc's dynamic mmap threshold, so
+            every waveform or feature array over 128 KiB is a fresh mmap that is page-faulted
+            and unmapped again, which made the fbank loop ~3x slower in CPU time here
+            (benchmarks/bench_collect_stats.py). Turn it on if workers must hand memory back
+            to the OS promptly.
     """
 
     env: str = "local"
@@ -52,6 +58,7 @@ class ParallelConfig:
     options: dict[str, Any] = field(default_factory=dict)
     adapt: dict[str, Any] = field(default_factory=dict)
     allowed_failures: int = 3
+    trim_worker_memory: bool = False
 
     def __post_init__(self) -> None:
         if self.env not in ENVS:
@@ -152,14 +159,34 @@ def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
     return ClusterSpec(class_path, kwargs, n, dict(cfg.adapt))
 
 
-def make_cluster(cfg: ParallelConfig) -> Any:
-    """Start the cluster described by ``cfg`` (scaled, or adaptive for batch schedulers)."""
+_TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
+_TRIM_ENV = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_"
+
+
+def configure_worker_processes(cfg: ParallelConfig) -> None:
+    """Dask settings for the worker processes this process starts (locally or as batch jobs).
+
+    Sets the allowed failures per task and, unless ``cfg.trim_worker_memory``, removes
+    ``MALLOC_TRIM_THRESHOLD_`` from the environment Dask's nannies give their workers, both in
+    this process's Dask config (local nannies) and in the environment that batch jobs inherit.
+    """
     import dask
 
+    dask.config.set({"distributed.scheduler.allowed-failures": cfg.allowed_failures})
+    if cfg.trim_worker_memory:
+        dask.config.set({_TRIM_KEY: 65536})
+        os.environ.pop(_TRIM_ENV, None)
+    else:
+        dask.config.set({_TRIM_KEY: None})
+        os.environ[_TRIM_ENV] = "None"
+
+
+def make_cluster(cfg: ParallelConfig) -> Any:
+    """Start the cluster described by ``cfg`` (scaled, or adaptive for batch schedulers)."""
     spec = cluster_spec(cfg)
     cls = _import(spec.class_path)
-    with dask.config.set({"distributed.scheduler.allowed-failures": cfg.allowed_failures}):
-        cluster = cls(**spec.kwargs)
+    configure_worker_processes(cfg)
+    cluster = cls(**spec.kwargs)
     if spec.is_jobqueue:
         if spec.adapt:
             cluster.adapt(**spec.adapt)

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from espnet3_flows.config import ConfigError, load_config
+from espnet3_flows.parallel.cluster import configure_worker_processes
 from espnet3_flows.parallel import (
     ParallelConfig,
     cluster_spec,
@@ -75,3 +76,19 @@ def test_get_client_plugin_builds_env_once_per_worker():
 
 def test_parallel_map_in_process_keeps_order():
     assert parallel_map(lambda x: x * x, range(10), progress=False) == [x * x for x in range(10)]
+
+
+def _trim_env(_: int) -> str | None:
+    return os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+@pytest.mark.dask
+@pytest.mark.parametrize("trim", [False, True])
+def test_worker_malloc_trim_setting(trim):
+    cfg = ParallelConfig(env="local", n_workers=1, trim_worker_memory=trim)
+    try:
+        with get_client(config=cfg) as client:
+            seen = client.submit(_trim_env, 0, pure=False).result()
+    finally:
+        configure_worker_processes(ParallelConfig())  # back to the default for later tests
+    assert seen == ("65536" if trim else None)
