@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import warnings
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 from espnet3_flows.batching import BatchConfig, LengthTable, build_batch_plan, padding_stats
 
 FRAME_SHIFT = 0.01
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(os.environ.get("ESPNET3_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
 
 def utterance_frames(count: int, seed: int) -> np.ndarray:

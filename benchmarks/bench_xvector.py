@@ -36,7 +36,7 @@ from espnet3_flows.xvector import embed_waveforms, load_speechbrain_encoder, spe
 from tests.support.ecapa import build_random_ecapa_dir  # noqa: E402
 
 SR = 16000
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(os.environ.get("ESPNET3_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
 
 def synthetic_waves(count: int, seed: int = 0) -> list[np.ndarray]:

@@ -1,0 +1,254 @@
+"""Benchmark: orchestration overhead — no-op reruns, per-shard cost vs shard size, incremental appends.
+
+On the cached benchmark corpus (2,000 utterances of 2–6 s; 200 with ``--quick``):
+
+- **No-op rerun**: a cold run into a fresh ``output_dir``, then the same run again (every shard
+  cached), for the engine (``CollectStatsRunner.run`` on a warm 2-worker ``LocalCluster``) and
+  for the flow (``run_job`` with ``parallel: {env: local, n_workers: 2}``). Target: rerun ≤ 10 %
+  of the cold run.
+- **Incremental**: then 10 % more utterances are appended to the manifest and the run repeated
+  in the same ``output_dir``: shards and utterances computed, and wall time relative to the cold
+  run (target ≤ 12 %). Only the last, partial shard and the new ones should be computed.
+- **Per-shard overhead**: cold runs at shard sizes 8 … 256 on the same data, engine and flow.
+  ``overhead = (wall − kernel work) / shards`` with kernel work = the 1-process kernel's seconds
+  / 2 workers (measured in the same run), as asked; it also holds the workers' own slowness per
+  utterance, so two cleaner figures are given: ``(wall − shard compute / 2) / shards`` (what the
+  orchestration adds per shard beyond the workers' compute) and the slope of a least-squares fit
+  ``wall = fixed + slope × shards`` over the sweep (the marginal wall cost of one more shard).
+
+Run ``python benchmarks/run.py --only overhead [--quick]``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_collect_stats as cs  # noqa: E402
+import common  # noqa: E402
+
+NAME = "overhead"
+
+
+def _computed_items(output_dir: Path, since: float) -> tuple[int, int]:
+    """(shards, utterances) whose ``done`` record was written after ``since`` (epoch seconds)."""
+    import json
+
+    shards = items = 0
+    for done in (output_dir / "train" / "shards").glob("split.*/done"):
+        if done.stat().st_mtime >= since:
+            shards += 1
+            items += int(json.loads(done.read_text())["num_items"])
+    return shards, items
+
+
+def _lifecycle(kind: str, n: int, n_more: int, shard_size: int, client: Any) -> dict[str, Any]:
+    """Cold run, no-op rerun and incremental (+10 %) run in one output directory."""
+    small, big = common.corpus_manifest(n), common.corpus_manifest(n_more)
+    out = common.scratch(f"life-{kind}")
+
+    def once(manifest: Path, count: int) -> dict[str, Any]:
+        if kind == "engine":
+            r = cs.engine_run(manifest, count, shard_size, client=client, output_dir=out)
+        else:
+            r = cs.flow_run(manifest, shard_size, output_dir=out)
+        return r
+
+    try:
+        cold = once(small, n)
+        noop = once(small, n)
+        since = time.time() - 0.05
+        inc = once(big, n_more)
+        shards, items = _computed_items(out, since)
+    finally:
+        common.clean_scratch(out)
+    return {"cold": cold["wall"], "noop": noop["wall"], "noop_computed": noop["computed"], "inc": inc["wall"],
+            "inc_shards": shards, "inc_items": items, "inc_total_shards": inc["shards"], "cold_shards": cold["shards"]}
+
+
+def _sweep_point(kind: str, manifest: Path, n: int, shard_size: int, client: Any) -> dict[str, Any]:
+    if kind == "engine":
+        r = cs.engine_run(manifest, n, shard_size, client=client)
+    else:
+        r = cs.flow_run(manifest, shard_size)
+    return {"wall": r["wall"], "shards": r["shards"], "compute": r["phase"]["compute"]}
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x``; returns (a, b)."""
+    import numpy as np
+
+    b, a = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
+    return float(a), float(b)
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Measure, write ``overhead.json`` / ``.png`` and return the result."""
+    n = 200 if quick else 2000
+    n_more = n + n // 10
+    reps = 1 if quick else 3
+    sweep_reps = 1 if quick else 2
+    sizes = [25, 100] if quick else [8, 16, 32, 64, 128, 256]
+    shard_size = common.SHARD_SIZE
+    manifest = common.corpus_manifest(n)
+    common.corpus_manifest(n_more)
+    paths = common.manifest_paths(manifest)
+    kernel: list[float] = []
+    life: dict[str, list[dict[str, Any]]] = {"engine": [], "flow": []}
+    sweep: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    cluster_start: list[float] = []
+
+    with common.prefect_session(), common.preserved_environ():
+        cs.kernel_loop(paths[:5])
+        cluster, client, start = cs.start_cluster()
+        cluster_start.append(start)
+        try:
+            cs.engine_run(manifest, n, shard_size, client=client)  # warm the workers (imports, env)
+            for rep in range(reps):
+                kernel.append(cs.kernel_loop(paths)["wall"])
+                for kind in (("engine", "flow") if rep % 2 == 0 else ("flow", "engine")):
+                    with common.preserved_environ():
+                        life[kind].append(_lifecycle(kind, n, n_more, shard_size, client))
+                print(f"[bench] {NAME}: lifecycle repetition {rep + 1}/{reps} done")
+            for rep in range(sweep_reps):
+                order = sizes if rep % 2 == 0 else sizes[::-1]
+                for size in order:
+                    for kind in ("engine", "flow"):
+                        with common.preserved_environ():
+                            sweep.setdefault((kind, size), []).append(_sweep_point(kind, manifest, n, size, client))
+                kernel.append(cs.kernel_loop(paths)["wall"])
+                print(f"[bench] {NAME}: sweep repetition {rep + 1}/{sweep_reps} done")
+        finally:
+            client.close()
+            cluster.close()
+
+    kernel_s = common.spread(kernel)["median"]
+    kernel_work = kernel_s / common.WORKERS
+    rows: list[dict[str, Any]] = []
+    targets = []
+    for kind, runs in life.items():
+        cold = common.spread([r["cold"] for r in runs])
+        noop = common.spread([r["noop"] for r in runs])
+        inc = common.spread([r["inc"] for r in runs])
+        noop_ratio = common.spread([r["noop"] / r["cold"] for r in runs])
+        inc_ratio = common.spread([r["inc"] / r["cold"] for r in runs])
+        r0 = runs[0]
+        label = "engine (warm LocalCluster 2×1)" if kind == "engine" else "flow (Prefect + LocalCluster 2×1)"
+        rows.append({"section": "rerun", "method": label, "utterances": n, "shard_size": shard_size,
+                     "cold_s": cold, "noop_s": noop, "noop_ratio": noop_ratio,
+                     "noop_shards_computed": max(r["noop_computed"] for r in runs),
+                     "shards": r0["cold_shards"]})
+        rows.append({"section": "incremental", "method": label, "utterances": n_more, "appended": n_more - n,
+                     "shard_size": shard_size, "cold_s": cold, "incremental_s": inc, "incremental_ratio": inc_ratio,
+                     "shards_computed": r0["inc_shards"], "shards_total": r0["inc_total_shards"],
+                     "utterances_computed": r0["inc_items"],
+                     "work_fraction_utterances": r0["inc_items"] / n})
+        targets.append(common.target(f"{kind}: no-op rerun / cold run", "≤ 0.10", round(noop_ratio["median"], 3),
+                                     noop_ratio["median"] <= 0.10))
+        targets.append(common.target(f"{kind}: +10 % appended, wall / cold run", "≤ 0.12",
+                                     round(inc_ratio["median"], 3), inc_ratio["median"] <= 0.12))
+        targets.append(common.target(f"{kind}: +10 % appended, utterances computed / cold run's", "≤ 0.12",
+                                     round(r0["inc_items"] / n, 3), r0["inc_items"] / n <= 0.12))
+    fits = {}
+    for kind in ("engine", "flow"):
+        xs, ys = [], []
+        for size in sizes:
+            runs = sweep[(kind, size)]
+            shards = runs[0]["shards"]
+            walls = [r["wall"] for r in runs]
+            xs += [shards] * len(runs)
+            ys += walls
+            rows.append({"section": "per-shard", "method": kind, "utterances": n, "shard_size": size, "shards": shards,
+                         "wall_s": common.spread(walls),
+                         "overhead_ms_per_shard_vs_kernel": common.spread(
+                             [1000 * (w - kernel_work) / shards for w in walls]),
+                         "overhead_ms_per_shard_vs_worker_compute": common.spread(
+                             [1000 * (r["wall"] - r["compute"] / common.WORKERS) / shards for r in runs]),
+                         "worker_compute_s": common.spread([r["compute"] for r in runs])})
+        fixed, slope = _fit(xs, ys)
+        fits[kind] = {"fixed_s": fixed, "slope_ms_per_shard": 1000 * slope}
+        rows.append({"section": "per-shard fit", "method": kind, "fixed_plus_compute_s": fixed,
+                     "slope_ms_per_shard": 1000 * slope, "sizes": sizes})
+    flow_walls = {size: common.spread([r["wall"] for r in sweep[("flow", size)]])["median"] for size in sizes}
+    best = min(flow_walls.values())
+    recommended = min(size for size, w in flow_walls.items() if w <= 1.05 * best)
+    notes = [
+        f"{n} utterances (2–6 s, 16 kHz); lifecycle at shard_size {shard_size}, {reps} repetition(s); sweep "
+        f"{sweep_reps} repetition(s) per size, sizes in alternating order; cells are median [min–max].",
+        f"Kernel work = 1-process kernel {kernel_s:.2f} s (median of {len(kernel)}) / {common.WORKERS} workers = "
+        f"{kernel_work:.2f} s.",
+        "Engine runs get a client of a LocalCluster started once and warmed (its start, "
+        f"{cluster_start[0]:.1f} s, is not in the engine's times); every flow run starts its own cluster.",
+        "The no-op rerun of the flow starts no cluster (every shard is done: cache hits on an in-process runner).",
+        f"Shard size whose flow wall is within 5 % of the sweep's best: {recommended} (flow walls by size: "
+        + ", ".join(f"{s}: {w:.1f} s" for s, w in flow_walls.items()) + ").",
+    ]
+    return common.write_result(NAME, quick, rows, targets, notes, plot=lambda p: _plot(rows, p),
+                               kernel_seconds=kernel_s, fits=fits, recommended_shard_size=recommended)
+
+
+def table(result: dict[str, Any]) -> str:
+    """Markdown tables of a result: reruns and appends, then the per-shard sweep."""
+    f = common.fmt
+    life = []
+    for r in result["rows"]:
+        if r["section"] == "rerun":
+            life.append([r["method"], "no-op rerun", r["shards"], 0, f(r["cold_s"]), f(r["noop_s"]),
+                         f(r["noop_ratio"], 3)])
+        elif r["section"] == "incremental":
+            life.append([r["method"], f"+{r['appended']} utts appended",
+                         f"{r['shards_computed']}/{r['shards_total']}",
+                         f"{r['utterances_computed']} ({100 * r['work_fraction_utterances']:.1f} %)",
+                         f(r["cold_s"]), f(r["incremental_s"]), f(r["incremental_ratio"], 3)])
+    sweep = []
+    for r in result["rows"]:
+        if r["section"] == "per-shard":
+            sweep.append([r["method"], r["shard_size"], r["shards"], f(r["wall_s"]),
+                          f(r["overhead_ms_per_shard_vs_kernel"], 0), f(r["overhead_ms_per_shard_vs_worker_compute"], 0)])
+    fits = [[k, f"{v['fixed_s']:.2f}", f"{v['slope_ms_per_shard']:.0f}"] for k, v in result["fits"].items()]
+    return "\n\n".join([
+        common.markdown_table(["runner", "run", "shards computed", "utterances computed", "cold s", "this run s",
+                               "ratio to cold"], life, "llrrrrr"),
+        common.markdown_table(["runner", "shard size", "shards", "wall s", "overhead ms/shard (vs kernel)",
+                               "overhead ms/shard (vs worker compute)"], sweep, "lrrrrr"),
+        common.markdown_table(["runner", "fit: fixed + compute s", "fit: slope ms/shard"], fits, "lrr"),
+    ])
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    plt = common.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for kind, color in (("engine", "tab:blue"), ("flow", "tab:red")):
+        pts = sorted((r for r in rows if r["section"] == "per-shard" and r["method"] == kind),
+                     key=lambda r: r["shard_size"])
+        sizes = [r["shard_size"] for r in pts]
+        for ax, key, style in ((axes[0], "overhead_ms_per_shard_vs_kernel", "-"),
+                               (axes[0], "overhead_ms_per_shard_vs_worker_compute", "--"),
+                               (axes[1], "wall_s", "-")):
+            med = [r[key]["median"] for r in pts]
+            err = [[m - r[key]["min"] for m, r in zip(med, pts)], [r[key]["max"] - m for m, r in zip(med, pts)]]
+            label = kind if key == "wall_s" else f"{kind}, vs {'kernel' if key.endswith('kernel') else 'worker compute'}"
+            ax.errorbar(sizes, med, yerr=err, color=color, ls=style, marker="o", capsize=3, label=label)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("shard size (utterances)")
+        ax.legend(fontsize=8)
+    axes[0].set_yscale("symlog", linthresh=10)
+    axes[0].set_ylabel("overhead per shard (ms)")
+    axes[0].set_title("(wall − work) / shards")
+    axes[1].set_ylabel("wall (s)")
+    axes[1].set_title("cold run wall time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    print(table(run(parser.parse_args().quick)))

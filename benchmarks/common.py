@@ -1,0 +1,335 @@
+"""Shared benchmark helpers: data and result locations, repetition statistics, tables, JSON + PNG, machine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+#: Generated corpora, Prefect's database and scratch outputs live here, outside the checkout.
+DATA = Path(os.environ.get("ESPNET3_BENCH_DATA") or Path.home() / ".cache" / "espnet3-flows" / "bench-data")
+#: ``<name>.json`` and ``<name>.png`` go here (the repository's ``benchmarks/results`` by default).
+RESULTS = Path(os.environ.get("ESPNET3_BENCH_RESULTS") or REPO / "benchmarks" / "results")
+
+# before prefect is imported anywhere: a private database, no telemetry, quiet flow logs
+os.environ.setdefault("PREFECT_HOME", str(DATA / "prefect-home"))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+#: Shard size of the collect-stats runs unless a benchmark sweeps it. From bench_overhead's sweep on
+#: 2,000 utterances: the flow's wall time is flat (within noise) from 64 to 256 and grows below 32
+#: (~130 ms of Prefect work per shard); 64 is the smallest size on the plateau, still 16 shards per
+#: worker for load balance, and its granularity keeps the +10 % append's recomputed work at 10.8 %
+#: (128 recomputes 14 %: the partial last shard plus the new ones).
+SHARD_SIZE = 64
+WORKERS = 2
+SAMPLE_RATE = 16000
+
+
+# ---- statistics over repetitions ---------------------------------------------------------
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, min, max and count of repeated measurements."""
+    vals = sorted(float(v) for v in values)
+    n = len(vals)
+    mid = vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+    return {"median": mid, "min": vals[0], "max": vals[-1], "n": n}
+
+
+def fmt(s: dict[str, float] | float | None, digits: int = 2) -> str:
+    """``median [min–max]`` for a spread, a plain number otherwise."""
+    if s is None:
+        return "–"
+    if isinstance(s, dict):
+        if s["n"] == 1:
+            return f"{s['median']:.{digits}f}"
+        return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+    return f"{s:.{digits}f}"
+
+
+class Stopwatch:
+    """Wall and process-CPU seconds of a block: ``with Stopwatch() as sw: ...; sw.wall``."""
+
+    def __enter__(self) -> "Stopwatch":
+        self._t, self._c = time.perf_counter(), time.process_time()
+        self.wall = self.cpu = 0.0
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.wall = time.perf_counter() - self._t
+        self.cpu = time.process_time() - self._c
+
+
+def target(name: str, goal: str, measured: float | str, met: bool) -> dict[str, Any]:
+    """One target row of a result JSON."""
+    return {"name": name, "target": goal, "measured": measured, "met": bool(met)}
+
+
+# ---- generated data ---------------------------------------------------------------------
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def corpus_manifest(n: int) -> Path:
+    """A TSV manifest of the first ``n`` utterances of the cached benchmark corpus (2–6 s, 16 kHz).
+
+    ``make_demo_corpus`` is a pure function of its arguments and the first ``n`` utterances do
+    not depend on the total, so one ``wav/`` directory serves every size; each size gets its
+    own manifest file that never changes once written (stable fingerprints, reusable shards).
+    """
+    from espnet3_flows.demo import make_demo_corpus
+
+    root = DATA / "corpus"
+    manifest = root / f"train_{n}.tsv"
+    if manifest.exists():
+        return manifest
+    with _locked(root / ".lock"):
+        if not manifest.exists():
+            t0 = time.perf_counter()
+            made = make_demo_corpus(root / "gen", n_utts=n, n_speakers=6, min_seconds=2.0, max_seconds=6.0,
+                                    seed=0, splits={"train": 1.0})
+            lines = made["train"].read_text().splitlines(keepends=True)[:n]
+            tmp = manifest.with_suffix(".tmp")
+            tmp.write_text("".join(lines))
+            tmp.replace(manifest)
+            print(f"[bench] generated/checked a {n}-utterance corpus in {time.perf_counter() - t0:.1f} s")
+    return manifest
+
+
+def manifest_paths(manifest: Path) -> list[str]:
+    """The audio paths of a TSV manifest, in order."""
+    return [line.split("\t")[1] for line in manifest.read_text().splitlines() if line.strip()]
+
+
+def audio_seconds(paths: Sequence[str]) -> float:
+    """Total duration from the WAV headers."""
+    import soundfile as sf
+
+    return float(sum(sf.info(p).duration for p in paths))
+
+
+def scratch(name: str) -> Path:
+    """A fresh, empty scratch directory under the data directory."""
+    import shutil
+    import uuid
+
+    path = DATA / "scratch" / f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def clean_scratch(path: Path) -> None:
+    """Remove a scratch directory."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ---- process environment ------------------------------------------------------------------
+@contextlib.contextmanager
+def preserved_environ() -> Iterator[None]:
+    """Restore ``os.environ`` after the block.
+
+    A ``LocalCluster``'s nannies run in the driver and write Dask's
+    ``distributed.nanny.pre-spawn-environ`` (``MALLOC_TRIM_THRESHOLD_=65536``,
+    ``OMP_NUM_THREADS=1``, ...) into the driver's ``os.environ`` before spawning workers, so
+    without this every later subprocess (lhotse's pool, the 2-process kernel) would inherit them.
+    """
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def dask_malloc_trim(enabled: bool) -> Iterator[None]:
+    """With ``enabled=False``, Dask workers started in the block do not get Dask's default
+    ``MALLOC_TRIM_THRESHOLD_=65536`` (which disables glibc's dynamic mmap threshold, so every
+    array over 128 KiB is a fresh ``mmap`` and page-faulted again)."""
+    import dask
+    import distributed  # noqa: F401 - loads its config defaults first, or leaving the block would drop them
+
+    if enabled:
+        yield
+        return
+    with preserved_environ(), dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+        yield
+
+
+# ---- Prefect ------------------------------------------------------------------------------
+PREFECT: dict[str, Any] = {"start_seconds": None, "url": None}
+
+
+@contextlib.contextmanager
+def prefect_session() -> Iterator[str | None]:
+    """A Prefect API for flows and their Dask workers: ``PREFECT_API_URL`` if set, else a private
+    local server started once (re-entering inside a session reuses it). Records its start time."""
+    from espnet3_flows.orchestration.local_server import prefect_api
+
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    t0 = time.perf_counter()
+    with prefect_api(needs_server=True) as url:
+        PREFECT.update(start_seconds=time.perf_counter() - t0, url=url)
+        print(f"[bench] Prefect API server ready in {PREFECT['start_seconds']:.1f} s ({url})")
+        yield url
+
+
+# ---- shard timing from the done records ---------------------------------------------------
+def shard_phase(output_dir: Path, split: str = "train") -> dict[str, float]:
+    """Span and compute seconds of the shards computed in ``output_dir`` (from ``done`` records).
+
+    A ``done`` record is written last, so its mtime is the shard's end; its ``seconds`` is the
+    shard's compute time, so ``mtime - seconds`` is (almost exactly) its start.
+    """
+    starts, ends, compute, items = [], [], 0.0, 0
+    for done in (output_dir / split / "shards").glob("split.*/done"):
+        rec = json.loads(done.read_text())
+        end = done.stat().st_mtime
+        starts.append(end - float(rec["seconds"]))
+        ends.append(end)
+        compute += float(rec["seconds"])
+        items += int(rec["num_items"])
+    if not ends:
+        return {"span": 0.0, "compute": 0.0, "shards": 0, "items": 0}
+    return {"span": max(ends) - min(starts), "compute": compute, "shards": len(ends), "items": items,
+            "first_start": min(starts), "last_end": max(ends)}
+
+
+# ---- tables and results -------------------------------------------------------------------
+def markdown_table(header: Sequence[str], lines: Sequence[Sequence[Any]], align: str | None = None) -> str:
+    """A markdown table; ``align`` is one character per column (``l`` or ``r``)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
+    out += ["| " + " | ".join(str(c) for c in line) + " |" for line in lines]
+    return "\n".join(out)
+
+
+def targets_table(targets: Sequence[dict[str, Any]]) -> str:
+    """The targets of a result as a markdown table."""
+    lines = []
+    for t in targets:
+        m = t["measured"]
+        lines.append([t["name"], t["target"], f"{m:.3g}" if isinstance(m, float) else m,
+                      "**met**" if t["met"] else "**missed**"])
+    return markdown_table(["target", "goal", "measured", ""], lines, "llrl")
+
+
+_MACHINE: dict[str, Any] | None = None
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on: CPU, cores, memory, load, library versions, commit."""
+    global _MACHINE
+    if _MACHINE is not None:
+        return _MACHINE
+    from importlib import metadata
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem_gb = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_gb = round(int(line.split()[1]) / 1024 ** 2, 1)
+    versions = {}
+    for pkg in ("torch", "lhotse", "prefect", "prefect-dask", "distributed", "numpy", "speechbrain"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[pkg] = metadata.version(pkg)
+    commit = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    _MACHINE = {
+        "cpu": cpu,
+        "arch": platform.machine(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gb": mem_gb,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "versions": versions,
+        "commit": commit,
+    }
+    return _MACHINE
+
+
+def describe_machine(m: dict[str, Any] | None = None) -> str:
+    """One line for tables and the README."""
+    m = m or machine()
+    v = m["versions"]
+    return (f"{m['cpu']}, {m['usable_cores']} cores, {m['memory_gb']} GB RAM, {m['os']}, Python {m['python']}; "
+            f"torch {v.get('torch')}, lhotse {v.get('lhotse')}, prefect {v.get('prefect')}, "
+            f"distributed {v.get('distributed')}; load average at start {m['load_average_at_start']}")
+
+
+def command(name: str, quick: bool) -> str:
+    """The command line that reproduces a benchmark."""
+    return f"python benchmarks/run.py --only {name}" + (" --quick" if quick else "")
+
+
+def write_result(name: str, quick: bool, rows: list[dict[str, Any]], targets: list[dict[str, Any]],
+                 notes: list[str] | str, plot: Callable[[Path], None] | None = None,
+                 **extra: Any) -> dict[str, Any]:
+    """Write ``RESULTS/<name>.json`` (and ``<name>.png`` with ``plot``); return the result dict."""
+    result = {"name": name, "machine": machine(), "command": command(name, quick), "quick": bool(quick),
+              "rows": rows, "targets": targets, "notes": notes if isinstance(notes, list) else [notes], **extra}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2, default=_json_default) + "\n")
+    if plot is not None:
+        figure_path = RESULTS / f"{name}.png"
+        try:
+            plot(figure_path)
+        except Exception as exc:  # noqa: BLE001 - a broken plot must not lose the numbers
+            print(f"[bench] {name}: plot failed: {type(exc).__name__}: {exc}")
+    return result
+
+
+def _json_default(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON-able: {type(obj).__name__}")
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
