@@ -68,6 +68,36 @@ def read_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str
     return mono
 
 
+def audio_length(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None) -> int:
+    """Length in samples at ``config.sampling_rate``, from the header alone (nothing is decoded).
+
+    Raises:
+        AudioError: missing file, unreadable header, zero-length or too long audio.
+    """
+    try:
+        if utt.cut is not None:
+            seconds = float(utt.cut.get("duration", 0.0))
+            _check_duration(seconds, config)
+            return int(round(seconds * config.sampling_rate))
+        with fsspec.open(utt.path, "rb", **(dict(storage_options or {}) if "://" in utt.path else {})) as f:
+            info = sf.info(f)
+        if info.frames <= 0:
+            raise AudioError("zero-length audio")
+        _check_duration(info.frames / info.samplerate, config)
+    except AudioError as exc:
+        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
+    except FileNotFoundError:
+        raise AudioError(f"utt {utt.utt_id!r}: audio file not found: {utt.path}") from None
+    except (RuntimeError, sf.SoundFileError) as exc:
+        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): cannot read audio header: {exc}") from None
+    return int(math.ceil(info.frames * config.sampling_rate / info.samplerate))
+
+
+def _check_duration(seconds: float, config: AudioConfig) -> None:
+    if config.max_duration is not None and seconds > config.max_duration:
+        raise AudioError(f"duration {seconds:.1f} s exceeds max_duration {config.max_duration:g} s")
+
+
 def resample(x: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
     """Polyphase resampling by the exact rational ratio ``target_sr / orig_sr`` (float32 out)."""
     from scipy.signal import resample_poly
@@ -91,9 +121,7 @@ def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str
         source.seek(0)
     if info.samplerate <= 0:
         raise AudioError("invalid sampling rate in header")
-    duration = info.frames / info.samplerate
-    if config.max_duration is not None and duration > config.max_duration:
-        raise AudioError(f"duration {duration:.1f} s exceeds max_duration {config.max_duration:g} s")
+    _check_duration(info.frames / info.samplerate, config)
     data, rate = sf.read(source, dtype="float32", always_2d=True)
     return data.T, int(rate)  # (channels, samples)
 
@@ -101,9 +129,7 @@ def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str
 def _read_lhotse(utt: Utterance, config: AudioConfig):
     from lhotse import CutSet
 
-    duration = float((utt.cut or {}).get("duration") or 0.0)  # from the manifest, before decoding
-    if config.max_duration is not None and duration > config.max_duration:
-        raise AudioError(f"duration {duration:.1f} s exceeds max_duration {config.max_duration:g} s")
+    _check_duration(float((utt.cut or {}).get("duration") or 0.0), config)  # from the manifest, before decoding
 
     cut = CutSet.from_dicts([dict(utt.cut)])[0]  # type: ignore[arg-type]
     audio = cut.load_audio()

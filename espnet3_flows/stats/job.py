@@ -9,9 +9,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from espnet3_flows.audio import AudioConfig, read_audio
+from espnet3_flows.audio import AudioConfig, audio_length, read_audio
 from espnet3_flows.config import ConfigError, to_plain
-from espnet3_flows.manifest import Utterance
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
 from espnet3_flows.parallel.runner import ShardResult
@@ -117,7 +116,7 @@ class CollectStatsRunner(UtteranceRunner):
         ids = idx if isinstance(idx, list) else [idx]
         utts = [dataset[i] for i in ids]
         if frontend is None:
-            return [{"utt_id": u.utt_id, "speech_len": _header_length(u, audio, storage_options), "feats": None}
+            return [{"utt_id": u.utt_id, "speech_len": audio_length(u, audio, storage_options), "feats": None}
                     for u in utts]
         waves = [read_audio(u, audio, storage_options) for u in utts]
         feats = frontend(waves, collect_stats_kwargs)
@@ -172,33 +171,3 @@ class CollectStatsRunner(UtteranceRunner):
         from espnet3_flows.stats.outputs import publish_split
 
         return publish_split(self, results)
-
-
-def _header_length(u: Utterance, audio: AudioConfig, storage_options: Mapping[str, Any]) -> int:
-    """Length in samples at the target rate, from the header alone (``frontend.type: none``)."""
-    import math
-
-    import soundfile as sf
-    import fsspec
-
-    from espnet3_flows.audio import AudioError
-
-    if u.cut is not None:
-        dur = float(u.cut.get("duration", 0.0))
-        if audio.max_duration is not None and dur > audio.max_duration:
-            raise AudioError(f"utt {u.utt_id!r} ({u.path}): duration {dur:.1f} s exceeds "
-                             f"max_duration {audio.max_duration:g} s")
-        return int(round(dur * audio.sampling_rate))
-    try:
-        with fsspec.open(u.path, "rb", **(dict(storage_options) if "://" in u.path else {})) as f:
-            info = sf.info(f)
-    except FileNotFoundError:
-        raise AudioError(f"utt {u.utt_id!r}: audio file not found: {u.path}") from None
-    except (RuntimeError, sf.LibsndfileError) as exc:
-        raise AudioError(f"utt {u.utt_id!r} ({u.path}): cannot read audio header: {exc}") from None
-    if info.frames <= 0:
-        raise AudioError(f"utt {u.utt_id!r} ({u.path}): zero-length audio")
-    if audio.max_duration is not None and info.frames / info.samplerate > audio.max_duration:
-        raise AudioError(f"utt {u.utt_id!r} ({u.path}): duration {info.frames / info.samplerate:.1f} s exceeds "
-                         f"max_duration {audio.max_duration:g} s")
-    return int(math.ceil(info.frames * audio.sampling_rate / info.samplerate))
