@@ -150,11 +150,10 @@ class CollectStatsRunner(UtteranceRunner):
         return {"acc": StatsAccumulator(), "shapes": []}
 
     def reduce_state(self, state: dict[str, Any], result: list[dict[str, Any]]) -> dict[str, Any]:
-        blocks = [r["feats"] for r in result if r["feats"] is not None]
-        if blocks:
-            state["acc"].update(np.concatenate(blocks, axis=0))
         for r in result:
             f = r["feats"]
+            if f is not None:
+                state["acc"].update(f)
             state["shapes"].append([r["utt_id"], r["speech_len"], None if f is None else [int(f.shape[0]), int(f.shape[1])]])
         return state
 
