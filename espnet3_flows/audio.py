@@ -116,13 +116,12 @@ def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str
     else:
         with fsspec.open(path, "rb", **(storage_options or {})) as f:
             source = io.BytesIO(f.read())
-    info = sf.info(source)
-    if hasattr(source, "seek"):
-        source.seek(0)
-    if info.samplerate <= 0:
-        raise AudioError("invalid sampling rate in header")
-    _check_duration(info.frames / info.samplerate, config)
-    data, rate = sf.read(source, dtype="float32", always_2d=True)
+    with sf.SoundFile(source) as f:  # one open: the header is checked before anything is decoded
+        if f.samplerate <= 0:
+            raise AudioError("invalid sampling rate in header")
+        _check_duration(f.frames / f.samplerate, config)
+        data = f.read(dtype="float32", always_2d=True)
+        rate = f.samplerate
     return data.T, int(rate)  # (channels, samples)
 
 
