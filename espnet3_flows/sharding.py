@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -181,23 +182,43 @@ def fingerprint_files(paths: Iterable[str], storage_options: Mapping[str, Any] |
     out: dict[str, str] = {}
     fs_cache: dict[str, Any] = {}
     for (protocol, parent), members in by_dir.items():
-        if protocol not in fs_cache:
-            fs_cache[protocol] = fsspec.filesystem(protocol, **(storage_options or {}) if protocol != "file" else {})
-        fs = fs_cache[protocol]
-        try:
-            listing = {fs._strip_protocol(e["name"]).rstrip("/"): e for e in fs.ls(parent, detail=True)}
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            listing = {}
+        if protocol == "file":
+            listing = _local_listing(parent)
+            keys = {p: os.path.basename(fsspec.core.strip_protocol(p)) for p in members}
+        else:
+            if protocol not in fs_cache:
+                fs_cache[protocol] = fsspec.filesystem(protocol, **(storage_options or {}))
+            fs = fs_cache[protocol]
+            try:
+                listing = {fs._strip_protocol(e["name"]).rstrip("/"): e for e in fs.ls(parent, detail=True)}
+            except (FileNotFoundError, NotADirectoryError, PermissionError):
+                listing = {}
+            keys = {p: fs._strip_protocol(p).rstrip("/") for p in members}
         for p in members:
-            entry = listing.get(fs._strip_protocol(p).rstrip("/"))
+            entry = listing.get(keys[p])
             out[p] = _entry_fingerprint(entry) if entry else "missing"
     return out
 
 
-def _local_dir(p: str) -> str:
-    import os
+def _local_listing(parent: str) -> dict[str, dict[str, Any]]:
+    """``{name: {size, mtime}}`` of a local directory from one ``scandir``: the fields of fsspec's
+    local ``info`` (so fingerprints are unchanged) at a tenth of ``ls(detail=True)``'s cost."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        with os.scandir(parent) as it:
+            for e in it:
+                try:
+                    st = e.stat()  # follows symlinks, as fsspec's info does
+                except OSError:
+                    continue
+                out[e.name] = {"size": st.st_size, "mtime": st.st_mtime}
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        pass
+    return out
 
-    return os.path.dirname(os.path.abspath(p))
+
+def _local_dir(p: str) -> str:
+    return os.path.dirname(os.path.abspath(fsspec.core.strip_protocol(p)))
 
 
 def _entry_fingerprint(entry: Mapping[str, Any]) -> str:
