@@ -146,7 +146,7 @@ def _plot(path: Path, acc: StatsAccumulator, lengths: np.ndarray, in_frames: boo
     ax.hist(lengths, bins=min(50, max(5, len(lengths) // 5)))
     ax.set_xlabel("frames" if in_frames else "seconds")
     ax.set_title("utterance lengths")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.88, wspace=0.25)  # no tight_layout: it draws twice
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
