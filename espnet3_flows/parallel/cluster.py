@@ -161,6 +161,7 @@ def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
 
 _TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 _TRIM_ENV = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_"
+_DASK_TRIM_DEFAULT = "65536"
 
 
 def configure_worker_processes(cfg: ParallelConfig) -> None:
@@ -174,11 +175,15 @@ def configure_worker_processes(cfg: ParallelConfig) -> None:
 
     dask.config.set({"distributed.scheduler.allowed-failures": cfg.allowed_failures})
     if cfg.trim_worker_memory:
-        dask.config.set({_TRIM_KEY: 65536})
+        dask.config.set({_TRIM_KEY: int(_DASK_TRIM_DEFAULT)})
         os.environ.pop(_TRIM_ENV, None)
     else:
         dask.config.set({_TRIM_KEY: None})
         os.environ[_TRIM_ENV] = "None"
+        # A nanny started earlier in this process with Dask's defaults (a user's own
+        # LocalCluster) wrote its value into os.environ for good; workers would inherit it.
+        if os.environ.get("MALLOC_TRIM_THRESHOLD_") == _DASK_TRIM_DEFAULT:
+            os.environ.pop("MALLOC_TRIM_THRESHOLD_")
 
 
 def make_cluster(cfg: ParallelConfig) -> Any:

@@ -92,3 +92,23 @@ def test_worker_malloc_trim_setting(trim):
     finally:
         configure_worker_processes(ParallelConfig())  # back to the default for later tests
     assert seen == ("65536" if trim else None)
+
+
+@pytest.mark.dask
+def test_untrimmed_workers_after_a_dask_default_cluster_in_the_same_process(monkeypatch):
+    """A user's own LocalCluster (Dask's defaults) leaves MALLOC_TRIM_THRESHOLD_ in os.environ;
+    our next cluster's workers must still run without it."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.delenv("DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_", raising=False)
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 65536}):
+        with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster) as c:
+            assert c.submit(_trim_env, 0, pure=False).result() == "65536"
+    assert os.environ.get("MALLOC_TRIM_THRESHOLD_") == "65536"  # what Dask's nanny leaves behind
+    try:
+        with get_client(config=ParallelConfig(env="local", n_workers=1)) as client:
+            assert client.submit(_trim_env, 0, pure=False).result() is None
+    finally:
+        configure_worker_processes(ParallelConfig())
