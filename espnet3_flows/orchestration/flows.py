@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 import uuid
@@ -12,11 +13,11 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from espnet3_flows.config import load_config, to_plain
+from espnet3_flows.orchestration.client_tls import share_tls_contexts
 from espnet3_flows.orchestration.artifacts import ProgressArtifact, publish_split_artifacts, publish_table_artifact
 from espnet3_flows.orchestration.jobs import check_output_dir, get_job
 from espnet3_flows.orchestration.shard_tasks import (
     merge_task,
-    preflight_task,
     unchanged_summary,
     result_storage_for,
     retry_delays,
@@ -24,6 +25,7 @@ from espnet3_flows.orchestration.shard_tasks import (
 )
 from espnet3_flows.orchestration.task_runner import make_task_runner
 from espnet3_flows.parallel.runner import ShardFailure
+from espnet3_flows.parallel.worker_env import env_keys, plugin_for
 from espnet3_flows.storage import redact
 
 
@@ -58,6 +60,7 @@ def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str
     """
     spec = get_job(job)
     cfg = load_config(spec.schema, base=config)
+    share_tls_contexts()
     check_output_dir(_output_dir(cfg), cfg.storage_options)
     _export_api_url()
     plans = plan_job(job, cfg)
@@ -83,6 +86,36 @@ def _export_api_url() -> None:
         os.environ["PREFECT_API_URL"] = str(url)
 
 
+def _prepare_workers(runners: list[Any]) -> list[tuple[Any, list[str]]]:
+    """Build each runner's env where its shards will run; return ``(runner, env keys)`` pairs.
+
+    On a Dask task runner this starts the cluster, then on every worker at once: shares
+    Prefect's TLS contexts, imports Prefect's task engine and builds each split's env (also on
+    workers that join later), instead of one worker after another as first tasks arrive.
+    Elsewhere the env is built in this process, where the tasks run. A failing setup raises
+    here, naming the provider, before any shard runs.
+    """
+    from prefect.context import FlowRunContext
+    from prefect_dask import DaskTaskRunner
+
+    ctx = FlowRunContext.get()
+    task_runner = ctx.task_runner if ctx else None
+    if not isinstance(task_runner, DaskTaskRunner):
+        return [(runner, env_keys(runner.provider)) for runner in runners]
+    client = task_runner.client  # starts the cluster
+    client.run(_warm_worker)
+    out = []
+    for runner in runners:
+        client.register_plugin(plugin_for(runner.provider))
+        out.append((runner, client.submit(env_keys, runner.provider, pure=False).result()))
+    return out
+
+
+def _warm_worker() -> None:
+    share_tls_contexts()
+    importlib.import_module("prefect.task_engine")
+
+
 def _output_dir(cfg: Any) -> str:
     return cfg.output_dir
 
@@ -106,9 +139,10 @@ def shard_flow(job: str, config: dict[str, Any], progress: bool = True, plan_tok
     total = sum(len(p.shards) for _, p, _ in plans)
     logger.info("%s: %d split(s), %d shard(s), %d already done; output %s (options %s)", job, len(plans), total,
                 sum(len(d) for _, _, d in plans), _output_dir(cfg), redact(cfg.storage_options))
-    if pending:  # check env keys on a worker before any shard runs
-        for fut in [preflight_task.submit(runner) for runner, plan, done in plans if len(done) < len(plan.shards)]:
-            fut.result()
+    if pending:  # build every worker's env at once, then check env keys before any shard runs
+        for runner, keys in _prepare_workers([r for r, plan, done in plans if len(done) < len(plan.shards)]):
+            runner.check_env_keys(keys)
+            logger.info("%s %s: env ready (%s)", job, runner.split, ", ".join(keys))
     meter = ProgressArtifact(job, total)
     bar = tqdm(total=total, desc=job, unit="shard", disable=not progress)
     futures: dict[Any, tuple[int, int]] = {}

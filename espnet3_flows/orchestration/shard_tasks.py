@@ -1,4 +1,4 @@
-"""Prefect tasks: a shard (cached by its content hash), the env preflight, and merge-and-publish."""
+"""Prefect tasks: a shard (cached by its content hash) and merge-and-publish."""
 
 from __future__ import annotations
 
@@ -39,14 +39,6 @@ def shard_task(runner: BaseRunner, shard: Shard) -> dict[str, Any]:
     if found is not None:
         return {**found.to_dict(), "reused": True}
     return {**runner.run_shard(shard, get_env(runner.provider)).to_dict(), "reused": False}
-
-
-@task(name="preflight", retries=0)
-def preflight_task(runner: BaseRunner) -> list[str]:
-    """Build the env on a worker and check ``forward``'s parameters against it before any shard runs."""
-    env = get_env(runner.provider)
-    runner.check_env_keys(list(env))
-    return sorted(env)
 
 
 @task(name="merge-and-publish", retries=2, retry_delay_seconds=2)
