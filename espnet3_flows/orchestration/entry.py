@@ -54,7 +54,7 @@ def collect_stats(
     manifests: dict[str, str] | None = None,
     output_dir: str = "exp/collect_stats",
     config_file: str | None = None,
-    shard_size: int = 128,
+    shard_size: int = 1000,
     batch_size: int = 16,
     frontend_type: Literal["fbank", "none"] = "fbank",
     sampling_rate: int = 16000,

@@ -6,6 +6,7 @@ import pytest
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.orchestration.entry import collect_stats, extract_xvectors, resolve_config
+from espnet3_flows.stats.job import CollectStatsConfig
 
 
 @pytest.mark.parametrize("flow", [collect_stats, extract_xvectors])
@@ -18,10 +19,34 @@ def test_parameter_schema_has_types_defaults_and_descriptions(flow):
         assert spec.get("description"), f"parameter {name} has no description in the UI form"
 
 
+def test_typed_parameter_defaults_are_the_config_defaults():
+    """A parameter left at its default must mean the config's default (it is not passed on)."""
+    import dataclasses
+    import inspect
+
+    from espnet3_flows.parallel.cluster import ParallelConfig
+    from espnet3_flows.xvector.job import XVectorJobConfig
+
+    stats, parallel = CollectStatsConfig(), ParallelConfig()
+    xv = {f.name: f.default for f in dataclasses.fields(XVectorJobConfig)}  # it has no valid default instance
+    expected = {collect_stats: {"output_dir": stats.output_dir, "shard_size": stats.shard_size,
+                                "batch_size": stats.batch_size, "on_error": stats.on_error,
+                                "frontend_type": stats.frontend.type, "sampling_rate": stats.frontend.sampling_rate,
+                                "num_mel_bins": stats.frontend.num_mel_bins,
+                                "write_collected_feats": stats.write_collected_feats,
+                                "parallel_env": stats.parallel.env, "n_workers": stats.parallel.n_workers},
+                extract_xvectors: {"shard_size": xv["shard_size"], "on_error": xv["on_error"],
+                                   "parallel_env": parallel.env, "n_workers": parallel.n_workers}}
+    for flow, defaults in expected.items():
+        params = inspect.signature(flow.fn).parameters
+        for name, value in defaults.items():
+            assert params[name].default == value, f"{flow.name}: {name} defaults to {params[name].default!r}, config to {value!r}"
+
+
 def test_precedence_defaults_file_params_overrides(tmp_path, demo_corpus):
     conf = tmp_path / "stats.yaml"
     conf.write_text(f"manifests:\n  valid: {demo_corpus['valid']}\nshard_size: 7\nbatch_size: 3\n")
-    cfg = resolve_config("collect_stats", str(conf), {"batch_size": 5, "shard_size": 128}, ["on_error=skip"])
+    cfg = resolve_config("collect_stats", str(conf), {"batch_size": 5, "shard_size": CollectStatsConfig.shard_size}, ["on_error=skip"])
     assert cfg.shard_size == 7  # a parameter left at its default does not override the file
     assert cfg.batch_size == 5 and cfg.on_error == "skip"
     with pytest.raises(ConfigError, match="parallel.env"):
