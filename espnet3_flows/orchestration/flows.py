@@ -176,7 +176,7 @@ def shard_flow(job: str, config: dict[str, Any], progress: bool = True, plan_tok
         recs = [records[(k, s.index)] for s in plan.shards]
         summary = unchanged_summary(runner, plan) if all(c for _, c in recs) else None
         if summary is None:
-            summary = merge_task.submit(runner, [r for r, _ in recs], [c for _, c in recs]).result()
+            summary = merge_task.submit(runner, [(s.index, s.hash, c) for s, (_, c) in zip(plan.shards, recs)]).result()
         else:
             logger.info("%s %s: nothing changed since the last merge; outputs kept", job, runner.split)
             summary.update(shards_computed=0, shards_cached=len(plan.shards))

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.cache_policies import CacheKeyFnPolicy
+from prefect.cache_policies import NO_CACHE, CacheKeyFnPolicy
 from prefect.context import TaskRunContext
 
-from espnet3_flows.parallel.runner import BaseRunner, ShardResult
+from espnet3_flows.parallel.runner import BaseRunner, ShardFailure
 from espnet3_flows.parallel.worker_env import get_env
 from espnet3_flows.sharding import Shard
 from espnet3_flows.storage import Storage
@@ -41,10 +41,22 @@ def shard_task(runner: BaseRunner, shard: Shard) -> dict[str, Any]:
     return {**runner.run_shard(shard, get_env(runner.provider)).to_dict(), "reused": False}
 
 
-@task(name="merge-and-publish", retries=2, retry_delay_seconds=2)
-def merge_task(runner: BaseRunner, records: list[dict[str, Any]], cached: list[bool]) -> Any:
-    """Merge a split's shard results and publish its final files atomically."""
-    results = [ShardResult.from_dict(rec, cached=c) for rec, c in zip(records, cached)]
+@task(name="merge-and-publish", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def merge_task(runner: BaseRunner, shards: list[tuple[int, str, bool]]) -> Any:
+    """Merge a split's shard results and publish its final files atomically.
+
+    Args:
+        shards: ``(index, hash, cached)`` of every shard of the plan. The records are read from
+            their ``done`` files here: passing them as parameters (per-utterance shapes) made
+            Prefect walk and serialize every row in the driver (1.2 s at 16,000 utterances).
+    """
+    results = []
+    for index, shard_hash, cached in shards:
+        found = runner.read_done(index, shard_hash, cached)
+        if found is None:
+            raise ShardFailure(f"{runner.shard_subdir}/split.{index}: no done record for shard {shard_hash[:12]} "
+                               "(removed while the run was merging?); rerun to recompute it")
+        results.append(found)
     return runner.merge(results)
 
 

@@ -154,13 +154,19 @@ class BaseRunner:
 
     def load_done(self, shard: Shard) -> ShardResult | None:
         """The shard's ``done`` record if it matches the current shard hash."""
+        if not self.resume:
+            return None
+        return self.read_done(shard.index, shard.hash, cached=True)
+
+    def read_done(self, index: int, shard_hash: str, cached: bool = False) -> ShardResult | None:
+        """The ``done`` record of shard ``index`` if one exists for ``shard_hash`` (resume or not)."""
         store = self.storage
-        if store is None or not self.resume:
+        if store is None:
             return None
-        rec = store.read_json(self.shard_rel(shard, DONE))
-        if not rec or rec.get("shard_hash") != shard.hash:
+        rec = store.read_json(posixpath.join(self.shard_subdir, f"split.{index}", DONE))
+        if not rec or rec.get("shard_hash") != shard_hash:
             return None
-        return ShardResult.from_dict(rec, cached=True)
+        return ShardResult.from_dict(rec, cached=cached)
 
     def is_shard_done(self, shard: Shard) -> bool:
         """Whether the shard finished earlier with the same inputs, config and code."""
