@@ -28,12 +28,14 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 #: Shard size of the collect-stats runs unless a benchmark sweeps it. From bench_overhead's sweep on
-#: 2,000 utterances: the flow's wall time is flat (within noise) from 64 to 256 and grows below 32
-#: (~130 ms of Prefect work per shard); 64 is the smallest size on the plateau, still 16 shards per
-#: worker for load balance, and its granularity keeps the +10 % append's recomputed work at 10.8 %
-#: (128 recomputes 14 %: the partial last shard plus the new ones).
-SHARD_SIZE = 64
+#: 2,000 utterances (two full runs, 4 cold flow runs per size): the flow's wall time falls all the
+#: way to 256 (pooled medians 20.4 s at 64, 19.3 s at 128, 15.8 s at 256) because every shard task
+#: costs ~190 ms of Prefect/Dask work, and a 256-utterance shard is still only ~1–2 s of compute.
+#: The price is coarser incremental work: a +10 % append recomputes the partial last shard too
+#: (20 % of the cold run's utterances at 256 vs 10.8 % at 64); bench_overhead shows both sizes.
+SHARD_SIZE = 256
 WORKERS = 2
+TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 SAMPLE_RATE = 16000
 
 
@@ -165,16 +167,15 @@ def preserved_environ() -> Iterator[None]:
 
 @contextlib.contextmanager
 def dask_malloc_trim(enabled: bool) -> Iterator[None]:
-    """With ``enabled=False``, Dask workers started in the block do not get Dask's default
-    ``MALLOC_TRIM_THRESHOLD_=65536`` (which disables glibc's dynamic mmap threshold, so every
-    array over 128 KiB is a fresh ``mmap`` and page-faulted again)."""
+    """Dask workers started in the block get ``MALLOC_TRIM_THRESHOLD_=65536`` (Dask's own default,
+    ``enabled=True``) or no such variable (``enabled=False``, what the product's clusters do unless
+    ``parallel.trim_worker_memory``). Explicit both ways: the product sets this Dask config key
+    process-wide whenever it starts a cluster, so a plain ``LocalCluster`` started later in the
+    same process would otherwise inherit whatever the last flow chose."""
     import dask
     import distributed  # noqa: F401 - loads its config defaults first, or leaving the block would drop them
 
-    if enabled:
-        yield
-        return
-    with preserved_environ(), dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+    with preserved_environ(), dask.config.set({TRIM_KEY: 65536 if enabled else None}):
         os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
         yield
 
