@@ -65,6 +65,8 @@ def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str
     _export_api_url()
     plans = plan_job(job, cfg)
     pending = sum(len(plan.shards) - len(done) for _, plan, done in plans)
+    if pending:
+        warn_if_dask_client_open(cfg.parallel)
     runner = make_task_runner(cfg.parallel) if pending else ThreadPoolTaskRunner(max_workers=4)
     token = uuid.uuid4().hex
     _PLANNED[token] = (cfg, plans)
@@ -75,6 +77,26 @@ def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str
         return sub(job=job, config=shown, progress=progress, plan_token=token)
     finally:
         _PLANNED.pop(token, None)
+
+
+def warn_if_dask_client_open(parallel: Any) -> bool:
+    """Warn when a Dask client is already open in this process: prefect-dask's task runner then
+    runs every task on that client's cluster and ignores ``parallel``. Returns whether it warned."""
+    if parallel.env == "serial":
+        return False
+    from distributed import default_client
+
+    try:
+        client = default_client()
+    except ValueError:
+        return False
+    import logging
+
+    logging.getLogger("espnet3_flows").warning(
+        "a Dask client is open in this process (%s): prefect-dask will run the shard tasks on its cluster, "
+        "not on parallel.env=%s; close it (client.close()) or run the flow in its own process",
+        getattr(client, "scheduler", None) and client.scheduler.address, parallel.env)
+    return True
 
 
 def _export_api_url() -> None:

@@ -102,3 +102,17 @@ def test_unwritable_output_fails_before_work(prefect_harness, demo_corpus, tmp_p
 
     with pytest.raises(StorageError, match="not writable"):
         run_job("collect_stats", cfg, progress=False)
+
+
+def test_warns_when_a_dask_client_would_take_over_the_flow(caplog):
+    """prefect-dask runs tasks on any Dask client open in the process, ignoring parallel.*."""
+    from distributed import Client
+
+    from espnet3_flows.orchestration.flows import warn_if_dask_client_open
+    from espnet3_flows.parallel.cluster import ParallelConfig
+
+    with Client(processes=False, n_workers=0, dashboard_address=":0"):
+        with caplog.at_level("WARNING", logger="espnet3_flows"):
+            assert warn_if_dask_client_open(ParallelConfig(env="local")) is True
+        assert warn_if_dask_client_open(ParallelConfig(env="serial")) is False
+    assert "prefect-dask will run the shard tasks on its cluster" in caplog.text
