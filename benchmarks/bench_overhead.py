@@ -120,24 +120,24 @@ def run(quick: bool = False) -> dict[str, Any]:
     def alternate(items: list[Any], rep: int) -> list[Any]:
         return items if rep % 2 == 0 else items[::-1]
 
+    def grid(rep: int, sizes_: list[int], point: Any, into: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
+        """One measurement per (runner kind, shard size), in alternating order; the engine's client lives only
+        while the engine runs."""
+        for kind in alternate(["engine", "flow"], rep):
+            with contextlib.ExitStack() as stack:
+                client = stack.enter_context(engine_client()) if kind == "engine" else None
+                for size in alternate(sizes_, rep):
+                    with common.preserved_environ():
+                        into.setdefault((kind, size), []).append(point(kind, size, client))
+
     with common.prefect_session(), common.preserved_environ():
         cs.kernel_loop(paths[:5])
         for rep in range(reps):
             kernel.append(cs.kernel_loop(paths)["wall"])
-            for kind in alternate(["engine", "flow"], rep):
-                with contextlib.ExitStack() as stack:
-                    client = stack.enter_context(engine_client()) if kind == "engine" else None
-                    for size in alternate(life_sizes, rep):
-                        with common.preserved_environ():
-                            life.setdefault((kind, size), []).append(_lifecycle(kind, n, n_more, size, client))
+            grid(rep, life_sizes, lambda kind, size, client: _lifecycle(kind, n, n_more, size, client), life)
             print(f"[bench] {NAME}: lifecycle repetition {rep + 1}/{reps} done")
         for rep in range(sweep_reps):
-            for kind in alternate(["engine", "flow"], rep):
-                with contextlib.ExitStack() as stack:
-                    client = stack.enter_context(engine_client()) if kind == "engine" else None
-                    for size in alternate(sizes, rep):
-                        with common.preserved_environ():
-                            sweep.setdefault((kind, size), []).append(_sweep_point(kind, manifest, n, size, client))
+            grid(rep, sizes, lambda kind, size, client: _sweep_point(kind, manifest, n, size, client), sweep)
             kernel.append(cs.kernel_loop(paths)["wall"])
             print(f"[bench] {NAME}: sweep repetition {rep + 1}/{sweep_reps} done")
 
