@@ -8,6 +8,7 @@ import time
 import uuid
 from typing import Any
 
+from distributed.diagnostics.plugin import WorkerPlugin
 from prefect import flow, get_run_logger
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -125,7 +126,7 @@ def _prepare_workers(runners: list[Any]) -> list[tuple[Any, list[str]]]:
     if not isinstance(task_runner, DaskTaskRunner):
         return [(runner, env_keys(runner.provider)) for runner in runners]
     client = task_runner.client  # starts the cluster
-    client.run(_warm_worker)
+    client.register_plugin(PrefectWorkerSetup())  # present workers now, later ones (SLURM) as they join
     out = []
     for runner in runners:
         client.register_plugin(plugin_for(runner.provider))
@@ -133,9 +134,15 @@ def _prepare_workers(runners: list[Any]) -> list[tuple[Any, list[str]]]:
     return out
 
 
-def _warm_worker() -> None:
-    share_tls_contexts()
-    importlib.import_module("prefect.task_engine")
+class PrefectWorkerSetup(WorkerPlugin):
+    """On each Dask worker: Prefect's clients share TLS contexts, and Prefect's task engine is
+    imported before the first shard task arrives."""
+
+    name = "espnet3-prefect-worker-setup"
+
+    def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
+        share_tls_contexts()
+        importlib.import_module("prefect.task_engine")
 
 
 def _output_dir(cfg: Any) -> str:

@@ -58,3 +58,22 @@ def test_idempotent_and_leaves_unknown_layouts_alone(monkeypatch):
     assert isinstance(client_module.ssl, _SharedContextSSL)
     monkeypatch.setattr(client_module, "ssl", object())  # a Prefect that builds contexts elsewhere
     assert share_tls_contexts() is False
+
+
+def _shares_tls() -> bool:
+    import prefect.client.orchestration as module
+
+    return isinstance(module.ssl, _SharedContextSSL)
+
+
+@pytest.mark.dask
+def test_flow_worker_plugin_reaches_workers_that_join_later():
+    from distributed import Client, LocalCluster
+
+    from espnet3_flows.orchestration.flows import PrefectWorkerSetup
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster) as client:
+        client.register_plugin(PrefectWorkerSetup())
+        cluster.scale(2)  # a worker that joins afterwards, like a SLURM job starting late
+        client.wait_for_workers(2, timeout=120)
+        assert set(client.run(_shares_tls).values()) == {True}
