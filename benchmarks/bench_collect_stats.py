@@ -476,9 +476,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xlabel("utterances / s (median, min–max)")
     ax.set_title(f"collect-stats throughput, {shown[0]['utterances']} utterances of 2–6 s")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -283,9 +283,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_ylabel("peak RSS (MB)")
     ax.set_title("collect-stats flow: peak memory vs data size")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -266,9 +266,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[0].set_title("(wall − work) / shards")
     axes[1].set_ylabel("wall (s)")
     axes[1].set_title("cold run wall time")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -65,9 +65,7 @@ def _xvector_plot(result: dict[str, Any], path: Path) -> None:
     ax.bar([r["method"] for r in rows], med, yerr=err, capsize=4, color="tab:green")
     ax.set_ylabel("utterances / s (wall, median, min–max)")
     ax.set_title("x-vector extraction, ECAPA-TDNN on CPU, 1 thread")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def _batching_result(raw: dict[str, Any], quick: bool) -> dict[str, Any]:
