@@ -33,6 +33,11 @@ def code_salt(extra: str = "") -> str:
     return f"espnet3_flows={__version__};format={FORMAT_VERSION};{extra}"
 
 
+def shard_name(index: int) -> str:
+    """Directory name of shard ``index`` (ESPnet3's ``split.N``)."""
+    return f"split.{index}"
+
+
 @dataclass(frozen=True)
 class Shard:
     """One chunk ``[start, stop)`` of the positions of a job's item list.
@@ -54,7 +59,7 @@ class Shard:
     @property
     def name(self) -> str:
         """Directory name of the shard, ESPnet3's ``split.N``."""
-        return f"split.{self.index}"
+        return shard_name(self.index)
 
     @property
     def num_items(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import time
 import uuid
@@ -14,8 +15,8 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from espnet3_flows.config import load_config, to_plain
-from espnet3_flows.orchestration.client_tls import share_tls_contexts
 from espnet3_flows.orchestration.artifacts import ProgressArtifact, publish_split_artifacts, publish_table_artifact
+from espnet3_flows.orchestration.client_tls import share_tls_contexts
 from espnet3_flows.orchestration.jobs import check_output_dir, get_job
 from espnet3_flows.orchestration.shard_tasks import (
     merge_task,
@@ -27,6 +28,7 @@ from espnet3_flows.orchestration.shard_tasks import (
 from espnet3_flows.orchestration.task_runner import make_task_runner
 from espnet3_flows.parallel.runner import ShardFailure
 from espnet3_flows.parallel.worker_env import env_keys, plugin_for
+from espnet3_flows.sharding import shard_name
 from espnet3_flows.storage import redact
 
 
@@ -91,8 +93,6 @@ def warn_if_dask_client_open(parallel: Any) -> bool:
         client = default_client()
     except ValueError:
         return False
-    import logging
-
     logging.getLogger("espnet3_flows").warning(
         "a Dask client is open in this process (%s): prefect-dask will run the shard tasks on its cluster, "
         "not on parallel.env=%s; close it (client.close()) or run the flow in its own process",
@@ -188,7 +188,7 @@ def shard_flow(job: str, config: dict[str, Any], progress: bool = True, plan_tok
         try:
             rec = fut.result()
         except Exception as exc:  # noqa: BLE001 - collect every failure, report after all finish
-            failures.append((f"{plans[where[0]][0].shard_subdir}/split.{where[1]}", exc))
+            failures.append((f"{plans[where[0]][0].shard_subdir}/{shard_name(where[1])}", exc))
             continue
         cached = fut.state.name == "Cached" or bool(rec.get("reused"))
         records[where] = (rec, cached)

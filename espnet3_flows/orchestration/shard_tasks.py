@@ -12,7 +12,7 @@ from prefect.context import TaskRunContext
 
 from espnet3_flows.parallel.runner import BaseRunner, ShardFailure
 from espnet3_flows.parallel.worker_env import get_env
-from espnet3_flows.sharding import Shard
+from espnet3_flows.sharding import Shard, shard_name
 from espnet3_flows.storage import Storage
 
 RESULTS_DIR = ".prefect-results"
@@ -54,7 +54,7 @@ def merge_task(runner: BaseRunner, shards: list[tuple[int, str, bool]]) -> Any:
     for index, shard_hash, cached in shards:
         found = runner.read_done(index, shard_hash, cached)
         if found is None:
-            raise ShardFailure(f"{runner.shard_subdir}/split.{index}: no done record for shard {shard_hash[:12]} "
+            raise ShardFailure(f"{runner.shard_subdir}/{shard_name(index)}: no done record for shard {shard_hash[:12]} "
                                "(removed while the run was merging?); rerun to recompute it")
         results.append(found)
     return runner.merge(results)

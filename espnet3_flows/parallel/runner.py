@@ -17,7 +17,7 @@ from espnet3_flows.parallel.cluster import ParallelConfig, get_client, get_paral
 from espnet3_flows.parallel.provider import EnvironmentProvider, ProviderError
 from espnet3_flows.parallel.worker_env import env_keys, get_env, plugin_for
 from espnet3_flows.parallel.results import RunOutcome, ShardResult
-from espnet3_flows.sharding import Shard, ShardPlan, plan_shards
+from espnet3_flows.sharding import Shard, ShardPlan, plan_shards, shard_name
 from espnet3_flows.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class BaseRunner:
         store = self.storage
         if store is None:
             return None
-        rec = store.read_json(posixpath.join(self.shard_subdir, f"split.{index}", DONE))
+        rec = store.read_json(posixpath.join(self.shard_subdir, shard_name(index), DONE))
         if not rec or rec.get("shard_hash") != shard_hash:
             return None
         return ShardResult.from_dict(rec, cached=cached)
