@@ -127,13 +127,13 @@ def _merge_scp(runner: "CollectStatsRunner", results: list[ShardResult], dest: P
 
 def _plot(path: Path, acc: StatsAccumulator, lengths: np.ndarray, in_frames: bool) -> bool:
     """Per-dimension mean ± std and a length histogram, as a PNG (False if nothing to plot)."""
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2 if acc.count else 1, figsize=(10 if acc.count else 5, 3.2))
-    axes = np.atleast_1d(axes)
+    # Figure + Agg canvas, not pyplot: no global figure registry on a worker, and pyplot's import is skipped
+    fig = Figure(figsize=(10 if acc.count else 5, 3.2))
+    FigureCanvasAgg(fig)
+    axes = np.atleast_1d(fig.subplots(1, 2 if acc.count else 1))
     if acc.count:
         dims = np.arange(acc.dim or 0)
         std = np.sqrt(acc.variance())
@@ -149,6 +149,5 @@ def _plot(path: Path, acc: StatsAccumulator, lengths: np.ndarray, in_frames: boo
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.88, wspace=0.25)  # no tight_layout: it draws twice
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
     path.write_bytes(buf.getvalue())
     return True
