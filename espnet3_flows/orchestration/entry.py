@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -14,6 +15,7 @@ from espnet3_flows.config import ConfigError, load_config, split_cli_args, to_pl
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.jobs import demo_manifests, get_job
 from espnet3_flows.orchestration.local_server import prefect_api
+from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.storage import redact
 
 
@@ -150,7 +152,8 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     entry = collect_stats if job == "collect_stats" else extract_xvectors
-    with prefect_api(needs_server=cfg.parallel.env != "serial"):
+    prestart = functools.partial(prestart_workers, cfg.parallel, get_job(job).worker_modules)
+    with prefect_api(needs_server=cfg.parallel.env != "serial", while_starting=prestart):
         try:
             summaries = entry(config_file=None, overrides=_as_overrides(to_plain(cfg)))
         except ConfigError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import os
@@ -25,7 +26,9 @@ from espnet3_flows.orchestration.shard_tasks import (
     retry_delays,
     shard_task,
 )
-from espnet3_flows.orchestration.task_runner import make_task_runner
+from espnet3_flows.orchestration.local_server import drain_prefect_clients
+from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
+from espnet3_flows.parallel.forkserver import worker_start_method
 from espnet3_flows.parallel.runner import ShardFailure
 from espnet3_flows.parallel.worker_env import env_keys, plugin_for
 from espnet3_flows.sharding import shard_name
@@ -66,18 +69,20 @@ def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str
     share_tls_contexts()
     check_output_dir(_output_dir(cfg), cfg.storage_options)
     _export_api_url()
+    prestart_workers(cfg.parallel, spec.worker_modules)
     plans = plan_job(job, cfg)
     pending = sum(len(plan.shards) - len(done) for _, plan, done in plans)
     if pending:
         warn_if_dask_client_open(cfg.parallel)
-    runner = make_task_runner(cfg.parallel) if pending else ThreadPoolTaskRunner(max_workers=4)
+    runner, start_method = make_task_runner(cfg.parallel) if pending else (ThreadPoolTaskRunner(max_workers=4), "spawn")
     token = uuid.uuid4().hex
     _PLANNED[token] = (cfg, plans)
     shown = to_plain(cfg)
     shown["storage_options"] = redact(shown.get("storage_options"))
     try:
         sub = shard_flow.with_options(task_runner=runner, name=f"{job.replace('_', '-')}-shards")
-        return sub(job=job, config=shown, progress=progress, plan_token=token)
+        with worker_start_method(start_method):  # the cluster starts inside the flow
+            return sub(job=job, config=shown, progress=progress, plan_token=token)
     finally:
         _PLANNED.pop(token, None)
 
@@ -136,13 +141,19 @@ def _prepare_workers(runners: list[Any]) -> list[tuple[Any, list[str]]]:
 
 class PrefectWorkerSetup(WorkerPlugin):
     """On each Dask worker: Prefect's clients share TLS contexts, and Prefect's task engine is
-    imported before the first shard task arrives."""
+    imported before the first shard task arrives. When the worker closes, the logs and events
+    (task-run states) its tasks queued are sent: a forked worker exits without the interpreter
+    shutdown that would otherwise send them."""
 
     name = "espnet3-prefect-worker-setup"
 
     def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
         share_tls_contexts()
-        importlib.import_module("prefect.task_engine")
+        for module in PREFECT_WORKER_MODULES:
+            importlib.import_module(module)
+
+    async def teardown(self, worker: Any) -> None:  # noqa: D401 - Dask hook
+        await asyncio.to_thread(drain_prefect_clients)  # off the loop: Prefect's drain blocks
 
 
 def _output_dir(cfg: Any) -> str:

@@ -13,11 +13,13 @@ from espnet3_flows.storage import Storage
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A job: its config schema and how to build its runners and their item indices."""
+    """A job: its config schema, how to build its runners and their item indices, and the
+    modules its workers import (preloaded once for forked local workers)."""
 
     name: str
     schema: type
     runners: Callable[[Any], list[tuple[BaseRunner, range]]]
+    worker_modules: tuple[str, ...] = ()
 
 
 def _collect_stats_runners(cfg: Any) -> list[tuple[BaseRunner, range]]:
@@ -38,11 +40,12 @@ def get_job(name: str) -> JobSpec:
     if name == "collect_stats":
         from espnet3_flows.stats.job import CollectStatsConfig
 
-        return JobSpec(name, CollectStatsConfig, _collect_stats_runners)
+        return JobSpec(name, CollectStatsConfig, _collect_stats_runners,
+                       ("numpy", "torch", "soundfile", "lhotse", "matplotlib.figure", "matplotlib.backends.backend_agg"))
     if name == "extract_xvectors":
         from espnet3_flows.xvector.job import XVectorJobConfig
 
-        return JobSpec(name, XVectorJobConfig, _xvector_runners)
+        return JobSpec(name, XVectorJobConfig, _xvector_runners, ("numpy", "torch", "soundfile"))
     raise ConfigError(f"unknown job {name!r}")
 
 

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 
@@ -73,6 +73,11 @@ class LocalPrefectServer:
 
     def start(self) -> None:
         """Start the server and wait until ``/api/health`` answers."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the server process; returns at once (see :meth:`wait_ready`)."""
         import prefect
 
         env = server_environment()
@@ -81,6 +86,10 @@ class LocalPrefectServer:
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "error", "--lifespan", "on"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+
+    def wait_ready(self) -> None:
+        """Wait until the launched server's ``/api/health`` answers (stops it on failure)."""
+        assert self.process is not None, "launch() first"
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -108,8 +117,9 @@ class LocalPrefectServer:
             proc.wait()
 
 
-def _drain_prefect_clients(timeout: float = 15.0) -> None:
-    """Send queued logs and events while the server is still up (else exit waits on retries)."""
+def drain_prefect_clients(timeout: float = 15.0) -> None:
+    """Send this process's queued Prefect logs and events now (before its API server stops, or
+    before a worker process exits); waits at most ``timeout`` seconds per kind."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
@@ -119,12 +129,17 @@ def _drain_prefect_clients(timeout: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def prefect_api(needs_server: bool) -> Iterator[str | None]:
+def prefect_api(needs_server: bool, while_starting: Callable[[], None] | None = None) -> Iterator[str | None]:
     """Make sure a Prefect API is reachable by this process and its future worker processes.
 
     Uses ``PREFECT_API_URL`` when it is set (a real server). Otherwise, when
     ``needs_server`` (Dask workers in other processes), starts a :class:`LocalPrefectServer`
     for the duration of the block; else Prefect's in-process ephemeral mode is used.
+
+    Args:
+        needs_server: Whether work will run in other processes.
+        while_starting: Called once ``PREFECT_API_URL`` is in the environment, while a private
+            server is still starting (else right away): work to overlap with the server start.
 
     Yields:
         The API URL in use, or ``None`` for ephemeral mode.
@@ -133,19 +148,25 @@ def prefect_api(needs_server: bool) -> Iterator[str | None]:
 
     url = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
     if url or not needs_server:
+        if while_starting is not None:
+            while_starting()
         yield url or None
         return
     server = LocalPrefectServer()
     previous = signal.getsignal(signal.SIGTERM)
     if previous in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
-    server.start()
-    os.environ["PREFECT_API_URL"] = server.api_url
     try:
+        server.launch()
+        os.environ["PREFECT_API_URL"] = server.api_url
+        if while_starting is not None:
+            while_starting()
+        server.wait_ready()
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             yield server.api_url
     finally:
-        _drain_prefect_clients()
+        if server.process is not None:
+            drain_prefect_clients()
         os.environ.pop("PREFECT_API_URL", None)
         server.stop()
         if previous in (signal.SIG_DFL, None):

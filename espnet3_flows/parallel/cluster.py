@@ -25,6 +25,7 @@ CLUSTER_CLASSES: dict[str, str] = {
     "moab": "dask_jobqueue.MoabCluster",
 }
 ENVS = ("serial", *CLUSTER_CLASSES)
+START_METHODS = ("forkserver", "spawn")
 
 
 @dataclass
@@ -50,6 +51,11 @@ class ParallelConfig:
             and unmapped again, which made the fbank loop ~3x slower in CPU time here
             (benchmarks/bench_collect_stats.py). Turn it on if workers must hand memory back
             to the OS promptly.
+        start_method: How ``local`` workers start: ``forkserver`` (default) forks them from
+            one server process that imported the job's libraries once, in the background, and
+            is kept for later runs in the same process (see :mod:`.forkserver`); ``spawn``
+            starts a fresh interpreter per worker (Dask's default). Other environments, and
+            ``trim_worker_memory``, always spawn.
     """
 
     env: str = "local"
@@ -59,6 +65,7 @@ class ParallelConfig:
     adapt: dict[str, Any] = field(default_factory=dict)
     allowed_failures: int = 3
     trim_worker_memory: bool = False
+    start_method: str = "forkserver"
 
     def __post_init__(self) -> None:
         if self.env not in ENVS:
@@ -67,6 +74,8 @@ class ParallelConfig:
             raise ConfigError(f"parallel.env: unknown environment {self.env!r}{hint}; choose one of {', '.join(ENVS)}")
         if self.n_workers < 0:
             raise ConfigError(f"parallel.n_workers must be >= 0, got {self.n_workers}")
+        if self.start_method not in START_METHODS:
+            raise ConfigError(f"parallel.start_method must be one of {', '.join(START_METHODS)}, got {self.start_method!r}")
         if self.threads_per_worker < 1:
             raise ConfigError(f"parallel.threads_per_worker must be >= 1, got {self.threads_per_worker}")
         bad_adapt = set(self.adapt) - {"minimum", "maximum", "minimum_jobs", "maximum_jobs", "interval", "wait_count", "target_duration"}
@@ -180,18 +189,27 @@ def configure_worker_processes(cfg: ParallelConfig) -> None:
     else:
         dask.config.set({_TRIM_KEY: None})
         os.environ[_TRIM_ENV] = "None"
-        # A nanny started earlier in this process with Dask's defaults (a user's own
-        # LocalCluster) wrote its value into os.environ for good; workers would inherit it.
-        if os.environ.get("MALLOC_TRIM_THRESHOLD_") == _DASK_TRIM_DEFAULT:
-            os.environ.pop("MALLOC_TRIM_THRESHOLD_")
+        drop_inherited_trim_threshold()
+
+
+def drop_inherited_trim_threshold() -> None:
+    """Remove Dask's ``MALLOC_TRIM_THRESHOLD_=65536`` from this process's environment: a nanny
+    started earlier in this process with Dask's defaults (a user's own LocalCluster) wrote it
+    into ``os.environ`` for good, and worker processes started later would inherit it."""
+    if os.environ.get("MALLOC_TRIM_THRESHOLD_") == _DASK_TRIM_DEFAULT:
+        os.environ.pop("MALLOC_TRIM_THRESHOLD_")
 
 
 def make_cluster(cfg: ParallelConfig) -> Any:
     """Start the cluster described by ``cfg`` (scaled, or adaptive for batch schedulers)."""
+    from espnet3_flows.parallel.forkserver import local_worker_start, worker_start_method
+
     spec = cluster_spec(cfg)
     cls = _import(spec.class_path)
     configure_worker_processes(cfg)
-    cluster = cls(**spec.kwargs)
+    method, kwargs = local_worker_start(cfg, spec.kwargs)
+    with worker_start_method(method):
+        cluster = cls(**kwargs)
     if spec.is_jobqueue:
         if spec.adapt:
             cluster.adapt(**spec.adapt)

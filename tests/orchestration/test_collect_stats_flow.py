@@ -27,6 +27,30 @@ def _artifacts(prefix: str) -> dict[str, object]:
     return {a.key: a for a in found if a.key and a.key.startswith(prefix)}
 
 
+def _task_run_states(flow_name: str) -> dict[str, str]:
+    """Task run name → state type of the latest run of ``flow_name``, once the API has recorded
+    every one as final (the server records states from events, a moment after they are sent)."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    async def read() -> dict[str, str]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+                                               sort=FlowRunSort.START_TIME_DESC, limit=1)
+            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])))
+            return {t.name: t.state_type.value if t.state_type else "NONE" for t in tasks}
+
+    deadline = time.monotonic() + 30
+    while True:
+        states = asyncio.run(read())
+        if all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states.values()) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.5)
+
+
 @pytest.mark.dask
 def test_flow_on_local_cluster_caches_and_publishes(prefect_harness, demo_corpus, tmp_path):
     out = tmp_path / "out"
@@ -45,6 +69,9 @@ def test_flow_on_local_cluster_caches_and_publishes(prefect_harness, demo_corpus
     assert arts["collect-stats-splits"].type == "table"
     assert arts["collect-stats-progress"].type == "progress" and float(arts["collect-stats-progress"].data) == 100.0
     assert f"file://{out}/train/feats_stats.npz" in arts["collect-stats-train-feats-stats-npz"].data
+    # every task's final state reached the API, the merges' too (sent just before the workers exit)
+    states = _task_run_states("collect-stats-shards")
+    assert len(states) == 8 + 2 and set(states.values()) == {"COMPLETED"}, states
     before = (out / "train" / "feats_stats.npz").read_bytes()
 
     again = run_job("collect_stats", cfg, progress=False)

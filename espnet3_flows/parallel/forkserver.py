@@ -1,0 +1,131 @@
+"""Local Dask workers forked from one preloaded server process instead of each spawning an interpreter.
+
+A spawned worker starts a fresh interpreter and imports torch, lhotse and the rest itself (~3 s
+of CPU per worker on the 2-core machine of ``benchmarks/``, all workers at once), and on close
+runs the interpreter's full shutdown (~1 s). With Python's ``forkserver`` start method one server
+process imports those modules once, in the background while the driver does other work, and
+every worker is a fork of it: a worker starts in milliseconds once the server is ready, and
+exits at once. The server lives until this process exits, so later runs in the same process
+(a deployment served by a long-running worker, a test session) start their workers warm.
+
+A forked worker inherits the server's environment, not the driver's. To keep spawn's meaning
+("workers see the driver's environment at cluster start"), the variables added or changed since
+the server started are passed to the workers (Dask's ``Nanny(env=...)``); if one was removed,
+the run falls back to ``spawn``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import os
+from typing import Any, Iterator, Sequence
+
+from espnet3_flows.parallel.cluster import ParallelConfig, drop_inherited_trim_threshold
+
+_LOG = logging.getLogger(__name__)
+_MP_METHOD_KEY = "distributed.worker.multiprocessing-method"
+
+#: The environment the running forkserver was started with (``None``: not started by us).
+_SERVER_ENV: dict[str, str] | None = None
+_SERVER_MODULES: tuple[str, ...] = ()
+
+
+def wants_forkserver(cfg: ParallelConfig) -> bool:
+    """Whether ``cfg``'s workers are forked from the forkserver: local clusters with
+    ``start_method: forkserver`` and without ``trim_worker_memory`` (glibc reads
+    ``MALLOC_TRIM_THRESHOLD_`` when a process starts, so that setting needs spawned workers)."""
+    return cfg.env == "local" and cfg.start_method == "forkserver" and not cfg.trim_worker_memory
+
+
+def _server_alive() -> bool:
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
+        return False
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == 0
+
+
+def start_forkserver(modules: Sequence[str] = ()) -> bool:
+    """Start the forkserver with ``distributed`` and ``modules`` imported; returns at once.
+
+    The imports run in the server process, in the background; the first worker fork waits for
+    them. Idempotent: a server already running keeps its modules. Returns ``False`` when a
+    forkserver was started in this process by someone else (its environment is unknown, so
+    workers are spawned instead).
+    """
+    global _SERVER_ENV, _SERVER_MODULES
+    if _server_alive():
+        return _SERVER_ENV is not None
+    import dask
+    import distributed.utils
+
+    drop_inherited_trim_threshold()
+    with dask.config.set({_MP_METHOD_KEY: "forkserver"}):
+        ctx = distributed.utils.get_mp_context()  # Dask's own preload choice, made once, replaced here
+    preload = list(dict.fromkeys(["distributed", *modules]))
+    ctx.set_forkserver_preload(preload)
+    _SERVER_ENV, _SERVER_MODULES = dict(os.environ), tuple(preload)
+    multiprocessing.forkserver.ensure_running()
+    _LOG.debug("forkserver started (preloading %s)", ", ".join(preload))
+    return True
+
+
+def stop_forkserver() -> None:
+    """Stop the forkserver (the next forked worker starts a new one): for benchmarks that
+    measure a cold start, and tests."""
+    global _SERVER_ENV, _SERVER_MODULES
+    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
+    if stop is not None and getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None:
+        stop()
+    _SERVER_ENV, _SERVER_MODULES = None, ()
+
+
+def preloaded_modules() -> tuple[str, ...]:
+    """Modules the running forkserver was started with (empty when none of ours runs)."""
+    return _SERVER_MODULES if _server_alive() else ()
+
+
+def worker_environment() -> dict[str, str] | None:
+    """Variables a forked worker needs to see this process's environment as a spawned one would:
+    those added or changed since the forkserver started. ``None`` when a variable was removed
+    since (a forked worker would still have it)."""
+    if _SERVER_ENV is None:
+        return None
+    now = os.environ
+    removed = [k for k in _SERVER_ENV if k not in now]
+    if removed:
+        _LOG.info("environment variables removed since the forkserver started (%s): spawning workers",
+                  ", ".join(sorted(removed)))
+        return None
+    return {k: v for k, v in now.items() if _SERVER_ENV.get(k) != v}
+
+
+def local_worker_start(cfg: ParallelConfig, cluster_kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The start method for ``cfg``'s workers and the cluster keyword arguments that go with it.
+
+    Forked workers get the driver's changed variables as the nanny's ``env`` (the user's own
+    ``parallel.options.env`` entries win). Starts the forkserver (``distributed`` preloaded)
+    if nothing started it yet.
+    """
+    if not wants_forkserver(cfg) or not start_forkserver():
+        return "spawn", cluster_kwargs
+    env = worker_environment()
+    if env is None:
+        return "spawn", cluster_kwargs
+    return "forkserver", {**cluster_kwargs, "env": {**env, **(cluster_kwargs.get("env") or {})}}
+
+
+@contextlib.contextmanager
+def worker_start_method(method: str) -> Iterator[None]:
+    """Dask's ``distributed.worker.multiprocessing-method`` set to ``method`` for the block
+    (nannies read it when they start their worker process)."""
+    import dask
+
+    with dask.config.set({_MP_METHOD_KEY: method}):
+        yield

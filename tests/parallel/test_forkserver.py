@@ -1,0 +1,77 @@
+"""Local workers forked from the preloaded forkserver: what they import, which environment they see, when they spawn."""
+
+from __future__ import annotations
+
+import multiprocessing.forkserver
+import os
+import sys
+
+import pytest
+
+from espnet3_flows.config import ConfigError
+from espnet3_flows.parallel import ParallelConfig, get_client
+from espnet3_flows.parallel.forkserver import (
+    local_worker_start,
+    preloaded_modules,
+    start_forkserver,
+    stop_forkserver,
+    wants_forkserver,
+)
+
+PRELOAD = "colorsys"  # a stdlib module nothing else here imports
+
+
+def _worker_view(_: int) -> tuple[bool, str | None, int]:
+    return PRELOAD in sys.modules, os.environ.get("ESPNET3_FORKSERVER_TEST"), os.getppid()
+
+
+@pytest.fixture
+def fresh_forkserver(monkeypatch):
+    stop_forkserver()
+    monkeypatch.delenv("ESPNET3_FORKSERVER_TEST", raising=False)
+    sys.modules.pop(PRELOAD, None)
+    yield
+    stop_forkserver()
+
+
+@pytest.mark.dask
+def test_workers_are_forked_preloaded_and_see_later_environment(fresh_forkserver, monkeypatch):
+    assert start_forkserver([PRELOAD])
+    assert preloaded_modules() == ("distributed", PRELOAD)
+    assert PRELOAD not in sys.modules  # imported by the server process, not here
+    monkeypatch.setenv("ESPNET3_FORKSERVER_TEST", "set after the server started")
+    with get_client(config=ParallelConfig(env="local", n_workers=2), wait_for_workers=2) as client:
+        seen = client.run(_worker_view, 0)
+    server_pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    assert len(seen) == 2
+    for preloaded, env_value, parent in seen.values():
+        assert preloaded and env_value == "set after the server started" and parent == server_pid
+
+
+@pytest.mark.dask
+def test_a_variable_removed_since_the_server_started_means_spawn(fresh_forkserver, monkeypatch):
+    monkeypatch.setenv("ESPNET3_FORKSERVER_TEST", "removed later")
+    assert start_forkserver([PRELOAD])
+    monkeypatch.delenv("ESPNET3_FORKSERVER_TEST")
+    cfg = ParallelConfig(env="local", n_workers=1)
+    assert local_worker_start(cfg, {"n_workers": 1})[0] == "spawn"
+    with get_client(config=cfg) as client:
+        preloaded, env_value, parent = client.submit(_worker_view, 0, pure=False).result()
+    assert env_value is None and not preloaded and parent == os.getpid()  # spawned by the nanny here
+
+
+def test_user_env_option_wins_over_the_forwarded_environment(fresh_forkserver, monkeypatch):
+    start_forkserver()
+    monkeypatch.setenv("ESPNET3_FORKSERVER_TEST", "driver")
+    method, kwargs = local_worker_start(ParallelConfig(env="local"), {"env": {"ESPNET3_FORKSERVER_TEST": "option"}})
+    assert method == "forkserver" and kwargs["env"]["ESPNET3_FORKSERVER_TEST"] == "option"
+
+
+def test_which_configs_fork():
+    assert wants_forkserver(ParallelConfig(env="local"))
+    assert not wants_forkserver(ParallelConfig(env="local", start_method="spawn"))
+    assert not wants_forkserver(ParallelConfig(env="local", trim_worker_memory=True))  # glibc reads it at exec
+    assert not wants_forkserver(ParallelConfig(env="slurm"))
+    assert local_worker_start(ParallelConfig(env="local", start_method="spawn"), {"n_workers": 1}) == ("spawn", {"n_workers": 1})
+    with pytest.raises(ConfigError, match="start_method"):
+        ParallelConfig(start_method="fork")
