@@ -176,54 +176,44 @@ def plan_shards(
 def fingerprint_files(paths: Iterable[str], storage_options: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Cheap content fingerprints of input files: size and mtime, or the ETag on object stores.
 
-    Files are grouped by parent directory and each directory is listed once, so a 300,000-file
-    manifest costs a few directory listings, not one request per file. A missing file has
-    the fingerprint ``"missing"`` (the job reports it when it reads the file).
+    Remote files are grouped by parent directory and each directory is listed once, so a
+    300,000-file manifest costs a few listings, not one request per file. Local files get one
+    ``stat`` each (what a listing costs per entry anyway, without stat-ing the directory's other
+    files). A missing file has the fingerprint ``"missing"`` (the job reports it when it reads
+    the file).
     """
     by_dir: dict[tuple[str, str], list[str]] = defaultdict(list)
+    out: dict[str, str] = {}
     for p in set(paths):
         protocol = fsspec.core.split_protocol(p)[0] or "file"
-        by_dir[(protocol, posixpath.dirname(p) if protocol != "file" else _local_dir(p))].append(p)
-    out: dict[str, str] = {}
+        if protocol == "file":
+            entry = _local_entry(p)
+            out[p] = _entry_fingerprint(entry) if entry else "missing"
+        else:
+            by_dir[(protocol, posixpath.dirname(p))].append(p)
     fs_cache: dict[str, Any] = {}
     for (protocol, parent), members in by_dir.items():
-        if protocol == "file":
-            listing = _local_listing(parent)
-            keys = {p: os.path.basename(fsspec.core.strip_protocol(p)) for p in members}
-        else:
-            if protocol not in fs_cache:
-                fs_cache[protocol] = fsspec.filesystem(protocol, **(storage_options or {}))
-            fs = fs_cache[protocol]
-            try:
-                listing = {fs._strip_protocol(e["name"]).rstrip("/"): e for e in fs.ls(parent, detail=True)}
-            except (FileNotFoundError, NotADirectoryError, PermissionError):
-                listing = {}
-            keys = {p: fs._strip_protocol(p).rstrip("/") for p in members}
+        if protocol not in fs_cache:
+            fs_cache[protocol] = fsspec.filesystem(protocol, **(storage_options or {}))
+        fs = fs_cache[protocol]
+        try:
+            listing = {fs._strip_protocol(e["name"]).rstrip("/"): e for e in fs.ls(parent, detail=True)}
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            listing = {}
         for p in members:
-            entry = listing.get(keys[p])
+            entry = listing.get(fs._strip_protocol(p).rstrip("/"))
             out[p] = _entry_fingerprint(entry) if entry else "missing"
     return out
 
 
-def _local_listing(parent: str) -> dict[str, dict[str, Any]]:
-    """``{name: {size, mtime}}`` of a local directory from one ``scandir``: the fields of fsspec's
-    local ``info`` (so fingerprints are unchanged) at a tenth of ``ls(detail=True)``'s cost."""
-    out: dict[str, dict[str, Any]] = {}
+def _local_entry(p: str) -> dict[str, Any] | None:
+    """``{size, mtime}`` of a local file (the fields of fsspec's local ``info``, so fingerprints
+    are unchanged); ``None`` if it is missing."""
     try:
-        with os.scandir(parent) as it:
-            for e in it:
-                try:
-                    st = e.stat()  # follows symlinks, as fsspec's info does
-                except OSError:
-                    continue
-                out[e.name] = {"size": st.st_size, "mtime": st.st_mtime}
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        pass
-    return out
-
-
-def _local_dir(p: str) -> str:
-    return os.path.dirname(os.path.abspath(fsspec.core.strip_protocol(p)))
+        st = os.stat(fsspec.core.strip_protocol(p))  # follows symlinks, as fsspec's info does
+    except (OSError, ValueError):
+        return None
+    return {"size": st.st_size, "mtime": st.st_mtime}
 
 
 def _entry_fingerprint(entry: Mapping[str, Any]) -> str:

@@ -109,6 +109,7 @@ def test_fingerprint_files_local(tmp_path):
     assert first[str(a)].startswith("10:") and first[str(b)].startswith("20:")
     assert first[str(missing)] == "missing" and first[str(tmp_path / "nodir" / "c.wav")] == "missing"
     assert fingerprint_files(paths) == first  # stable
+    assert fingerprint_files([f"file://{a}"])[f"file://{a}"] == first[str(a)]  # a URL is the same file
 
     a.write_bytes(b"x" * 11)  # size change
     st = os.stat(a)
