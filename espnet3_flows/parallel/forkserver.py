@@ -6,7 +6,8 @@ runs the interpreter's full shutdown (~1 s). With Python's ``forkserver`` start 
 process imports those modules once, in the background while the driver does other work, and
 every worker is a fork of it: a worker starts in milliseconds once the server is ready, and
 exits at once. The server lives until this process exits, so later runs in the same process
-(a deployment served by a long-running worker, a test session) start their workers warm.
+(a notebook or script calling ``run_job`` again, a test session) start their workers warm.
+Prefect's process workers run each deployment run in a new process: those start cold.
 
 A forked worker inherits the server's environment, not the driver's. To keep spawn's meaning
 ("workers see the driver's environment at cluster start"), the variables added or changed since
