@@ -27,6 +27,7 @@ from espnet3_flows.orchestration.shard_tasks import (
     shard_task,
 )
 from espnet3_flows.orchestration.local_server import drain_prefect_clients
+from espnet3_flows.orchestration.settings_serialization import cache_settings_serialization
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
 from espnet3_flows.parallel.forkserver import worker_start_method
 from espnet3_flows.parallel.runner import ShardFailure
@@ -67,6 +68,7 @@ def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str
     spec = get_job(job)
     cfg = load_config(spec.schema, base=config)
     share_tls_contexts()
+    cache_settings_serialization()
     check_output_dir(_output_dir(cfg), cfg.storage_options)
     _export_api_url()
     prestart_workers(cfg.parallel, spec.worker_modules)
