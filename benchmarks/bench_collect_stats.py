@@ -46,6 +46,7 @@ CLUSTER = "engine, LocalCluster 2×1"
 TRIM_ON = " [MALLOC_TRIM_THRESHOLD_=65536: Dask's default]"
 TRIM_OFF = " [MALLOC_TRIM_THRESHOLD_ unset: as the product's clusters]"
 FLOW_TRIM = " [parallel.trim_worker_memory=true]"
+FLOW_SPAWN = " [parallel.start_method=spawn]"
 N_LARGE = 16000
 FLOW_LARGE = f"flow (Prefect + LocalCluster 2×1), cold, {N_LARGE:,} utterances"
 NUM_MEL_BINS = 80
@@ -186,20 +187,19 @@ def start_cluster(trim: bool) -> tuple[Any, Any, float]:
     return cluster, client, time.perf_counter() - t0
 
 
-def flow_config(manifest: Path, output_dir: Path, shard_size: int, trim: bool = False) -> dict[str, Any]:
-    """The plain config of a flow run on a local 2-worker cluster (``trim``: ``parallel.trim_worker_memory``)."""
-    parallel: dict[str, Any] = {"env": "local", "n_workers": common.WORKERS}
-    if trim:
-        parallel["trim_worker_memory"] = True
+def flow_config(manifest: Path, output_dir: Path, shard_size: int, parallel: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plain config of a flow run on a local 2-worker cluster; ``parallel`` adds ``parallel.*`` keys."""
+    parallel = {"env": "local", "n_workers": common.WORKERS, **(parallel or {})}
     return {"manifests": {"train": str(manifest)}, "output_dir": str(output_dir), "shard_size": shard_size,
             "parallel": parallel}
 
 
-def flow_run(manifest: Path, shard_size: int, output_dir: Path | None = None, trim: bool = False,
+def flow_run(manifest: Path, shard_size: int, output_dir: Path | None = None, parallel: dict[str, Any] | None = None,
              warm_process: bool = False) -> dict[str, Any]:
     """One ``run_job`` call; a fresh (cold) output directory unless one is given.
 
     Args:
+        parallel: Extra ``parallel.*`` keys (e.g. ``{"start_method": "spawn"}``).
         warm_process: Run as a second run in this process would: the workers' forkserver is
             already running with its modules imported. Otherwise it is stopped first, so the
             run pays its start as a fresh process (``python flows/collect_stats.py``) does.
@@ -213,7 +213,7 @@ def flow_run(manifest: Path, shard_size: int, output_dir: Path | None = None, tr
         stop_forkserver()
     out = output_dir or common.scratch("flow")
     t0, epoch0 = time.perf_counter(), time.time()
-    summary = run_job("collect_stats", flow_config(manifest, out, shard_size, trim), progress=False)["train"]
+    summary = run_job("collect_stats", flow_config(manifest, out, shard_size, parallel), progress=False)["train"]
     wall = time.perf_counter() - t0
     epoch1 = time.time()
     result = {"wall": wall, "computed": summary["shards_computed"], "cached": summary["shards_cached"],
@@ -350,13 +350,13 @@ def run(quick: bool = False) -> dict[str, Any]:
                        span=warm["phase"]["span"], compute=warm["phase"]["compute"])
             return m_cluster
 
-        def flow_variant(trim: bool) -> Any:
-            label = FLOW + (FLOW_TRIM if trim else "")
+        def flow_variant(suffix: str = "", parallel: dict[str, Any] | None = None) -> Any:
+            label = FLOW + suffix
 
             def m_flow() -> None:
-                r = flow_run(manifest, shard_size, trim=trim)
+                r = flow_run(manifest, shard_size, parallel=parallel)
                 timelines.setdefault(label, []).append(prefect_timeline(*r["epochs"]))
-                means["flow" + (" trim_worker_memory" if trim else "")] = r["mean"]
+                means["flow" + suffix] = r["mean"]
                 record(label, wall=r["wall"], span=r["phase"]["span"], compute=r["phase"]["compute"])
             return m_flow
 
@@ -370,9 +370,10 @@ def run(quick: bool = False) -> dict[str, Any]:
             r = flow_run(manifest_large, shard_size)
             record(FLOW_LARGE, n=N_LARGE, wall=r["wall"], span=r["phase"]["span"], compute=r["phase"]["compute"])
 
-        methods = [m_kernel, m_kernel2, m_lhotse_one, m_serial, cluster_variant(False), flow_variant(False)]
+        methods = [m_kernel, m_kernel2, m_lhotse_one, m_serial, cluster_variant(False), flow_variant()]
         if not quick:  # --quick is a smoke test: one lhotse and one Dask variant
-            methods += [m_lhotse_default, cluster_variant(True), flow_variant(True), m_flow_warm, m_flow_large]
+            methods += [m_lhotse_default, cluster_variant(True), flow_variant(FLOW_TRIM, {"trim_worker_memory": True}),
+                        flow_variant(FLOW_SPAWN, {"start_method": "spawn"}), m_flow_warm, m_flow_large]
         for rep in range(reps):
             k = rep % len(methods)
             for method in methods[k:] + methods[:k]:  # rotate so slow drifts of the load hit every method
@@ -474,6 +475,12 @@ def run(quick: bool = False) -> dict[str, Any]:
         + f"{two_proc:.0f} utt/s, {two_proc / ideal:.2f} of 2 × kernel): "
         + ", ".join(f"{label} {value / two_proc:.2f}" for label, value in vs_two_proc) + ".",
     ]
+    spawned = by.get(FLOW + FLOW_SPAWN)
+    if spawned:
+        notes.append(f"Workers forked from the preloaded forkserver (parallel.start_method=forkserver, the default) "
+                     f"vs spawned (start_method=spawn), cold, same run: fixed cost "
+                     f"{flow['fixed_s']['median']:.2f} s vs {spawned['fixed_s']['median']:.2f} s, end-to-end "
+                     f"{flow_e2e / spawned['utt_per_s']['median']:.2f}x the spawn throughput.")
     timeline = {method: {phase: common.spread([t[phase] for t in runs]) for phase in TIMELINE}
                 for method, runs in timelines.items()}
     return common.write_result(NAME, quick, rows, targets, notes, plot=lambda p: _plot(rows, p), shard_size=shard_size,
