@@ -137,6 +137,14 @@ def test_zero_length_audio(tmp_path, good, clean):
     _check_fail_and_skip(tmp_path, good, clean, f"bad-empty\t{path}", "bad-empty", "zero-length audio")
 
 
+def test_audio_shorter_than_one_frame(tmp_path, good, clean):
+    # 100 samples (6 ms): lhotse's framing reads past the end and torch raises a RuntimeError,
+    # which would fail the whole shard; it is a bad item like any other
+    path = tmp_path / "blip.wav"
+    sf.write(path, _tone(300, 100 / SR), SR, subtype="PCM_16")
+    _check_fail_and_skip(tmp_path, good, clean, f"bad-blip\t{path}", "bad-blip", "shorter than one fbank frame")
+
+
 def test_nan_samples(tmp_path, good, clean):
     path = tmp_path / "nan.wav"
     x = _tone(300, 0.2)

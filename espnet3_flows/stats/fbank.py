@@ -1,0 +1,128 @@
+"""lhotse's Kaldi-compatible log-mel fbank, computed per utterance in fewer passes over memory.
+
+lhotse's ``Wav2LogFilterBank`` spends about half of its time on a 4 s utterance in two
+operations that are cheap in principle: the complex ``abs()`` of the spectrum (a ``hypot`` per
+bin, then squared again) and pre-emphasis through a ``replicate`` pad of every frame. This
+module runs the same pipeline with lhotse's own framing, window and mel matrix, but takes the
+power spectrum as ``re² + im²`` and pre-emphasises in place: 1.8x faster on one core, features
+equal to lhotse's to float32 rounding (``tests/stats/test_fbank.py``). Configurations it does
+not cover (energy features, magnitude spectra) run lhotse's own ``extract``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class FbankTooShortError(ValueError):
+    """A waveform is shorter than the framing can reflect at its edges (lhotse would fail)."""
+
+
+class FastFbank:
+    """Log-mel filterbank features of lhotse's ``Fbank`` extractor, one waveform at a time.
+
+    Args:
+        extractor: A ``lhotse.Fbank``; its config (frame length and shift, window, mel banks,
+            pre-emphasis, DC removal, dither, snip_edges) defines the features.
+    """
+
+    def __init__(self, extractor: Any):
+        import torch
+
+        self.extractor = extractor
+        module = extractor.extractor
+        win = module.wav2win
+        self.sampling_rate = int(extractor.config.sampling_rate)
+        #: whether the fast path covers this config; otherwise lhotse's ``extract`` runs
+        self.fast = not module.use_energy and not module.use_fft_mag and not win.return_log_energy
+        self._length, self._shift, self._pad = int(win._length), int(win._shift), int(win.pad_length)
+        self._snip_edges = bool(win.snip_edges)
+        self._remove_dc = bool(win.remove_dc_offset)
+        self._preemph = float(win.preemph_coeff)
+        self._dither = float(win.dither)
+        self._window = win._window.detach().to(torch.float32)
+        self._bands = _mel_bands(module._fb.detach().to(torch.float32))
+        self._num_mel_bins = int(module._fb.shape[1])
+        self._eps = module._eps.detach().to(torch.float32)
+        #: fewest samples lhotse's framing takes (with fewer it reads past the waveform's end)
+        self.min_samples = _min_samples(self._length, self._shift, self._snip_edges)
+
+    def __call__(self, samples: np.ndarray) -> np.ndarray:
+        """``(frames, num_mel_bins)`` float32 features of a mono float32 waveform.
+
+        Raises:
+            FbankTooShortError: the waveform has fewer than ``min_samples`` samples.
+        """
+        import torch
+
+        wave = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+        if wave.ndim != 1:
+            raise ValueError(f"expected a mono waveform, got shape {tuple(wave.shape)}")
+        if wave.numel() < self.min_samples:
+            raise FbankTooShortError(f"audio of {wave.numel()} samples is shorter than one fbank frame needs "
+                                     f"({self.min_samples} samples at {self.sampling_rate} Hz)")
+        with torch.inference_mode():
+            if not self.fast:
+                return np.asarray(self.extractor.extract(wave.numpy(), self.sampling_rate))
+            return self._features(wave).numpy()
+
+    def _features(self, wave: Any) -> Any:
+        import torch
+        from lhotse.features.kaldi.layers import _get_strided_batch
+
+        if self._dither != 0.0:
+            wave = wave + self._dither * torch.randn(wave.shape)
+        frames = _get_strided_batch(wave[None], self._length, self._shift, self._snip_edges)[0]
+        if self._remove_dc:
+            frames = frames - frames.mean(dim=1, keepdim=True)
+        else:
+            frames = frames.contiguous()
+        if self._preemph != 0.0:
+            # x[j] - c * x[j-1], and x[0] - c * x[0] (lhotse's replicate pad), without the pad copy
+            first = frames[:, :1] - self._preemph * frames[:, :1]
+            frames[:, 1:] -= self._preemph * frames[:, :-1]
+            frames[:, :1] = first
+        padded = frames.new_zeros((frames.shape[0], self._pad))
+        torch.mul(frames, self._window, out=padded[:, :self._length])
+        spectrum = torch.view_as_real(torch.fft.rfft(padded, dim=-1)).square_()
+        power = spectrum[..., 0] + spectrum[..., 1]  # 6x faster than .sum(-1) over the pairs
+        mel = power.new_empty((self._num_mel_bins, power.shape[0]))
+        for first, last, low, high, weights in self._bands:
+            torch.matmul(weights, power[:, low:high].T, out=mel[first:last])
+        return mel.clamp_min_(self._eps).log_().T.contiguous()
+
+
+def _min_samples(length: int, shift: int, snip_edges: bool) -> int:
+    """Shortest waveform whose reflected edges lhotse's ``_get_strided_batch`` can take from it."""
+    if snip_edges:
+        return length
+    left = (length - shift) // 2
+    n = max(left, 1)
+    while True:  # a few hundred steps at most: the bound is below one frame length
+        frames = (n + shift // 2) // shift
+        if frames >= 1 and n >= (frames - 1) * shift + length - n - left:
+            return n
+        n += 1
+
+
+def _mel_bands(fb: Any, filters_per_band: int = 10) -> list[tuple[int, int, int, int, Any]]:
+    """The mel matrix ``[bins, filters]`` cut into bands of filters with their nonzero bin ranges.
+
+    Each triangular filter covers a few FFT bins, so ~87 % of lhotse's 257x80 matrix is zero;
+    multiplying each band of filters by its bin range alone does 1/8 of the work (2x faster
+    on 4 s utterances). Skipping exact zeros changes only the order of float32 additions.
+
+    Returns:
+        ``(first_filter, end_filter, low_bin, end_bin, weights[filters, bins])`` per band.
+    """
+    import torch
+
+    bands = []
+    for first in range(0, fb.shape[1], filters_per_band):
+        last = min(first + filters_per_band, fb.shape[1])
+        rows = torch.nonzero(fb[:, first:last].abs().sum(dim=1))[:, 0]
+        low, high = (int(rows[0]), int(rows[-1]) + 1) if len(rows) else (0, 1)
+        bands.append((first, last, low, high, fb[low:high, first:last].T.contiguous()))
+    return bands
