@@ -50,6 +50,7 @@ TRIM_OFF = " [MALLOC_TRIM_THRESHOLD_ unset: as the product's clusters]"
 FLOW_TRIM = " [parallel.trim_worker_memory=true]"
 FLOW_SPAWN = " [parallel.start_method=spawn]"
 KERNEL_FAST = "kernel (1 process), the job's FastFbank"
+KERNEL2_FAST = "kernel, 2 processes (measured), the job's FastFbank"
 N_LARGE = 16000
 FLOW_LARGE = f"flow (Prefect + LocalCluster 2×1), cold, {N_LARGE:,} utterances"
 NUM_MEL_BINS = 80
@@ -101,17 +102,21 @@ def _kernel_warm(_: int) -> int:
     return os.getpid()
 
 
-def _kernel_chunk(paths: Sequence[str]) -> float:
-    return kernel_loop(paths)["wall"]
+def _kernel_chunk(job: tuple[Sequence[str], bool]) -> float:
+    return kernel_loop(*job)["wall"]
 
 
-def kernel_two_processes(paths: Sequence[str]) -> float:
-    """Wall seconds of the kernel on 2 warm spawned processes, half of the data each."""
+def kernel_two_processes(paths: Sequence[str], fast: bool = False) -> float:
+    """Wall seconds of the kernel on 2 warm spawned processes, half of the data each.
+
+    Args:
+        fast: Use the job's ``FastFbank`` (see :func:`kernel_loop`).
+    """
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(common.WORKERS) as pool:
         pool.map(_kernel_warm, range(common.WORKERS), chunksize=1)
-        halves = [paths[k::common.WORKERS] for k in range(common.WORKERS)]
+        halves = [(paths[k::common.WORKERS], fast) for k in range(common.WORKERS)]
         t0 = time.perf_counter()
         pool.map(_kernel_chunk, halves, chunksize=1)
         return time.perf_counter() - t0
@@ -329,6 +334,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         def m_kernel2() -> None:
             record("kernel, 2 processes (measured)", wall=kernel_two_processes(paths))
 
+        def m_kernel2_fast() -> None:
+            record(KERNEL2_FAST, wall=kernel_two_processes(paths, fast=True))
+
         def m_lhotse_one() -> None:
             work = common.scratch("lhotse")
             r = lhotse_pipeline(paths, ids, work, one_thread=True)
@@ -388,7 +396,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             record(FLOW_LARGE, n=N_LARGE, wall=r["wall"], span=r["phase"]["span"], compute=r["phase"]["compute"],
                    page_cache_read=warm_read)
 
-        methods = [m_kernel, m_kernel_fast, m_kernel2, m_lhotse_one, m_serial, cluster_variant(False), flow_variant()]
+        methods = [m_kernel, m_kernel_fast, m_kernel2, m_kernel2_fast, m_lhotse_one, m_serial, cluster_variant(False), flow_variant()]
         if not quick:  # --quick is a smoke test: one lhotse and one Dask variant
             methods += [m_lhotse_default, cluster_variant(True), flow_variant(FLOW_TRIM, {"trim_worker_memory": True}),
                         flow_variant(FLOW_SPAWN, {"start_method": "spawn"}), m_flow_warm, m_flow_large]
@@ -509,6 +517,13 @@ def run(quick: bool = False) -> dict[str, Any]:
         + f"{two_proc:.0f} utt/s, {two_proc / ideal:.2f} of 2 × kernel): "
         + ", ".join(f"{label} {value / two_proc:.2f}" for label, value in vs_two_proc) + ".",
     ]
+    if KERNEL2_FAST in by:
+        two_fast = by[KERNEL2_FAST]["utt_per_s"]["median"]
+        notes.append(f"With the job's FastFbank the plain loop is {ideal_fast / ideal:.2f}x the lhotse kernel; two plain "
+                     f"processes of it gave {two_fast:.0f} utt/s ({two_fast / ideal_fast:.2f} of 2 × its single "
+                     "process: the faster loop moves more bytes per second, and the two cores share more). "
+                     "Against that measured 2-process FastFbank loop: "
+                     + ", ".join(f"{label} {value / two_fast:.2f}" for label, value in vs_two_proc) + ".")
     spawned = by.get(FLOW + FLOW_SPAWN)
     if spawned:
         notes.append(f"Workers forked from the preloaded forkserver (parallel.start_method=forkserver, the default) "
