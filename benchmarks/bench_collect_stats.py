@@ -521,7 +521,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         two_fast = by[KERNEL2_FAST]["utt_per_s"]["median"]
         notes.append(f"With the job's FastFbank the plain loop is {ideal_fast / ideal:.2f}x the lhotse kernel; two plain "
                      f"processes of it gave {two_fast:.0f} utt/s ({two_fast / ideal_fast:.2f} of 2 × its single "
-                     "process: the faster loop moves more bytes per second, and the two cores share more). "
+                     "process; this row swings most between runs on this shared VM). "
                      "Against that measured 2-process FastFbank loop: "
                      + ", ".join(f"{label} {value / two_fast:.2f}" for label, value in vs_two_proc) + ".")
     spawned = by.get(FLOW + FLOW_SPAWN)
