@@ -59,7 +59,10 @@ class FastFbank:
         """
         import torch
 
-        wave = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+        array = np.ascontiguousarray(samples, dtype=np.float32)
+        if not array.flags.writeable:  # torch.from_numpy warns on read-only memory
+            array = array.copy()
+        wave = torch.from_numpy(array)
         if wave.ndim != 1:
             raise ValueError(f"expected a mono waveform, got shape {tuple(wave.shape)}")
         if wave.numel() < self.min_samples:
@@ -77,10 +80,12 @@ class FastFbank:
         if self._dither != 0.0:
             wave = wave + self._dither * torch.randn(wave.shape)
         frames = _get_strided_batch(wave[None], self._length, self._shift, self._snip_edges)[0]
+        # a new tensor either way: the in-place steps below must never reach the caller's samples
+        # (with snip_edges and shift == length the frames are a plain view of them)
         if self._remove_dc:
             frames = frames - frames.mean(dim=1, keepdim=True)
         else:
-            frames = frames.contiguous()
+            frames = frames.clone(memory_format=torch.contiguous_format)
         if self._preemph != 0.0:
             # x[j] - c * x[j-1], and x[0] - c * x[0] (lhotse's replicate pad), without the pad copy
             first = frames[:, :1] - self._preemph * frames[:, :1]

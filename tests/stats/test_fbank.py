@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -89,6 +91,21 @@ def test_min_samples_is_where_lhotse_stops_working(snip_edges):
     with pytest.raises(FbankTooShortError, match=f"{fbank.min_samples - 1} samples is shorter"):
         fbank(shortest[:-1])
     assert issubclass(FbankTooShortError, ValueError)  # a bad item, subject to on_error
+
+
+@pytest.mark.filterwarnings("ignore:.*snip_edges")
+def test_the_input_is_never_modified_and_may_be_read_only():
+    # snip_edges with shift == length makes the frames a plain view of the samples
+    config = FbankConfig(dither=0.0, snip_edges=True, frame_shift=0.025, remove_dc_offset=False)
+    extractor, fbank = Fbank(config), FastFbank(Fbank(config))
+    wave = np.random.default_rng(3).standard_normal(16000).astype(np.float32)
+    kept = wave.copy()
+    np.testing.assert_allclose(fbank(wave), extractor.extract(kept, 16000), rtol=0, atol=ATOL)
+    np.testing.assert_array_equal(wave, kept)
+    wave.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(fbank(wave), extractor.extract(kept, 16000), rtol=0, atol=ATOL)
 
 
 def test_rejects_multichannel_input():
