@@ -82,7 +82,7 @@ def kernel_loop(paths: Sequence[str], fast: bool = False) -> dict[str, Any]:
     from espnet3_flows.stats.fbank import FastFbank
 
     lhotse_fbank = _extractor()
-    extract = FastFbank(lhotse_fbank) if fast else (lambda wave: lhotse_fbank.extract(wave, 16000))
+    extract = FastFbank(lhotse_fbank) if fast else (lambda wave: lhotse_fbank.extract(wave, common.SAMPLE_RATE))
     total = np.zeros(NUM_MEL_BINS)
     total_sq = np.zeros(NUM_MEL_BINS)
     frames = 0
@@ -498,9 +498,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "same plain loop with it, so 'vs 2 × the FastFbank kernel' is the parallel efficiency alone.",
         "Every row reads its audio from the page cache, as the kernel does: the large-corpus flow row reads its "
         "files once, untimed, right before its run (this VM reclaims pages left untouched for a while). "
-        + (f"That read took {by[FLOW_LARGE]['page_cache_read_s']['median']:.1f} s. " if FLOW_LARGE in by else "")
-        + "Without it (commit f892888's run of this benchmark) the row's steady state was 1,170 utt/s against "
-        "1,727 for the 2,000 warm files.",
+        + (f"That read took {by[FLOW_LARGE]['page_cache_read_s']['median']:.1f} s." if FLOW_LARGE in by else ""),
         "The Prefect API server start is paid once per session (zero with a running server) and is not in the "
         "flow's wall time.",
         "lhotse stores features with NumpyFilesWriter (its default here: lilcom is not installed) and reads them "

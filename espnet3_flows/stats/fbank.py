@@ -32,13 +32,15 @@ class FastFbank:
 
     def __init__(self, extractor: Any):
         import torch
+        from lhotse.features.kaldi.layers import _get_strided_batch
 
         self.extractor = extractor
         module = extractor.extractor
         win = module.wav2win
         self.sampling_rate = int(extractor.config.sampling_rate)
         #: whether the fast path covers this config; otherwise lhotse's ``extract`` runs
-        self.fast = not module.use_energy and not module.use_fft_mag and not win.return_log_energy
+        self.fast = not module.use_energy and not module.use_fft_mag
+        self._frame = _get_strided_batch
         self._length, self._shift, self._pad = int(win._length), int(win._shift), int(win.pad_length)
         self._snip_edges = bool(win.snip_edges)
         self._remove_dc = bool(win.remove_dc_offset)
@@ -75,11 +77,10 @@ class FastFbank:
 
     def _features(self, wave: Any) -> Any:
         import torch
-        from lhotse.features.kaldi.layers import _get_strided_batch
 
         if self._dither != 0.0:
             wave = wave + self._dither * torch.randn(wave.shape)
-        frames = _get_strided_batch(wave[None], self._length, self._shift, self._snip_edges)[0]
+        frames = self._frame(wave[None], self._length, self._shift, self._snip_edges)[0]
         # a new tensor either way: the in-place steps below must never reach the caller's samples
         # (with snip_edges and shift == length the frames are a plain view of them)
         if self._remove_dc:

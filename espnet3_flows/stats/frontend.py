@@ -74,11 +74,9 @@ class FbankFrontend:
 
         from espnet3_flows.stats.fbank import FastFbank
 
-        self.sampling_rate = cfg.sampling_rate
-        self.extractor = Fbank(FbankConfig(sampling_rate=cfg.sampling_rate, num_mel_bins=cfg.num_mel_bins,
-                                           frame_shift=cfg.frame_shift, frame_length=cfg.frame_length,
-                                           dither=cfg.dither))
-        self.fbank = FastFbank(self.extractor)
+        self.fbank = FastFbank(Fbank(FbankConfig(sampling_rate=cfg.sampling_rate, num_mel_bins=cfg.num_mel_bins,
+                                                 frame_shift=cfg.frame_shift, frame_length=cfg.frame_length,
+                                                 dither=cfg.dither)))
 
     def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
         return [self.fbank(w) for w in waves]
