@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
-import io
+import hashlib
 import json
+import re
+import zlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import fsspec
 
 ON_ERROR_POLICIES = ("fail", "skip")
 _UNSAFE_CHARS = {"/", "\\", "\0", "\n", "\r", "\t", " "}
+#: ids made only of these, not starting with "-" or ".", without "..": safe at once
+_SAFE_ID = re.compile(r"(?!-)(?!\.)(?!.*\.\.)[A-Za-z0-9_.:+=@,%-]+")
 
 
 class ManifestError(ValueError):
@@ -97,6 +102,8 @@ def validate_utt_id(utt_id: str) -> str:
     Raises:
         ValueError: naming the id and the reason.
     """
+    if _SAFE_ID.fullmatch(utt_id) and len(utt_id) <= 63:  # the common case, in one regex match
+        return utt_id
     if not utt_id:
         raise ValueError("empty utterance id")
     bad = sorted(c for c in set(utt_id) if c in _UNSAFE_CHARS or ord(c) < 32 or ord(c) == 127)
@@ -116,55 +123,133 @@ def is_lhotse_manifest(path: str) -> bool:
     return path.endswith(".jsonl") or path.endswith(".jsonl.gz")
 
 
+BOM = b"\xef\xbb\xbf"
+
+
+def iter_manifest_lines(path: str, split: str = "",
+                        storage_options: Mapping[str, Any] | None = None) -> Iterator[tuple[int, int, bytes]]:
+    """Stream a manifest's raw lines as ``(line number, byte offset after the line, bytes)``.
+
+    Offsets count bytes of the decompressed text (``.gz`` manifests are decompressed on the
+    fly), so ``[end of line k, end of line m)`` is the byte range of lines ``k+1..m``.
+
+    Raises:
+        ManifestError: the file is missing, unreadable, or not the gzip its name says, naming
+            split and file.
+    """
+    try:
+        with contextlib.ExitStack() as stack:
+            raw = stack.enter_context(fsspec.open(path, "rb", **(storage_options or {})))
+            stream = stack.enter_context(gzip.GzipFile(fileobj=raw)) if path.endswith(".gz") else raw
+            end = 0
+            for lineno, bline in enumerate(stream, start=1):
+                end += len(bline)
+                yield lineno, end, bline
+    except FileNotFoundError:
+        raise ManifestError(f"split {split!r}: manifest not found: {path}") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise ManifestError(f"split {split!r}: manifest {path} is not a valid gzip file: {exc}") from None
+    except ManifestError:
+        raise
+    except IsADirectoryError:
+        raise ManifestError(f"split {split!r}: manifest {path} is a directory") from None
+    except Exception as exc:  # noqa: BLE001 - remote back ends raise many types
+        raise ManifestError(f"split {split!r}: cannot read manifest {path}: {type(exc).__name__}: {exc}") from exc
+
+
+class ManifestLineError(ValueError):
+    """One manifest line is unusable (the caller adds split, file and line)."""
+
+    def __init__(self, problem: str, utt_id: str = ""):
+        super().__init__(problem)
+        self.utt_id = utt_id
+
+
+def parse_manifest_line(bline: bytes, lineno: int, lhotse: bool) -> Utterance | None:
+    """Parse one raw manifest line; ``None`` for a blank or ``#`` comment line.
+
+    A UTF-8 byte-order mark at the start of line 1 is dropped.
+
+    Raises:
+        ManifestLineError: undecodable bytes, a malformed line or an unsafe id.
+    """
+    if lineno == 1 and bline.startswith(BOM):
+        bline = bline[len(BOM):]
+    try:
+        line = bline.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        uid = "" if lhotse else bline.split(b"\t", 1)[0].decode("utf-8", "backslashreplace")
+        raise ManifestLineError(f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})", uid) from None
+    if not line.strip() or line.startswith("#"):
+        return None
+    try:
+        utt = _parse_lhotse_line(line, lineno) if lhotse else _parse_tsv_line(line, lineno)
+        validate_utt_id(utt.utt_id)
+    except ValueError as exc:
+        raise ManifestLineError(str(exc), "" if lhotse else line.split("\t", 1)[0]) from None
+    return utt
+
+
+def planning_fields(bline: bytes, lineno: int, lhotse: bool) -> tuple[str, str] | None:
+    """``(utt_id, audio path)`` of a manifest line for planning; ``None`` for blank or comment lines.
+
+    The common TSV line takes one split and one regex match; anything else goes through
+    :func:`parse_manifest_line` (same checks, same errors).
+
+    Raises:
+        ManifestLineError: as :func:`parse_manifest_line`.
+    """
+    if not lhotse and (lineno > 1 or not bline.startswith(BOM)):
+        try:
+            cells = bline.decode("utf-8").rstrip("\r\n").split("\t")
+        except UnicodeDecodeError:
+            cells = []
+        if 2 <= len(cells) <= 4 and cells[1] and len(cells[0]) <= 63 and _SAFE_ID.fullmatch(cells[0]):
+            return cells[0], cells[1]
+    utt = parse_manifest_line(bline, lineno, lhotse)
+    return None if utt is None else (utt.utt_id, utt.path)
+
+
+def line_error(split: str, path: str, lineno: int, exc: ManifestLineError) -> str:
+    """The message of a bad manifest line: ``split 'x': file:line: utt 'id': problem``."""
+    return f"split {split!r}: {path}:{lineno}: " + (f"utt {exc.utt_id!r}: " if exc.utt_id else "") + str(exc)
+
+
 def read_manifest(
     path: str,
     split: str = "",
     on_error: str = "fail",
     storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[list[Utterance], list[SkippedItem]]:
-    """Read a TSV (``utt_id<TAB>wav_path[<TAB>text[<TAB>speaker_id]]``) or lhotse CutSet manifest.
+    """Read a whole TSV (``utt_id<TAB>wav_path[<TAB>text[<TAB>speaker_id]]``) or lhotse CutSet manifest.
 
-    Blank lines and lines starting with ``#`` are ignored. Malformed lines, unsafe or
-    duplicate ids and undecodable bytes raise :class:`ManifestError` naming the split, file
-    and line, or are returned as skipped items under ``on_error="skip"``. A manifest with
-    no usable line is always an error.
+    For small manifests and tools; jobs stream manifests into shard plans instead
+    (:mod:`espnet3_flows.manifest_plan`). Blank lines and lines starting with ``#`` are
+    ignored. Malformed lines, unsafe or duplicate ids and undecodable bytes raise
+    :class:`ManifestError` naming the split, file and line, or are returned as skipped items
+    under ``on_error="skip"``. A manifest with no usable line is always an error.
 
     Returns:
         The utterances in manifest order and the skipped lines.
     """
     if on_error not in ON_ERROR_POLICIES:
         raise ValueError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
-    try:
-        with fsspec.open(path, "rb", **(storage_options or {})) as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise ManifestError(f"split {split!r}: manifest not found: {path}") from None
-    except Exception as exc:  # noqa: BLE001 - remote back ends raise many types
-        raise ManifestError(f"split {split!r}: cannot read manifest {path}: {exc}") from exc
-    if path.endswith(".gz"):
-        raw = gzip.decompress(raw)
-    parse = _parse_lhotse_line if is_lhotse_manifest(path) else _parse_tsv_line
+    lhotse = is_lhotse_manifest(path)
     utts: list[Utterance] = []
     skipped: list[SkippedItem] = []
     seen: dict[str, int] = {}
-    for lineno, bline in enumerate(io.BytesIO(raw), start=1):
+    for lineno, _, bline in iter_manifest_lines(path, split, storage_options):
         try:
-            line = bline.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as exc:
-            problem = f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})"
-            uid = "" if is_lhotse_manifest(path) else bline.split(b"\t", 1)[0].decode("utf-8", "backslashreplace")
-            _fail_or_skip(on_error, skipped, split, path, lineno, uid, "", problem)
-            continue
-        if not line.strip() or line.startswith("#"):
-            continue
-        try:
-            utt = parse(line, lineno)
-            validate_utt_id(utt.utt_id)
+            utt = parse_manifest_line(bline, lineno, lhotse)
+            if utt is None:
+                continue
             if utt.utt_id in seen:
-                raise ValueError(f"duplicate utterance id {utt.utt_id!r} (first on line {seen[utt.utt_id]})")
-        except ValueError as exc:
-            uid = line.split("\t", 1)[0] if not is_lhotse_manifest(path) else ""
-            _fail_or_skip(on_error, skipped, split, path, lineno, uid, "", str(exc))
+                raise ManifestLineError(f"duplicate utterance id {utt.utt_id!r} (first on line {seen[utt.utt_id]})",
+                                        utt.utt_id)
+        except ManifestLineError as exc:
+            if on_error == "fail":
+                raise ManifestError(line_error(split, path, lineno, exc)) from None
+            skipped.append(SkippedItem(split, exc.utt_id, lineno, "", f"manifest: {exc}"))
             continue
         seen[utt.utt_id] = lineno
         utts.append(utt)
@@ -173,12 +258,44 @@ def read_manifest(
     return utts, skipped
 
 
-def _fail_or_skip(on_error: str, skipped: list[SkippedItem], split: str, path: str, lineno: int,
-                  utt_id: str, audio: str, problem: str) -> None:
-    msg = f"split {split!r}: {path}:{lineno}: " + (f"utt {utt_id!r}: " if utt_id else "") + problem
-    if on_error == "fail":
-        raise ManifestError(msg)
-    skipped.append(SkippedItem(split, utt_id, lineno, audio, f"manifest: {problem}"))
+def read_manifest_slice(source: Mapping[str, Any], split: str = "",
+                        storage_options: Mapping[str, Any] | None = None) -> list[Utterance]:
+    """The utterances of one shard: a byte range of a manifest (what a worker reads, nothing more).
+
+    Args:
+        source: ``{"path", "start", "end", "line", "skip", "sha256"}`` as planned by
+            :func:`espnet3_flows.manifest_plan.plan_manifest`: bytes ``[start, end)`` of the
+            (decompressed) manifest, the number of their first line, lines left out (skipped
+            or duplicate), and the digest of the bytes.
+
+    Raises:
+        ManifestError: the bytes changed since planning (the manifest was edited: rerun).
+    """
+    path, start, end = str(source["path"]), int(source["start"]), int(source["end"])
+    try:
+        fs, fpath = fsspec.core.url_to_fs(path, **(storage_options or {}))
+        data = fs.cat_file(fpath, start=start, end=end)
+    except FileNotFoundError:
+        raise ManifestError(f"split {split!r}: manifest not found: {path}") from None
+    if hashlib.sha256(data).hexdigest() != source["sha256"]:
+        raise ManifestError(f"split {split!r}: manifest {path} changed since the run was planned "
+                            f"(bytes {start}-{end}); rerun to plan it again")
+    skip = set(source.get("skip") or ())
+    lhotse = bool(source.get("lhotse", is_lhotse_manifest(path)))
+    utts = []
+    lines = data.split(b"\n")  # as a file iterates: on "\n" only (bytes.splitlines would split on "\r")
+    if lines and not lines[-1]:
+        lines.pop()
+    for lineno, bline in enumerate(lines, start=int(source["line"])):
+        if lineno in skip:
+            continue
+        try:
+            utt = parse_manifest_line(bline, lineno, lhotse)
+        except ManifestLineError as exc:
+            raise ManifestError(line_error(split, path, lineno, exc)) from None
+        if utt is not None:
+            utts.append(utt)
+    return utts
 
 
 def _parse_tsv_line(line: str, lineno: int) -> Utterance:

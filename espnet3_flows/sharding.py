@@ -1,21 +1,23 @@
-"""Shard plans: fixed-size, content-addressed chunks of a job's items in input order."""
+"""Shard plans: content-defined, content-addressed chunks of a job's items in input order.
+
+A shard boundary falls after an item whose identity hash meets a condition (with bounded
+minimum and maximum sizes around ``shard_size``), so inserting or deleting items changes only
+the shards that contain them (and rarely a neighbour): a sorted Kaldi/ESPnet data directory
+that grows in the middle keeps every other shard and its outputs.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import posixpath
-from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
-
-import fsspec
 
 from espnet3_flows import __version__
 
 #: Bump when the on-disk meaning of a shard's outputs changes, so old shards recompute.
-FORMAT_VERSION = "1"
+#: 2: content-defined boundaries; per-utterance rows live in shard files, not done records.
+FORMAT_VERSION = "2"
 
 
 def canonical_json(obj: Any) -> str:
@@ -38,23 +40,43 @@ def shard_name(index: int) -> str:
     return f"split.{index}"
 
 
+def id_hash64(key: str) -> int:
+    """A 64-bit hash of an item's identity: decides shard boundaries and finds duplicate ids."""
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def shard_size_bounds(shard_size: int) -> tuple[int, int, int]:
+    """``(minimum, maximum, period)`` of content-defined shards averaging ``shard_size`` items.
+
+    After ``minimum`` items, a shard ends after each item whose identity hash is divisible by
+    ``period`` (a geometric wait with mean ``period``), and at ``maximum`` items regardless.
+    """
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    lo = (shard_size + 1) // 2
+    return lo, 2 * shard_size, shard_size - lo + 1
+
+
 @dataclass(frozen=True)
 class Shard:
-    """One chunk ``[start, stop)`` of the positions of a job's item list.
+    """One chunk of a job's items: positions ``[start, stop)`` of the plan.
 
     Attributes:
         index: Position of the shard in the plan; names its directory ``split.{index}``.
         start: First item position (inclusive).
         stop: Last item position (exclusive).
         hash: Content hash over the items' keys, the job config and the code salt.
-        indices: The job's item indices in this shard (what ``forward`` receives).
+        source: Where a worker reads this shard's items (JSON-able, job-defined: e.g. a byte
+            range of a manifest); ``None`` when items are plain indices.
+        indices: The item indices ``forward`` receives when they are not ``range(start, stop)``.
     """
 
     index: int
     start: int
     stop: int
     hash: str
-    indices: tuple[int, ...] = field(repr=False, default=())
+    source: Mapping[str, Any] | None = field(default=None, repr=False, compare=False, hash=False)
+    indices: tuple[int, ...] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -66,22 +88,26 @@ class Shard:
         """Number of items in the shard."""
         return self.stop - self.start
 
+    @property
+    def items(self) -> Sequence[int]:
+        """The item indices of this shard, in order."""
+        return self.indices if self.indices is not None else range(self.start, self.stop)
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict (indices as a list of ints)."""
-        d = asdict(self)
-        if list(self.indices) == list(range(self.start, self.stop)):
-            del d["indices"]  # the common case; keeps a 300k-item plan small
-        else:
+        """Plain JSON-able dict."""
+        d: dict[str, Any] = {"index": self.index, "start": self.start, "stop": self.stop, "hash": self.hash}
+        if self.source is not None:
+            d["source"] = dict(self.source)
+        if self.indices is not None:
             d["indices"] = [int(i) for i in self.indices]
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Shard":
         """Inverse of :meth:`to_dict`."""
-        start, stop = int(d["start"]), int(d["stop"])
         indices = d.get("indices")
-        return cls(int(d["index"]), start, stop, str(d["hash"]),
-                   tuple(int(i) for i in indices) if indices is not None else tuple(range(start, stop)))
+        return cls(int(d["index"]), int(d["start"]), int(d["stop"]), str(d["hash"]), d.get("source"),
+                   tuple(int(i) for i in indices) if indices is not None else None)
 
 
 @dataclass(frozen=True)
@@ -90,7 +116,7 @@ class ShardPlan:
 
     Attributes:
         shards: The shards in item order.
-        shard_size: Items per shard (the last shard may be smaller).
+        shard_size: Mean items per shard (content-defined: between about half and twice that).
         config_hash: Digest of the job config that affects outputs.
         salt: Code-version salt.
     """
@@ -132,94 +158,74 @@ def shards_digest(hashes: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
 
 
+class ShardCutter:
+    """Streams items into content-defined shards and hashes each one.
+
+    Feed items in order with :meth:`add`; it returns ``True`` when the item closes a shard,
+    whose hash :meth:`close` then returns. A shard's hash covers its items' keys, the job
+    config and the code salt, never its position, so unchanged shards keep their hash.
+
+    Args:
+        shard_size: Mean items per shard (see :func:`shard_size_bounds`).
+        config_hash: Digest of the job config that affects outputs.
+        salt: Code-version salt.
+    """
+
+    def __init__(self, shard_size: int, config_hash: str, salt: str):
+        self.min_items, self.max_items, self.period = shard_size_bounds(shard_size)
+        self._prefix = salt.encode() + b"\0" + config_hash.encode()
+        self._hash = hashlib.sha256(self._prefix)
+        self.count = 0
+
+    def add(self, cut_hash: int, key: str | bytes) -> bool:
+        """Add one item (its identity hash and its key); ``True`` when the shard ends after it."""
+        self._hash.update(b"\0" + (key if isinstance(key, bytes) else key.encode("utf-8", "surrogatepass")))
+        self.count += 1
+        return self.count >= self.max_items or (self.count >= self.min_items and cut_hash % self.period == 0)
+
+    def close(self) -> tuple[str, int]:
+        """End the current shard: its hash and item count (the cutter starts a new shard)."""
+        out = (self._hash.hexdigest(), self.count)
+        self._hash = hashlib.sha256(self._prefix)
+        self.count = 0
+        return out
+
+
 def plan_shards(
     item_keys: Sequence[str],
     shard_size: int,
     config: Mapping[str, Any] | None = None,
     salt: str | None = None,
     indices: Sequence[int] | None = None,
+    cut_keys: Sequence[str] | None = None,
 ) -> ShardPlan:
-    """Cut items into fixed-size shards in input order and hash each one.
-
-    A shard's hash covers its items' keys (identity plus fingerprint), the job config and
-    the code salt, but not its position: appending items leaves earlier full shards'
-    hashes unchanged, and the worker count never changes the plan.
+    """Cut items into content-defined shards in input order and hash each one.
 
     Args:
         item_keys: One string per item, e.g. ``"utt1\\t/data/a.wav\\t32044:1700000000"``.
-        shard_size: Items per shard (>= 1).
+        shard_size: Mean items per shard (>= 1).
         config: The job config that affects outputs.
         salt: Code-version salt; :func:`code_salt` by default.
         indices: The item indices ``forward`` will receive; ``range(len(item_keys))`` by default.
+        cut_keys: Item identities that decide boundaries (e.g. utterance ids); the item keys
+            by default.
     """
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
-    idx = list(range(len(item_keys))) if indices is None else [int(i) for i in indices]
-    if len(idx) != len(item_keys):
-        raise ValueError("indices and item_keys must have the same length")
     salt = code_salt() if salt is None else salt
     config_hash = digest(config or {})
-    shards = []
-    for n, start in enumerate(range(0, len(item_keys), shard_size)):
-        stop = min(start + shard_size, len(item_keys))
-        h = hashlib.sha256()
-        h.update(salt.encode())
-        h.update(b"\0")
-        h.update(config_hash.encode())
-        for key in item_keys[start:stop]:
-            h.update(b"\0")
-            h.update(key.encode("utf-8", "surrogatepass"))
-        shards.append(Shard(n, start, stop, h.hexdigest(), tuple(idx[start:stop])))
+    cutter = ShardCutter(shard_size, config_hash, salt)
+    idx = None if indices is None else tuple(int(i) for i in indices)
+    if idx is not None and len(idx) != len(item_keys):
+        raise ValueError("indices and item_keys must have the same length")
+    if cut_keys is not None and len(cut_keys) != len(item_keys):
+        raise ValueError("cut_keys and item_keys must have the same length")
+    contiguous = idx is None or idx == tuple(range(len(idx)))
+    shards: list[Shard] = []
+    start = 0
+    for pos, key in enumerate(item_keys):
+        if cutter.add(id_hash64(cut_keys[pos] if cut_keys is not None else key), key) or pos == len(item_keys) - 1:
+            h, n = cutter.close()
+            stop = start + n
+            shards.append(Shard(len(shards), start, stop, h, None,
+                                None if contiguous else idx[start:stop]))  # type: ignore[index]
+            start = stop
     return ShardPlan(tuple(shards), shard_size, config_hash, salt)
-
-
-def fingerprint_files(paths: Iterable[str], storage_options: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """Cheap content fingerprints of input files: size and mtime, or the ETag on object stores.
-
-    Remote files are grouped by parent directory and each directory is listed once, so a
-    300,000-file manifest costs a few listings, not one request per file. Local files get one
-    ``stat`` each (what a listing costs per entry anyway, without stat-ing the directory's other
-    files). A missing file has the fingerprint ``"missing"`` (the job reports it when it reads
-    the file).
-    """
-    by_dir: dict[tuple[str, str], list[str]] = defaultdict(list)
-    out: dict[str, str] = {}
-    for p in set(paths):
-        protocol = fsspec.core.split_protocol(p)[0] or "file"
-        if protocol == "file":
-            entry = _local_entry(p)
-            out[p] = _entry_fingerprint(entry) if entry else "missing"
-        else:
-            by_dir[(protocol, posixpath.dirname(p))].append(p)
-    fs_cache: dict[str, Any] = {}
-    for (protocol, parent), members in by_dir.items():
-        if protocol not in fs_cache:
-            fs_cache[protocol] = fsspec.filesystem(protocol, **(storage_options or {}))
-        fs = fs_cache[protocol]
-        try:
-            listing = {fs._strip_protocol(e["name"]).rstrip("/"): e for e in fs.ls(parent, detail=True)}
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            listing = {}
-        for p in members:
-            entry = listing.get(fs._strip_protocol(p).rstrip("/"))
-            out[p] = _entry_fingerprint(entry) if entry else "missing"
-    return out
-
-
-def _local_entry(p: str) -> dict[str, Any] | None:
-    """``{size, mtime}`` of a local file (the fields of fsspec's local ``info``, so fingerprints
-    are unchanged); ``None`` if it is missing."""
-    try:
-        st = os.stat(fsspec.core.strip_protocol(p))  # follows symlinks, as fsspec's info does
-    except (OSError, ValueError):
-        return None
-    return {"size": st.st_size, "mtime": st.st_mtime}
-
-
-def _entry_fingerprint(entry: Mapping[str, Any]) -> str:
-    etag = entry.get("ETag") or entry.get("etag")
-    size = entry.get("size")
-    if etag:
-        return f"{size}:{str(etag).strip(chr(34))}"
-    mtime = entry.get("mtime") or entry.get("LastModified") or entry.get("created")
-    return f"{size}:{mtime}"

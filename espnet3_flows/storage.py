@@ -19,13 +19,29 @@ class StorageError(RuntimeError):
     """The output location cannot be read or written."""
 
 
+def _is_secret_key(key: str) -> bool:
+    k = key.lower()
+    return any(w in k for w in _SECRET_WORDS) and "endpoint" not in k
+
+
+def has_secrets(options: Mapping[str, Any] | None) -> bool:
+    """Whether fsspec storage options (possibly nested) hold a non-empty credential value."""
+    for k, v in (options or {}).items():
+        if isinstance(v, Mapping):
+            if has_secrets(v):
+                return True
+        elif _is_secret_key(str(k)) and v not in (None, "", "***"):
+            return True
+    return False
+
+
 def redact(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """Return a copy of fsspec storage options with credentials replaced by ``***``."""
     out: dict[str, Any] = {}
     for k, v in (options or {}).items():
         if isinstance(v, Mapping):
             out[k] = redact(v)
-        elif any(w in k.lower() for w in _SECRET_WORDS) and "endpoint" not in k.lower():
+        elif _is_secret_key(str(k)):
             out[k] = "***"
         else:
             out[k] = v

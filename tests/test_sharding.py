@@ -1,136 +1,126 @@
-"""Shard plans: fixed-size content-addressed shards, stable under appends, JSON round trip, file fingerprints."""
+"""Shard plans: content-defined, content-addressed shards, stable under insertions and appends, JSON round trip."""
 
 from __future__ import annotations
 
 import json
-import os
-import uuid
+import random
 
-import fsspec
 import numpy as np
 import pytest
 
 from espnet3_flows.sharding import (
     Shard,
+    ShardCutter,
     ShardPlan,
     canonical_json,
     code_salt,
     digest,
-    fingerprint_files,
     plan_shards,
+    shard_size_bounds,
 )
 
 
 def _keys(n: int, start: int = 0) -> list[str]:
-    return [f"utt{i:04d}\t/data/{i}.wav\t{1000 + i}:1700000000.5" for i in range(start, start + n)]
+    return [f"utt{i:06d}\t/data/{i}.wav\t{1000 + i}:1700000000" for i in range(start, start + n)]
 
 
-def test_fixed_size_shards_in_input_order():
-    plan = plan_shards(_keys(10), 4, {"a": 1})
-    assert [(s.index, s.start, s.stop, s.num_items, s.name) for s in plan.shards] == [
-        (0, 0, 4, 4, "split.0"), (1, 4, 8, 4, "split.1"), (2, 8, 10, 2, "split.2")]
-    assert [s.indices for s in plan.shards] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9)]
-    assert plan.num_items == 10 and plan.shard_size == 4
-    assert plan.config_hash == digest({"a": 1}) and plan.salt == code_salt()
-    assert len({s.hash for s in plan.shards}) == 3 and all(len(s.hash) == 64 for s in plan.shards)
+def test_shards_cover_items_in_order_within_size_bounds():
+    plan = plan_shards(_keys(5000), 100, {"a": 1})
+    lo, hi, _ = shard_size_bounds(100)
+    assert plan.shards[0].start == 0 and plan.num_items == 5000
+    assert all(a.stop == b.start for a, b in zip(plan.shards, plan.shards[1:]))
+    assert all(lo <= s.num_items <= hi for s in plan.shards[:-1]) and 1 <= plan.shards[-1].num_items <= hi
+    assert [s.index for s in plan.shards] == list(range(len(plan.shards)))
+    assert plan.shards[3].name == "split.3" and list(plan.shards[1].items) == list(range(plan.shards[1].start,
+                                                                                          plan.shards[1].stop))
+    assert 0.7 < 5000 / len(plan.shards) / 100 < 1.3  # about shard_size on average
+
+
+def test_size_bounds():
+    assert shard_size_bounds(1) == (1, 2, 1)  # every item ends a shard
+    assert [s.num_items for s in plan_shards(_keys(7), 1).shards] == [1] * 7
+    assert shard_size_bounds(1000) == (500, 2000, 501)
+    with pytest.raises(ValueError):
+        shard_size_bounds(0)
     assert plan_shards([], 4).shards == () and plan_shards([], 4).num_items == 0
-    with pytest.raises(ValueError, match="shard_size must be >= 1"):
+    with pytest.raises(ValueError):
         plan_shards(_keys(3), 0)
-    with pytest.raises(ValueError, match="same length"):
+    with pytest.raises(ValueError):
         plan_shards(_keys(3), 2, indices=[0, 1])
 
 
-def test_plans_are_deterministic_and_do_not_depend_on_config_key_order():
-    a = plan_shards(_keys(9), 4, {"x": 1, "y": {"b": 2, "a": 3}})
-    b = plan_shards(list(_keys(9)), 4, {"y": {"a": 3, "b": 2}, "x": 1})
-    assert a == b
-    assert canonical_json({"b": 1, "a": [1, 2]}) == '{"a":[1,2],"b":1}'
+def test_insertions_and_deletions_change_only_the_shards_that_hold_them():
+    rng = random.Random(0)
+    keys = _keys(20000)
+    base = plan_shards(keys, 200, {"c": 1})
+    old = {s.hash for s in base.shards}
+    inserted = sorted(keys + [k.replace("\t", "x\t", 1) for k in rng.sample(keys, 200)])  # 1 %, sorted in
+    after = plan_shards(inserted, 200, {"c": 1})
+    receiving = set()
+    pos = {k: i for i, k in enumerate(inserted)}
+    for k in inserted:
+        if "x\t" in k:
+            receiving.update(s.index for s in after.shards if s.start <= pos[k] < s.stop)
+    changed = [s for s in after.shards if s.hash not in old]
+    assert len(changed) <= len(receiving) + 2, (len(changed), len(receiving))
+    removed = plan_shards(keys[:5000] + keys[5001:], 200, {"c": 1})
+    assert sum(s.hash not in old for s in removed.shards) <= 2
 
 
-def test_appending_items_keeps_earlier_full_shards():
-    before = plan_shards(_keys(10), 4, {"cfg": 1})
-    after = plan_shards(_keys(15), 4, {"cfg": 1})
-    assert [s.hash for s in after.shards[:2]] == [s.hash for s in before.shards[:2]]
-    assert after.shards[2].hash != before.shards[2].hash  # the partial shard grew
-    assert len(after.shards) == 4
-    exactly_full = plan_shards(_keys(8), 4, {"cfg": 1})
-    assert [s.hash for s in exactly_full.shards] == [s.hash for s in after.shards[:2]]
+def test_appending_keeps_every_closed_shard():
+    before = plan_shards(_keys(3000), 100, {"cfg": 1})
+    after = plan_shards(_keys(3300), 100, {"cfg": 1})
+    assert [s.hash for s in after.shards[:len(before.shards) - 1]] == [s.hash for s in before.shards[:-1]]
 
 
-def test_config_and_salt_changes_change_every_hash():
-    base = plan_shards(_keys(10), 4, {"num_mel_bins": 80})
-    other_cfg = plan_shards(_keys(10), 4, {"num_mel_bins": 40})
-    other_salt = plan_shards(_keys(10), 4, {"num_mel_bins": 80}, salt=code_salt("v2"))
-    for other in (other_cfg, other_salt):
-        assert all(a.hash != b.hash for a, b in zip(base.shards, other.shards))
+def test_hash_is_content_addressed_and_config_sensitive():
+    a = plan_shards(_keys(900), 40, {"x": 1, "y": {"b": 2, "a": 3}})
+    b = plan_shards(list(_keys(900)), 40, {"y": {"a": 3, "b": 2}, "x": 1})
+    assert [s.hash for s in a.shards] == [s.hash for s in b.shards] and a.digest == b.digest
+    base = plan_shards(_keys(900), 40, {"num_mel_bins": 80})
+    other_cfg = plan_shards(_keys(900), 40, {"num_mel_bins": 40})
+    other_salt = plan_shards(_keys(900), 40, {"num_mel_bins": 80}, salt=code_salt("v2"))
+    assert not {s.hash for s in base.shards} & {s.hash for s in other_cfg.shards}
+    assert not {s.hash for s in base.shards} & {s.hash for s in other_salt.shards}
+    assert canonical_json({"b": 1, "a": [1, 2]}) == '{"a":[1,2],"b":1}' and len(digest({})) == 64
 
 
-def test_a_changed_item_changes_only_its_shard():
-    keys = _keys(12)
-    base = plan_shards(keys, 4)
-    keys[5] = keys[5].replace("1005:", "2005:")  # new size: the file changed
-    changed = plan_shards(keys, 4)
-    assert [a.hash == b.hash for a, b in zip(base.shards, changed.shards)] == [True, False, True]
+def test_a_changed_fingerprint_changes_only_its_shard():
+    keys = _keys(900)
+    base = plan_shards(keys, 40)
+    keys[450] = keys[450].replace(":1700000000", ":1700000099")
+    cut_keys = [k.split("\t", 1)[0] for k in _keys(900)]
+    changed = plan_shards(keys, 40, cut_keys=cut_keys)
+    unchanged = plan_shards(_keys(900), 40, cut_keys=cut_keys)
+    diff = [i for i, (x, y) in enumerate(zip(unchanged.shards, changed.shards)) if x.hash != y.hash]
+    assert len(diff) == 1 and changed.shards[diff[0]].start <= 450 < changed.shards[diff[0]].stop
+    assert [(s.start, s.stop) for s in changed.shards] == [(s.start, s.stop) for s in unchanged.shards]
+    assert base.digest != unchanged.digest  # boundaries by id only differ from boundaries by whole key
 
 
-def test_the_hash_covers_contents_not_position():
-    keys = _keys(4) * 2
-    plan = plan_shards(keys, 4)
-    assert plan.shards[0].hash == plan.shards[1].hash
+def test_cutter_streams_the_same_plan():
+    keys = _keys(2000)
+    plan = plan_shards(keys, 50, {"k": 1})
+    cutter = ShardCutter(50, digest({"k": 1}), code_salt())
+    from espnet3_flows.sharding import id_hash64
+
+    hashes = []
+    for i, key in enumerate(keys):
+        if cutter.add(id_hash64(key), key) or i == len(keys) - 1:
+            hashes.append(cutter.close()[0])
+    assert hashes == [s.hash for s in plan.shards]
 
 
-def test_json_round_trip_with_numpy_indices():
-    plan = plan_shards(_keys(7), 3, {"k": [1, 2]}, indices=np.arange(100, 107))
-    text = json.dumps(plan.to_dict())  # fails on numpy ints
-    back = ShardPlan.from_dict(json.loads(text))
+def test_plan_round_trips_through_json():
+    plan = plan_shards(_keys(70), 6, {"k": [1, 2]}, indices=np.arange(100, 170))
+    back = ShardPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
     assert back == plan
     assert all(isinstance(s, Shard) and isinstance(s.indices, tuple) for s in back.shards)
     assert all(type(i) is int for s in back.shards for i in s.indices)
-    assert back.shards[2].indices == (106,)
-
-    contiguous = plan_shards(_keys(5), 2)
+    assert list(back.shards[0].items)[0] == 100
+    contiguous = plan_shards(_keys(50), 4)
     d = contiguous.to_dict()
-    assert all("indices" not in s for s in d["shards"])  # the common case is stored compactly
-    assert d["num_items"] == 5
+    assert all("indices" not in s for s in d["shards"])  # the common case stays small
     assert ShardPlan.from_dict(json.loads(json.dumps(d))) == contiguous
-    shuffled = plan_shards(_keys(4), 4, indices=[3, 1, 2, 0])
-    assert ShardPlan.from_dict(json.loads(json.dumps(shuffled.to_dict()))).shards[0].indices == (3, 1, 2, 0)
-
-
-def test_fingerprint_files_local(tmp_path):
-    a, b = tmp_path / "a.wav", tmp_path / "sub" / "b.wav"
-    b.parent.mkdir()
-    a.write_bytes(b"x" * 10)
-    b.write_bytes(b"y" * 20)
-    missing = tmp_path / "gone.wav"
-    paths = [str(a), str(b), str(missing), str(tmp_path / "nodir" / "c.wav")]
-    first = fingerprint_files(paths)
-    assert set(first) == set(paths)
-    assert first[str(a)].startswith("10:") and first[str(b)].startswith("20:")
-    assert first[str(missing)] == "missing" and first[str(tmp_path / "nodir" / "c.wav")] == "missing"
-    assert fingerprint_files(paths) == first  # stable
-    assert fingerprint_files([f"file://{a}"])[f"file://{a}"] == first[str(a)]  # a URL is the same file
-
-    a.write_bytes(b"x" * 11)  # size change
-    st = os.stat(a)
-    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert fingerprint_files([str(a)])[str(a)].startswith("11:")
-    st = os.stat(b)
-    os.utime(b, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))  # mtime change only
-    again = fingerprint_files(paths)
-    assert again[str(b)] != first[str(b)] and again[str(b)].startswith("20:")
-    missing.write_bytes(b"")
-    assert fingerprint_files([str(missing)])[str(missing)].startswith("0:")
-
-
-def test_fingerprint_files_relative_and_remote_paths(tmp_path, monkeypatch):
-    (tmp_path / "r.wav").write_bytes(b"abc")
-    monkeypatch.chdir(tmp_path)
-    assert fingerprint_files(["r.wav"])["r.wav"].startswith("3:")
-    base = f"memory://fp-{uuid.uuid4().hex}"
-    fs = fsspec.filesystem("memory")
-    fs.pipe_file(f"{base}/x.wav", b"12345")
-    prints = fingerprint_files([f"{base}/x.wav", f"{base}/y.wav"])
-    assert prints[f"{base}/x.wav"].startswith("5:") and prints[f"{base}/y.wav"] == "missing"
-    fs.pipe_file(f"{base}/x.wav", b"123456")
-    assert fingerprint_files([f"{base}/x.wav"])[f"{base}/x.wav"].startswith("6:")
+    with_source = Shard(0, 0, 3, "h", {"path": "/m.tsv", "start": 0, "end": 9})
+    assert Shard.from_dict(json.loads(json.dumps(with_source.to_dict()))).source == with_source.source

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+import time
 from typing import Any, Mapping
 
 from prefect.artifacts import (
@@ -71,14 +72,29 @@ def publish_table_artifact(job: str, summaries: list[Mapping[str, Any]]) -> None
 
 
 class ProgressArtifact:
-    """A progress artifact updated as shards finish (a percentage in the UI)."""
+    """A progress artifact updated as shards finish (a percentage in the UI).
 
-    def __init__(self, job: str, total: int):
+    Updates are sent at most every ``interval`` seconds (one API call each), not per shard.
+    """
+
+    def __init__(self, job: str, total: int, done: int = 0, interval: float = 2.0):
         self.total = max(1, total)
-        self.done = 0
-        self.id = create_progress_artifact(0.0, key=artifact_key(job, "progress"), description=f"{job}: shards done")
+        self.done = done
+        self.interval = interval
+        self._sent = time.monotonic()
+        self.id = create_progress_artifact(self._percent(), key=artifact_key(job, "progress"),
+                                           description=f"{job}: shards done")
+
+    def _percent(self) -> float:
+        return min(100.0, 100.0 * self.done / self.total)
 
     def advance(self, n: int = 1) -> None:
         """Count ``n`` more finished shards."""
         self.done += n
-        update_progress_artifact(self.id, min(100.0, 100.0 * self.done / self.total))
+        if time.monotonic() - self._sent >= self.interval:
+            self.finish()
+
+    def finish(self) -> None:
+        """Send the current percentage now."""
+        self._sent = time.monotonic()
+        update_progress_artifact(self.id, self._percent())

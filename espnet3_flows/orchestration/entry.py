@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import sys
@@ -13,10 +12,11 @@ from prefect import flow
 
 from espnet3_flows.config import ConfigError, load_config, split_cli_args, to_plain
 from espnet3_flows.orchestration.flows import run_job
-from espnet3_flows.orchestration.jobs import demo_manifests, get_job
+from espnet3_flows.orchestration.job_run import JobRun, plan_job
+from espnet3_flows.orchestration.jobs import check_output_dir, demo_manifests, get_job
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.task_runner import prestart_workers
-from espnet3_flows.storage import redact
+from espnet3_flows.storage import has_secrets, redact
 
 
 def resolve_config(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str]) -> Any:
@@ -90,6 +90,7 @@ def collect_stats(
               "batch_size": batch_size, "frontend.type": frontend_type, "frontend.sampling_rate": sampling_rate,
               "frontend.num_mel_bins": num_mel_bins, "write_collected_feats": write_collected_feats,
               "on_error": on_error, "parallel.env": parallel_env, "parallel.n_workers": n_workers}
+    _refuse_secrets(overrides)
     cfg = resolve_config("collect_stats", config_file, params, overrides or [])
     return run_job("collect_stats", to_plain(cfg))
 
@@ -130,8 +131,20 @@ def extract_xvectors(
               "xvector.save_path": save_path, "xvector.spk_embed_tag": spk_embed_tag, "xvector.device": device,
               "xvector.batch_size": batch_size, "shard_size": shard_size, "on_error": on_error,
               "parallel.env": parallel_env, "parallel.n_workers": n_workers}
+    _refuse_secrets(overrides)
     cfg = resolve_config("extract_xvectors", config_file, params, overrides or [])
     return run_job("extract_xvectors", to_plain(cfg))
+
+
+def _refuse_secrets(overrides: Sequence[str] | None) -> None:
+    """Flow parameters are stored by the server in plain text and shown in the UI: a credential
+    there is refused (the run fails, naming the key), never used."""
+    for item in overrides or []:
+        key, _, value = item.partition("=")
+        if key.strip().startswith("storage_options") and has_secrets({key.strip(): value}):
+            raise ConfigError(f"override {key.strip()!r} holds a credential; flow parameters are stored and shown "
+                              "in plain text: give credentials to the worker's environment (AWS_ACCESS_KEY_ID, "
+                              "AWS_SECRET_ACCESS_KEY, an AWS profile) or a config file on the worker")
 
 
 def main(job: str, argv: Sequence[str] | None = None) -> int:
@@ -151,17 +164,31 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    entry = collect_stats if job == "collect_stats" else extract_xvectors
-    prestart = functools.partial(prestart_workers, cfg.parallel, get_job(job).worker_modules)
-    with prefect_api(needs_server=cfg.parallel.env != "serial", while_starting=prestart):
-        try:
-            summaries = entry(config_file=None, overrides=_as_overrides(to_plain(cfg)))
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        except Exception as exc:  # noqa: BLE001 - the CLI prints one line; the traceback is in the logs
-            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
+    planned: list[JobRun] = []
+
+    def plan_now() -> bool:  # overlaps the private API server's start
+        check_output_dir(cfg.output_dir, cfg.storage_options)
+        planned.append(plan_job(job, cfg))
+        needed = planned[0].unchanged_summaries() is None
+        if needed and planned[0].pending_shards:
+            prestart_workers(cfg.parallel, get_job(job).worker_modules)
+        return needed
+
+    try:
+        with prefect_api(needs_server=cfg.parallel.env != "serial", while_starting=plan_now) as api:
+            run = planned[0]
+            if api is False:  # nothing to compute or merge: no server, no flow, no cluster
+                summaries = run.unchanged_summaries() or {}
+                print(f"{job}: nothing to compute: all {run.total_shards} shard(s) of {len(run.splits)} split(s) "
+                      f"were done earlier (planned in {run.plan_seconds:.1f} s)")
+            else:
+                summaries = run_job(job, planned=run)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the CLI prints one line; the traceback is in the logs
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     _print_summary(job, summaries, cfg)
     return 0
 
@@ -181,10 +208,6 @@ def usage(job: str) -> str:
 
     walk(defaults, "")
     return "\n".join(lines)
-
-
-def _as_overrides(plain: dict[str, Any]) -> list[str]:
-    return [f"{k}={json.dumps(v)}" for k, v in plain.items()]
 
 
 def _print_summary(job: str, summaries: dict[str, Any], cfg: Any) -> None:

@@ -1,4 +1,4 @@
-"""The Prefect flows: shard tasks on the configured task runner, merge-and-publish, artifacts."""
+"""The Prefect flows: pending shard tasks on the configured task runner, merge-and-publish, artifacts."""
 
 from __future__ import annotations
 
@@ -6,87 +6,96 @@ import asyncio
 import importlib
 import logging
 import os
+import queue
 import time
-import uuid
-from typing import Any
+from typing import Any, Iterator
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from prefect import flow, get_run_logger
-from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from espnet3_flows.config import load_config, to_plain
 from espnet3_flows.orchestration.artifacts import ProgressArtifact, publish_split_artifacts, publish_table_artifact
 from espnet3_flows.orchestration.client_tls import share_tls_contexts
+from espnet3_flows.orchestration.job_run import JobRun, SplitRun, current_run, plan_job, running
 from espnet3_flows.orchestration.jobs import check_output_dir, get_job
-from espnet3_flows.orchestration.shard_tasks import (
-    merge_task,
-    unchanged_summary,
-    result_storage_for,
-    retry_delays,
-    shard_task,
-)
 from espnet3_flows.orchestration.local_server import drain_prefect_clients
 from espnet3_flows.orchestration.settings_serialization import cache_settings_serialization
+from espnet3_flows.orchestration.shard_tasks import merge_task, retry_delays, shard_task
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
 from espnet3_flows.parallel.forkserver import worker_start_method
 from espnet3_flows.parallel.runner import ShardFailure
-from espnet3_flows.parallel.worker_env import env_keys, plugin_for
+from espnet3_flows.parallel.worker_env import env_keys, install_runners, register_runner
 from espnet3_flows.sharding import shard_name
 from espnet3_flows.storage import redact
 
+log = logging.getLogger("espnet3_flows")
 
-#: Config and plans made by :func:`run_job` for the subflow it calls in this process: the subflow's
-#: parameters (shown in the UI) then carry no credentials, and nothing is planned twice.
-_PLANNED: dict[str, tuple[Any, list[tuple[Any, Any, dict[int, Any]]]]] = {}
-
-
-def plan_job(job: str, cfg: Any) -> list[tuple[Any, Any, dict[int, Any]]]:
-    """(runner, plan, finished shards) for each split; publishes each plan's ``manifest.json``."""
-    plans = []
-    for runner, indices in get_job(job).runners(cfg):
-        plan = runner.plan(indices)
-        runner.write_plan(plan)
-        plans.append((runner, plan, runner.collect_done(plan)))
-    return plans
+#: Shard tasks in flight at once: enough to keep hundreds of workers busy, few enough that the
+#: driver's futures and the scheduler's tasks stay flat in the number of shards.
+SUBMIT_WINDOW = 256
 
 
-def run_job(job: str, config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Plan a job, then run its shards as a subflow on the task runner its ``parallel`` section asks for.
+def shown_config(cfg: Any) -> dict[str, Any]:
+    """The config as a flow parameter: plain data with the storage options' credentials masked."""
+    shown = to_plain(cfg)
+    shown["storage_options"] = redact(shown.get("storage_options"))
+    return shown
 
-    When every shard is already done, no cluster is started: the shard tasks are cache hits
-    (``Cached`` in the UI) resolved by an in-process runner.
+
+def run_job(job: str, config: dict[str, Any] | None = None, progress: bool = True,
+            planned: JobRun | None = None) -> dict[str, Any]:
+    """Plan a job, then run its pending shards as a subflow on the task runner its ``parallel``
+    section asks for, and merge and publish every split.
+
+    Shards finished earlier (a ``done`` record with the same hash) are never submitted: they are
+    counted as cached. When nothing is pending and every split's outputs were merged from
+    exactly this plan, no cluster starts and no flow runs: the published summaries are returned.
 
     Args:
-        job: ``collect_stats`` or ``extract_xvectors``.
+        job: A registered job name (``collect_stats``, ``extract_xvectors``).
         config: The job config as plain data (validated here, before any work).
         progress: Show a terminal progress bar.
+        planned: A run planned already (by the CLI, while the API server started).
 
     Returns:
         Split name → published summary.
     """
     spec = get_job(job)
-    cfg = load_config(spec.schema, base=config)
     share_tls_contexts()
     cache_settings_serialization()
-    check_output_dir(_output_dir(cfg), cfg.storage_options)
+    if planned is None:
+        cfg = load_config(spec.schema, base=config or {})
+        check_output_dir(cfg.output_dir, cfg.storage_options)
+        planned = plan_job(job, cfg)
+    run, cfg = planned, planned.cfg
     _export_api_url()
-    prestart_workers(cfg.parallel, spec.worker_modules)
-    plans = plan_job(job, cfg)
-    pending = sum(len(plan.shards) - len(done) for _, plan, done in plans)
-    if pending:
+    log.info("%s: %d split(s), %d shard(s): %d done earlier, %d to compute (%d utterances); planned in %.1f s",
+             job, len(run.splits), run.total_shards, run.done_shards, run.pending_shards, run.pending_items,
+             run.plan_seconds)
+    kept = run.unchanged_summaries()
+    if kept is not None:
+        log.info("%s: nothing to compute and every split's outputs are up to date", job)
+        if _in_flow():
+            for split in run.splits:
+                publish_split_artifacts(job, kept[split.split], split.runner.storage, split.runner.outputs_rel)
+            publish_table_artifact(job, list(kept.values()))
+        return kept
+    if run.pending_shards:
+        prestart_workers(cfg.parallel, spec.worker_modules)
         warn_if_dask_client_open(cfg.parallel)
-    runner, start_method = make_task_runner(cfg.parallel) if pending else (ThreadPoolTaskRunner(max_workers=4), "spawn")
-    token = uuid.uuid4().hex
-    _PLANNED[token] = (cfg, plans)
-    shown = to_plain(cfg)
-    shown["storage_options"] = redact(shown.get("storage_options"))
-    try:
-        sub = shard_flow.with_options(task_runner=runner, name=f"{job.replace('_', '-')}-shards")
-        with worker_start_method(start_method):  # the cluster starts inside the flow
-            return sub(job=job, config=shown, progress=progress, plan_token=token)
-    finally:
-        _PLANNED.pop(token, None)
+        runner, start_method = make_task_runner(cfg.parallel)
+    else:  # only merges: in this process
+        runner, start_method = ThreadPoolTaskRunner(max_workers=1), "spawn"
+    sub = shard_flow.with_options(task_runner=runner, name=f"{job.replace('_', '-')}-shards")
+    with running(run), worker_start_method(start_method):  # the cluster starts inside the flow
+        return sub(job=job, config=shown_config(cfg), progress=progress)
+
+
+def _in_flow() -> bool:
+    from prefect.context import FlowRunContext
+
+    return FlowRunContext.get() is not None
 
 
 def warn_if_dask_client_open(parallel: Any) -> bool:
@@ -100,7 +109,7 @@ def warn_if_dask_client_open(parallel: Any) -> bool:
         client = default_client()
     except ValueError:
         return False
-    logging.getLogger("espnet3_flows").warning(
+    log.warning(
         "a Dask client is open in this process (%s): prefect-dask will run the shard tasks on its cluster, "
         "not on parallel.env=%s; close it (client.close()) or run the flow in its own process",
         getattr(client, "scheduler", None) and client.scheduler.address, parallel.env)
@@ -116,29 +125,30 @@ def _export_api_url() -> None:
         os.environ["PREFECT_API_URL"] = str(url)
 
 
-def _prepare_workers(runners: list[Any]) -> list[tuple[Any, list[str]]]:
-    """Build each runner's env where its shards will run; return ``(runner, env keys)`` pairs.
+def _prepare_workers(splits: list[SplitRun]) -> dict[str, list[str]]:
+    """Install each split's runner where its shards will run; return runner key → env keys.
 
-    On a Dask task runner this starts the cluster, then on every worker at once: shares
-    Prefect's TLS contexts, imports Prefect's task engine and builds each split's env (also on
-    workers that join later), instead of one worker after another as first tasks arrive.
-    Elsewhere the env is built in this process, where the tasks run. A failing setup raises
-    here, naming the provider, before any shard runs.
+    On a Dask task runner this starts the cluster (or connects to it), then on every worker at
+    once: shares Prefect's TLS contexts, imports Prefect's task engine, installs the runners and
+    builds their envs (also on workers that join later). A runner already installed on a
+    long-lived cluster by an earlier run is not sent again. Elsewhere the runners are registered
+    in this process, where the tasks run. A failing setup raises here, naming the provider,
+    before any shard runs.
     """
     from prefect.context import FlowRunContext
     from prefect_dask import DaskTaskRunner
 
     ctx = FlowRunContext.get()
     task_runner = ctx.task_runner if ctx else None
+    runners = {s.key: s.runner for s in splits}
     if not isinstance(task_runner, DaskTaskRunner):
-        return [(runner, env_keys(runner.provider)) for runner in runners]
+        for key, runner in runners.items():
+            register_runner(key, runner)
+        return {key: env_keys(runner.provider) for key, runner in runners.items()}
     client = task_runner.client  # starts the cluster
-    client.register_plugin(PrefectWorkerSetup())  # present workers now, later ones (SLURM) as they join
-    out = []
-    for runner in runners:
-        client.register_plugin(plugin_for(runner.provider))
-        out.append((runner, client.submit(env_keys, runner.provider, pure=False).result()))
-    return out
+    if PrefectWorkerSetup.name not in client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.worker_plugins)):
+        client.register_plugin(PrefectWorkerSetup())  # present workers now, later ones (SLURM) as they join
+    return install_runners(client, runners)
 
 
 class PrefectWorkerSetup(WorkerPlugin):
@@ -158,78 +168,109 @@ class PrefectWorkerSetup(WorkerPlugin):
         await asyncio.to_thread(drain_prefect_clients)  # off the loop: Prefect's drain blocks
 
 
-def _output_dir(cfg: Any) -> str:
-    return cfg.output_dir
+def _pending_work(run: JobRun) -> Iterator[tuple[int, Any]]:
+    for k, split in enumerate(run.splits):
+        for shard in split.pending:
+            yield k, shard
 
 
 @flow(name="shards", log_prints=True, validate_parameters=False)
-def shard_flow(job: str, config: dict[str, Any], progress: bool = True, plan_token: str = "") -> dict[str, Any]:
-    """Submit one cached task per shard of every split, then merge and publish each split.
+def shard_flow(job: str, config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Submit one task per pending shard of every split, then merge and publish each split.
 
-    Called by :func:`run_job` (``config`` is the redacted copy shown in the UI; the real one
-    travels in-process under ``plan_token``).
+    Called by :func:`run_job`, which plans the run and hands it over in-process
+    (:func:`~espnet3_flows.orchestration.job_run.running`); ``config`` is the masked copy shown
+    in the UI.
     """
     from tqdm.auto import tqdm
 
     logger = get_run_logger()
-    if plan_token not in _PLANNED:
-        raise RuntimeError("shard_flow runs inside run_job(); call run_job() or the collect_stats flow")
-    cfg, plans = _PLANNED[plan_token]
+    run = current_run()
+    cfg = run.cfg
     t0 = time.perf_counter()
-    storage = result_storage_for(_output_dir(cfg), cfg.storage_options)
-    pending = sum(len(plan.shards) - len(done) for _, plan, done in plans)
-    total = sum(len(p.shards) for _, p, _ in plans)
-    logger.info("%s: %d split(s), %d shard(s), %d already done; output %s (options %s)", job, len(plans), total,
-                sum(len(d) for _, _, d in plans), _output_dir(cfg), redact(cfg.storage_options))
-    if pending:  # build every worker's env at once, then check env keys before any shard runs
-        for runner, keys in _prepare_workers([r for r, plan, done in plans if len(done) < len(plan.shards)]):
-            runner.check_env_keys(keys)
-            logger.info("%s %s: env ready (%s)", job, runner.split, ", ".join(keys))
-    meter = ProgressArtifact(job, total)
-    bar = tqdm(total=total, desc=job, unit="shard", disable=not progress)
-    futures: dict[Any, tuple[int, int]] = {}
-    for k, (runner, plan, done) in enumerate(plans):
-        task = shard_task.with_options(retries=cfg.retries, retry_delay_seconds=retry_delays(cfg.retries, cfg.retry_delay_seconds),
-                                       result_storage=storage)
-        fresh = task.with_options(refresh_cache=True)
-        for shard in plan.shards:
-            futures[(fresh if shard.index not in done else task).submit(runner, shard)] = (k, shard.index)
-    records: dict[tuple[int, int], tuple[dict[str, Any], bool]] = {}
+    logger.info("%s: %d split(s), %d shard(s): %d done earlier (cached), %d to compute; output %s (options %s)",
+                job, len(run.splits), run.total_shards, run.done_shards, run.pending_shards, cfg.output_dir,
+                redact(cfg.storage_options))
+    busy = [s for s in run.splits if s.pending]
+    if busy:  # install every runner and build every worker's env at once, then check env keys
+        keys = _prepare_workers(busy)
+        for split in busy:
+            split.runner.check_env_keys(keys[split.key])
+            logger.info("%s %s: env ready (%s)", job, split.split, ", ".join(keys[split.key]))
+    t_ready = time.perf_counter()
+    meter = ProgressArtifact(job, run.total_shards, done=run.done_shards)
+    bar = tqdm(total=run.total_shards, initial=run.done_shards, desc=job, unit="shard", disable=not progress)
+    task = shard_task.with_options(retries=cfg.retries,
+                                   retry_delay_seconds=retry_delays(cfg.retries, cfg.retry_delay_seconds))
+    remaining = [len(s.pending) for s in run.splits]
+    computed: list[dict[int, dict[str, Any]]] = [{} for _ in run.splits]
     failures: list[tuple[str, BaseException]] = []
-    for fut in as_completed(list(futures)):
-        where = futures[fut]
+    merges: dict[int, Any] = {}
+    finished: queue.SimpleQueue[tuple[int, Any, Any]] = queue.SimpleQueue()
+    work = _pending_work(run)
+    in_flight = 0
+    first_done: float | None = None
+
+    def submit_next() -> None:
+        nonlocal in_flight
+        item = next(work, None)
+        if item is None:
+            return
+        k, shard = item
+        fut = task.submit(run.splits[k].key, run.splits[k].split, shard)
+        fut.add_done_callback(lambda f, k=k, shard=shard: finished.put((k, shard, f)))
+        in_flight += 1
+
+    def merge(k: int) -> None:
+        split = run.splits[k]
+        entries = [(s.index, s.hash, s.index not in computed[k] or bool(computed[k][s.index]["reused"]))
+                   for s in split.plan.shards]
+        merges[k] = merge_task.submit(split.runner, entries)
+
+    for k, split in enumerate(run.splits):
+        if not split.pending:
+            merge(k)  # nothing to compute, but the plan changed (e.g. lines removed): merge again
+    for _ in range(SUBMIT_WINDOW):
+        submit_next()
+    while in_flight:
+        k, shard, fut = finished.get()
+        in_flight -= 1
+        submit_next()
+        remaining[k] -= 1
         try:
             rec = fut.result()
         except Exception as exc:  # noqa: BLE001 - collect every failure, report after all finish
-            failures.append((f"{plans[where[0]][0].shard_subdir}/{shard_name(where[1])}", exc))
+            failures.append((f"{run.splits[k].runner.shard_subdir}/{shard_name(shard.index)}", exc))
             continue
-        cached = fut.state.name == "Cached" or bool(rec.get("reused"))
-        records[where] = (rec, cached)
+        first_done = first_done or time.perf_counter()
+        computed[k][shard.index] = rec
         bar.update(1)
         meter.advance()
+        if remaining[k] == 0 and not any(n.startswith(run.splits[k].runner.shard_subdir + "/") for n, _ in failures):
+            merge(k)
     bar.close()
-    if failures:
-        names = ", ".join(n for n, _ in failures)
-        raise ShardFailure(f"{len(failures)} shard(s) failed ({names}); finished shards are published and a rerun "
-                           f"resumes. First error: {failures[0][1]}") from failures[0][1]
+    meter.finish()
     summaries: dict[str, Any] = {}
     wall = time.perf_counter() - t0
-    for k, (runner, plan, _) in enumerate(plans):
-        recs = [records[(k, s.index)] for s in plan.shards]
-        summary = unchanged_summary(runner, plan) if all(c for _, c in recs) else None
-        if summary is None:
-            summary = merge_task.submit(runner, [(s.index, s.hash, c) for s, (_, c) in zip(plan.shards, recs)]).result()
-        else:
-            logger.info("%s %s: nothing changed since the last merge; outputs kept", job, runner.split)
-            summary.update(shards_computed=0, shards_cached=len(plan.shards))
+    for k, split in enumerate(run.splits):
+        if k not in merges:
+            continue
+        summary = merges[k].result()
         summary["wall_seconds"] = wall
-        computed_utts = sum(r["num_items"] for r, c in recs if not c)
+        summary["plan_seconds"] = run.plan_seconds
+        summary["time_to_first_shard_seconds"] = (first_done - run.started) if first_done else None
+        summary["workers_ready_seconds"] = t_ready - t0
+        computed_utts = sum(r["num_items"] for r in computed[k].values() if not r["reused"])
         summary["throughput_utt_per_s"] = computed_utts / wall if wall > 0 else None
         summary["realtime_factor"] = summary.get("seconds", 0.0) / wall if wall > 0 and computed_utts else None
-        publish_split_artifacts(job, summary, runner.storage, runner.outputs_rel)
-        summaries[runner.split] = summary
-        logger.info("%s %s: %s utterances, %s shard(s) computed, %s cached, %s skipped", job, runner.split,
+        publish_split_artifacts(job, summary, split.runner.storage, split.runner.outputs_rel)
+        summaries[split.split] = summary
+        logger.info("%s %s: %s utterances, %s shard(s) computed, %s cached, %s skipped", job, split.split,
                     summary.get("utterances"), summary.get("shards_computed"), summary.get("shards_cached"),
                     summary.get("skipped"))
+    if failures:
+        names = ", ".join(n for n, _ in failures[:20]) + (" ..." if len(failures) > 20 else "")
+        raise ShardFailure(f"{len(failures)} shard(s) failed ({names}); finished shards are published and a rerun "
+                           f"resumes. First error: {failures[0][1]}") from failures[0][1]
     publish_table_artifact(job, list(summaries.values()))
     return summaries

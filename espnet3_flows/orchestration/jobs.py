@@ -13,23 +13,22 @@ from espnet3_flows.storage import Storage
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A job: its config schema, how to build its runners and their item indices, and the
-    modules its workers import (preloaded once for forked local workers)."""
+    """A job: its config schema, how to build its runners (one per split, each planning from its
+    manifest), and the modules its workers import (preloaded once for forked local workers)."""
 
     name: str
     schema: type
-    runners: Callable[[Any], list[tuple[BaseRunner, range]]]
+    runners: Callable[[Any], list[BaseRunner]]
     worker_modules: tuple[str, ...] = ()
 
 
-def _collect_stats_runners(cfg: Any) -> list[tuple[BaseRunner, range]]:
+def _collect_stats_runners(cfg: Any) -> list[BaseRunner]:
     from espnet3_flows.stats.job import CollectStatsRunner
 
-    runners = [CollectStatsRunner(cfg, split) for split in cfg.manifests]
-    return [(r, r.indices()) for r in runners]
+    return [CollectStatsRunner(cfg, split) for split in cfg.manifests]
 
 
-def _xvector_runners(cfg: Any) -> list[tuple[BaseRunner, range]]:
+def _xvector_runners(cfg: Any) -> list[BaseRunner]:
     from espnet3_flows.xvector.job import xvector_runners
 
     return xvector_runners(cfg)

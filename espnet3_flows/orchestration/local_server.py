@@ -129,7 +129,8 @@ def drain_prefect_clients(timeout: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def prefect_api(needs_server: bool, while_starting: Callable[[], None] | None = None) -> Iterator[str | None]:
+def prefect_api(needs_server: bool,
+                while_starting: Callable[[], bool | None] | None = None) -> Iterator[str | bool | None]:
     """Make sure a Prefect API is reachable by this process and its future worker processes.
 
     Uses ``PREFECT_API_URL`` when it is set (a real server). Otherwise, when
@@ -140,16 +141,20 @@ def prefect_api(needs_server: bool, while_starting: Callable[[], None] | None = 
         needs_server: Whether work will run in other processes.
         while_starting: Called once ``PREFECT_API_URL`` is in the environment, while a private
             server is still starting (else right away): work to overlap with the server start.
+            When it returns ``False`` the API is not needed after all: a private server is
+            stopped at once instead of waited for.
 
     Yields:
-        The API URL in use, or ``None`` for ephemeral mode.
+        The API URL in use, ``None`` for ephemeral mode, or ``False`` when ``while_starting``
+        said no API is needed.
     """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     url = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
     if url or not needs_server:
-        if while_starting is not None:
-            while_starting()
+        if while_starting is not None and while_starting() is False:
+            yield False
+            return
         yield url or None
         return
     server = LocalPrefectServer()
@@ -159,8 +164,10 @@ def prefect_api(needs_server: bool, while_starting: Callable[[], None] | None = 
     try:
         server.launch()
         os.environ["PREFECT_API_URL"] = server.api_url
-        if while_starting is not None:
-            while_starting()
+        if while_starting is not None and while_starting() is False:
+            server.stop()
+            yield False
+            return
         server.wait_ready()
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             yield server.api_url

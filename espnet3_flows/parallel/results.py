@@ -19,6 +19,7 @@ class ShardResult:
         skipped: Items left out under ``on_error: skip`` (dicts from ``skip_record``).
         cached: True when the shard was not recomputed (a matching ``done`` record or cache hit).
         seconds: Wall time of the computation.
+        published_elsewhere: Published files the record does not list (e.g. one per utterance), counted.
     """
 
     shard: Shard
@@ -27,18 +28,20 @@ class ShardResult:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     cached: bool = False
     seconds: float = 0.0
+    published_elsewhere: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The ``done`` record."""
         return {"shard_hash": self.shard.hash, "shard": self.shard.to_dict(), "num_items": self.shard.num_items,
                 "result": self.result, "files": list(self.files), "skipped": list(self.skipped),
-                "seconds": round(self.seconds, 6), "salt": code_salt()}
+                "seconds": round(self.seconds, 6), "published_elsewhere": self.published_elsewhere,
+                "salt": code_salt()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], cached: bool = False) -> "ShardResult":
         """Inverse of :meth:`to_dict`."""
         return cls(Shard.from_dict(d["shard"]), d["result"], list(d["files"]), list(d["skipped"]),
-                   cached, float(d.get("seconds", 0.0)))
+                   cached, float(d.get("seconds", 0.0)), int(d.get("published_elsewhere", 0)))
 
 
 @dataclass

@@ -100,6 +100,16 @@ class BaseRunner:
         """The part of the job config that changes outputs (hashed into every shard)."""
         return {"runner": f"{type(self).__module__}.{type(self).__qualname__}", "batch_size": self.batch_size}
 
+    def shard_env(self, shard: Shard, env: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The env ``forward`` sees for one shard: the worker's env plus per-shard parts (default:
+        unchanged). Jobs whose items live in a manifest add the shard's items here, so a worker
+        holds one shard's items, never the split's."""
+        return env
+
+    def shard_env_keys(self) -> tuple[str, ...]:
+        """Keys :meth:`shard_env` adds (checked against ``forward`` with the provider's keys)."""
+        return ()
+
     def describe_item(self, idx: int, env: Mapping[str, Any]) -> str:
         """A human-readable location of an item for error messages."""
         return f"item {idx}"
@@ -152,6 +162,11 @@ class BaseRunner:
         """Where a staged shard file is published, relative to ``output_dir`` (default: the shard dir)."""
         return self.shard_rel(shard, name)
 
+    def lists_published(self, rel: str) -> bool:
+        """Whether a shard's ``done`` record lists this published file (default: yes). Jobs that
+        publish one file per item say no for those: they are counted instead."""
+        return True
+
     def load_done(self, shard: Shard) -> ShardResult | None:
         """The shard's ``done`` record if it matches the current shard hash."""
         if not self.resume:
@@ -173,13 +188,16 @@ class BaseRunner:
         return self.load_done(shard) is not None
 
     # ---- planning and checks ----------------------------------------------------------
-    def plan(self, indices: Sequence[int]) -> ShardPlan:
+    def plan(self, indices: Sequence[int] | None) -> ShardPlan:
         """The shard plan for ``indices`` (content-addressed; see :func:`plan_shards`)."""
+        if indices is None:
+            raise TypeError(f"{type(self).__name__}.run() needs the item indices, e.g. runner.run(range(n))")
         indices = [int(i) for i in indices]
         return plan_shards(self.item_keys(indices), self.shard_size, self.hash_config(), indices=indices)
 
     def check_env_keys(self, keys: Sequence[str]) -> None:
         """Raise :class:`ProviderError` if ``forward`` needs a key the env lacks."""
+        keys = [*keys, *self.shard_env_keys()]
         sig = inspect.signature(self.forward)
         params = list(sig.parameters.values())[1:]
         if any(p.kind == p.VAR_KEYWORD for p in params):
@@ -199,7 +217,12 @@ class BaseRunner:
 
     # ---- one shard ----------------------------------------------------------------------
     def run_shard(self, shard: Shard, env: Mapping[str, Any]) -> ShardResult:
-        """Compute one shard and publish it: files first, the ``done`` record last."""
+        """Compute one shard and publish it: files first, the ``done`` record last.
+
+        ``files`` of the result lists the published files that :meth:`lists_published` keeps;
+        the others (e.g. one file per utterance) are only counted, so done records stay small.
+        """
+        env = self.shard_env(shard, env)
         self.check_env_keys(list(env))
         kwargs = self._forward_kwargs(env)
         t0 = time.perf_counter()
@@ -208,7 +231,7 @@ class BaseRunner:
             writers = self.open_writers(staging)
             state = self.init_state()
             skipped: list[dict[str, Any]] = []
-            for chunk in _chunks(shard.indices, self.batch_size):
+            for chunk in _chunks(shard.items, self.batch_size):
                 for idx, out in self._forward_checked(chunk, kwargs, env, skipped):
                     self.write_record(writers, idx, out)
                     state = self.reduce_state(state, out)
@@ -223,7 +246,10 @@ class BaseRunner:
                 for name in sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()):
                     rel = self.publish_rel(shard, name)
                     store.publish_file(staging / name, rel)
-                    files.append(rel)
+                    if self.lists_published(rel):
+                        files.append(rel)
+                    else:
+                        res.published_elsewhere += 1
                 store.write_json(self.shard_rel(shard, DONE), res.to_dict())
             return res
         finally:
@@ -274,12 +300,13 @@ class BaseRunner:
             store.write_json(posixpath.join(self.shard_subdir, PLAN) if self.shard_subdir else PLAN,
                              plan.to_dict())
 
-    def run(self, indices: Sequence[int], client: Any = None, parallel: ParallelConfig | None = None,
+    def run(self, indices: Sequence[int] | None = None, client: Any = None, parallel: ParallelConfig | None = None,
             progress: bool = True, on_shard: Callable[[ShardResult], None] | None = None) -> RunOutcome:
         """Plan, skip finished shards, compute the rest (in-process or on Dask), merge.
 
         Args:
-            indices: Item indices.
+            indices: Item indices (``None`` for jobs that plan from their own input, such as
+                a manifest).
             client: A ``distributed.Client``; shards run there.
             parallel: Without a client, a config to start a cluster for this run
                 (``set_parallel``'s config by default; ``serial`` or none runs in-process).

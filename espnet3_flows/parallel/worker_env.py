@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any, Callable
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from espnet3_flows.parallel.provider import EnvironmentProvider, check_env
+from espnet3_flows.sharding import digest
 
-_ENVS: dict[str, dict[str, Any]] = {}
-_LOCK = threading.Lock()
+#: Most environments (models) a process keeps, and most runners (small: config and plan options):
+#: a long-lived worker that serves runs with other configs drops the least recently used
+#: instead of growing without bound.
+MAX_ENVS = 4
+MAX_RUNNERS = 64
+
+_ENVS: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_RUNNERS: OrderedDict[str, Any] = OrderedDict()
+_LOCK = threading.RLock()
+
+
+def _keep(registry: OrderedDict[str, Any], key: str, value: Any) -> None:
+    registry[key] = value
+    registry.move_to_end(key)
+    while len(registry) > (MAX_ENVS if registry is _ENVS else MAX_RUNNERS):
+        registry.popitem(last=False)
 
 
 def get_env(provider: EnvironmentProvider, local: bool = False) -> dict[str, Any]:
@@ -32,7 +48,7 @@ def get_env(provider: EnvironmentProvider, local: bool = False) -> dict[str, Any
             else:
                 fn = provider.checked_setup_fn()
                 env = check_env(fn(), f"the setup function of {type(provider).__name__}")
-            _ENVS[token] = env
+            _keep(_ENVS, token, env)
     return env
 
 
@@ -63,7 +79,7 @@ class EnvSetupPlugin(WorkerPlugin):
     def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
         with _LOCK:
             if self.token not in _ENVS:
-                _ENVS[self.token] = check_env(self.setup_fn(), "worker setup function")
+                _keep(_ENVS, self.token, check_env(self.setup_fn(), "worker setup function"))
 
     def teardown(self, worker: Any) -> None:  # noqa: D401 - Dask hook
         with _LOCK:
@@ -73,3 +89,69 @@ class EnvSetupPlugin(WorkerPlugin):
 def plugin_for(provider: EnvironmentProvider) -> EnvSetupPlugin:
     """The worker plugin that builds ``provider``'s environment (its setup function is checked now)."""
     return EnvSetupPlugin(provider.env_token(), provider.checked_setup_fn())
+
+
+def runner_key(runner: Any) -> str:
+    """A key naming a runner's work: its class, environment, output location and shard options."""
+    store = runner.storage
+    return digest({"cls": f"{type(runner).__module__}.{type(runner).__qualname__}",
+                   "env": runner.provider.env_token(), "output": store.uri() if store else None,
+                   "subdir": runner.shard_subdir, "on_error": runner.on_error, "batch_size": runner.batch_size,
+                   "config": runner.hash_config()})[:24]
+
+
+def register_runner(key: str, runner: Any) -> None:
+    """Make ``runner`` available in this process under ``key`` (see :func:`get_runner`)."""
+    with _LOCK:
+        _keep(_RUNNERS, key, runner)
+
+
+def get_runner(key: str) -> Any:
+    """The runner registered under ``key`` in this process (by :class:`RunnerPlugin` on a worker)."""
+    with _LOCK:
+        runner = _RUNNERS.get(key)
+        if runner is not None:
+            _RUNNERS.move_to_end(key)
+    if runner is None:
+        raise LookupError(f"no runner {key} in this process: the flow installs runners on its workers before "
+                          "submitting shards (was this worker restarted without its plugins?)")
+    return runner
+
+
+class RunnerPlugin(WorkerPlugin):
+    """Installs a runner (a split's job: config, provider, outputs) once per Dask worker and builds its
+    environment, so shard tasks name the runner by key instead of carrying it. Registering the same
+    runner again (a later run on a long-lived cluster) is skipped by its name; see :func:`install_runners`."""
+
+    def __init__(self, key: str, runner: Any):
+        self.key = key
+        self.runner = runner
+        self.name = f"espnet3-runner-{key}"
+
+    def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
+        register_runner(self.key, self.runner)
+        get_env(self.runner.provider)
+
+
+def install_runners(client: Any, runners: dict[str, Any]) -> dict[str, list[str]]:
+    """Install runners on every worker of ``client`` (present and later ones), once per cluster:
+    a runner already installed (same key: same config and outputs) is not sent or built again.
+
+    Returns:
+        Runner key → the env keys of its environment on a worker (building it there raises
+        here, naming the provider, before any shard runs).
+    """
+    installed = set(client.run_on_scheduler(_scheduler_plugins))
+    for key, runner in runners.items():
+        plugin = RunnerPlugin(key, runner)
+        if plugin.name not in installed:
+            client.register_plugin(plugin)
+    return {key: client.submit(_runner_env_keys, key, pure=False).result() for key in runners}
+
+
+def _scheduler_plugins(dask_scheduler: Any) -> list[str]:
+    return list(dask_scheduler.worker_plugins)
+
+
+def _runner_env_keys(key: str) -> list[str]:
+    return sorted(get_env(get_runner(key).provider))

@@ -17,7 +17,9 @@ from espnet3_flows.parallel.runner import ShardResult
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.frontend import FBANK_IMPLEMENTATION, FrontendConfig, build_frontend
-from espnet3_flows.utterance_job import UtteranceDataset, UtteranceRunner, check_common, provider_params
+from espnet3_flows.utterance_job import ShardDataset, UtteranceRunner, check_common
+
+from espnet3_flows.stats.outputs import SHAPES
 
 @dataclass
 class CollectStatsConfig:
@@ -41,6 +43,11 @@ class CollectStatsConfig:
         retries: Retries of a failed shard task (Prefect).
         retry_delay_seconds: First retry delay; doubles on each retry.
         demo_utterances: Size of the generated demo corpus when ``manifests`` is empty.
+        fingerprint: How input files are fingerprinted into shard hashes: ``stat`` (size and
+            mtime of every audio file, or the object store's ETag: a file replaced in place is
+            recomputed) or ``manifest`` (no file system access at planning: a shard's hash covers
+            its manifest lines only, so a file replaced under the same path is not noticed; for
+            file systems where a stat per file is too slow).
         parallel: Where shards run (see :class:`ParallelConfig`).
     """
 
@@ -56,10 +63,11 @@ class CollectStatsConfig:
     retries: int = 2
     retry_delay_seconds: float = 2.0
     demo_utterances: int = 300
+    fingerprint: str = "stat"
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
-        check_common(self.on_error, self.shard_size, self.batch_size, self.manifests)
+        check_common(self.on_error, self.shard_size, self.batch_size, self.manifests, self.fingerprint)
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
 
@@ -70,7 +78,6 @@ def _build_env(cfg: CollectStatsConfig, split: str) -> dict[str, Any]:
     torch.set_num_threads(1)
     fe = cfg.frontend
     return {
-        "dataset": UtteranceDataset(cfg.manifests[split], split, cfg.on_error, cfg.storage_options),
         "frontend": build_frontend(fe),
         "audio": AudioConfig(fe.sampling_rate, fe.channel, fe.max_duration),
         "storage_options": dict(cfg.storage_options),
@@ -79,8 +86,8 @@ def _build_env(cfg: CollectStatsConfig, split: str) -> dict[str, Any]:
 
 
 class CollectStatsProvider(EnvironmentProvider):
-    """Builds ``dataset`` (the split's utterances), ``frontend``, ``audio``, ``storage_options``
-    and ``collect_stats_kwargs`` once per worker. ``params["split"]`` names the split."""
+    """Builds ``frontend``, ``audio``, ``storage_options`` and ``collect_stats_kwargs`` once per
+    worker (``dataset``, a shard's utterances, comes with each shard). ``params["split"]`` names the split."""
 
     def build_env_local(self) -> dict[str, Any]:
         return _build_env(self.config, self.params["split"])
@@ -98,7 +105,8 @@ class CollectStatsRunner(UtteranceRunner):
         self.split = split
         self.manifest = cfg.manifests[split]
         self.input_options = cfg.storage_options
-        super().__init__(CollectStatsProvider(cfg, provider_params(split, self.manifest, cfg.storage_options)),
+        self.fingerprint = cfg.fingerprint
+        super().__init__(CollectStatsProvider(cfg, {"split": split}),
                          batch_size=cfg.batch_size, output_dir=cfg.output_dir, shard_subdir=f"{split}/shards",
                          shard_size=cfg.shard_size, storage_options=cfg.storage_options, on_error=cfg.on_error,
                          **kwargs)
@@ -115,7 +123,7 @@ class CollectStatsRunner(UtteranceRunner):
 
     # -- worker side --
     @staticmethod
-    def forward(idx: Any, dataset: UtteranceDataset, frontend: Any, audio: AudioConfig,
+    def forward(idx: Any, dataset: ShardDataset, frontend: Any, audio: AudioConfig,
                 storage_options: Mapping[str, Any], collect_stats_kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Load the utterances of ``idx`` and return ``{utt_id, speech_len, feats}`` for each."""
         ids = idx if isinstance(idx, list) else [idx]
@@ -134,36 +142,46 @@ class CollectStatsRunner(UtteranceRunner):
             out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "feats": f})
         return out
 
-    def open_writers(self, staging_dir: Path) -> Any:
-        if not self.cfg.write_collected_feats:
-            return None
-        import kaldiio
+    def open_writers(self, staging_dir: Path) -> dict[str, Any]:
+        """``shapes.tsv`` (one ``utt_id, samples, frames,dim`` row per utterance, in manifest order)
+        and, with ``write_collected_feats``, a Kaldi ark/scp of the features."""
+        writers: dict[str, Any] = {"shapes": open(staging_dir / SHAPES, "w", encoding="utf-8"), "feats": None}
+        if self.cfg.write_collected_feats:
+            import kaldiio
 
-        self._staging = staging_dir
-        return kaldiio.WriteHelper(f"ark,scp:{staging_dir / 'feats.ark'},{staging_dir / 'feats.scp'}")
+            writers["feats"] = kaldiio.WriteHelper(f"ark,scp:{staging_dir / 'feats.ark'},{staging_dir / 'feats.scp'}")
+        return writers
 
-    def write_record(self, writers: Any, idx: Any, result: list[dict[str, Any]]) -> None:
-        if writers is not None:
-            for r in result:
-                writers(r["utt_id"], np.asarray(r["feats"], dtype=np.float32))
+    def write_record(self, writers: dict[str, Any], idx: Any, result: list[dict[str, Any]]) -> None:
+        for r in result:
+            f = r["feats"]
+            shape = "" if f is None else f"{f.shape[0]},{f.shape[1]}"
+            writers["shapes"].write(f"{r['utt_id']}\t{r['speech_len']}\t{shape}\n")
+            if writers["feats"] is not None:
+                writers["feats"](r["utt_id"], np.asarray(f, dtype=np.float32))
 
-    def close_writers(self, writers: Any) -> None:
-        if writers is not None:
-            writers.close()
+    def close_writers(self, writers: dict[str, Any]) -> None:
+        writers["shapes"].close()
+        if writers["feats"] is not None:
+            writers["feats"].close()
 
     def init_state(self) -> dict[str, Any]:
-        return {"acc": StatsAccumulator(), "shapes": []}
+        return {"acc": StatsAccumulator(), "utterances": 0, "samples": [0, None, None], "frames": [0, None, None]}
 
     def reduce_state(self, state: dict[str, Any], result: list[dict[str, Any]]) -> dict[str, Any]:
         for r in result:
             f = r["feats"]
+            state["utterances"] += 1
+            _extend(state["samples"], int(r["speech_len"]))
             if f is not None:
                 state["acc"].update(f)
-            state["shapes"].append([r["utt_id"], r["speech_len"], None if f is None else [int(f.shape[0]), int(f.shape[1])]])
+                _extend(state["frames"], int(f.shape[0]))
         return state
 
     def finalize_state(self, state: dict[str, Any], writers: Any) -> dict[str, Any]:
-        return {"stats": state["acc"].to_dict(), "shapes": state["shapes"]}
+        """Counts, sums and extremes of the shard (its rows are in ``shapes.tsv``)."""
+        return {"stats": state["acc"].to_dict(), "utterances": state["utterances"],
+                "samples": state["samples"], "frames": state["frames"]}
 
     def publish_rel(self, shard: Shard, name: str) -> str:
         if name in ("feats.ark", "feats.scp"):
@@ -175,3 +193,10 @@ class CollectStatsRunner(UtteranceRunner):
         from espnet3_flows.stats.outputs import publish_split
 
         return publish_split(self, results)
+
+
+def _extend(total_min_max: list[Any], value: int) -> None:
+    """Fold ``value`` into ``[sum, min, max]``."""
+    total_min_max[0] += value
+    total_min_max[1] = value if total_min_max[1] is None else min(total_min_max[1], value)
+    total_min_max[2] = value if total_min_max[2] is None else max(total_min_max[2], value)

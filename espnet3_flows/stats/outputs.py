@@ -18,6 +18,8 @@ from espnet3_flows.stats.accumulator import StatsAccumulator
 if TYPE_CHECKING:
     from espnet3_flows.stats.job import CollectStatsRunner
 
+SHAPES = "shapes.tsv"  # a shard's per-utterance rows (written by CollectStatsRunner)
+
 EPS = 1e-20  # ESPnet2 GlobalMVN's floor on the variance
 
 
@@ -37,8 +39,21 @@ def espnet_mvn(stats: dict[str, np.ndarray], eps: float = EPS) -> tuple[np.ndarr
     return mean, np.sqrt(np.maximum(var, eps))
 
 
+def _fold(parts: list[list[Any]]) -> tuple[int, Any, Any]:
+    """Sum, min and max over the shards' ``[sum, min, max]``."""
+    mins = [p[1] for p in parts if p[1] is not None]
+    maxs = [p[2] for p in parts if p[2] is not None]
+    return sum(p[0] for p in parts), (min(mins) if mins else None), (max(maxs) if maxs else None)
+
+
+HIST_BINS = 50
+
+
 def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> dict[str, Any]:
     """Write and publish one split's merged outputs; ``summary.json`` is published last.
+
+    Per-utterance rows are streamed shard by shard (manifest order) from the shards'
+    ``shapes.tsv`` into ``speech_shape`` / ``feats_shape``: memory is per shard, not per utterance.
 
     Returns:
         The summary (utterances, frames, seconds, dims, lengths, skipped, shard counts, files).
@@ -46,42 +61,57 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
     store = runner.storage
     assert store is not None, "collect-stats needs an output_dir"
     split, cfg = runner.split, runner.cfg
-    shapes = sorted((row for r in results for row in r.result["shapes"]), key=lambda row: row[0])
     skipped = [*runner.manifest_skipped(), *(SkippedItem.from_dict(s) for r in results for s in r.skipped)]
     acc = merge_stats(results)
     sr = cfg.frontend.sampling_rate
-    speech_lens = np.array([row[1] for row in shapes], dtype=np.int64)
+    n_utts = sum(int(r.result["utterances"]) for r in results)
+    samples = _fold([r.result["samples"] for r in results])
+    frames = _fold([r.result["frames"] for r in results])
+    in_frames = frames[1] is not None
+    lo, hi = (frames[1], frames[2]) if in_frames else ((samples[1] or 0) / sr, (samples[2] or 0) / sr)
+    edges = np.linspace(lo, hi if hi > lo else lo + 1, HIST_BINS + 1)
+    hist = np.zeros(HIST_BINS, dtype=np.int64)
     stage = Path(tempfile.mkdtemp(prefix=f"espnet3-merge-{split}-"))
     try:
         files: list[str] = []
+        with open(stage / "speech_shape", "w", encoding="utf-8") as speech_shape, \
+                open(stage / "feats_shape", "w", encoding="utf-8") as feats_shape:
+            for r in results:
+                lengths = []
+                for row in _shard_rows(store, r):
+                    utt, n, shape = row.split("\t")
+                    speech_shape.write(f"{utt} {n}\n")
+                    if shape:
+                        feats_shape.write(f"{utt} {shape}\n")
+                        lengths.append(int(shape.split(",", 1)[0]))
+                    else:
+                        lengths.append(int(n) / sr)
+                if lengths:
+                    hist += np.histogram(np.asarray(lengths, dtype=np.float64), bins=edges)[0]
         if acc.count:
             np.savez(stage / "feats_stats.npz", **acc.to_espnet())
             _write_lhotse_mvn(stage / "lhotse_global_mvn.pt", acc)
-            files += ["feats_stats.npz", "lhotse_global_mvn.pt"]
-            (stage / "feats_shape").write_text("".join(f"{u} {f[0]},{f[1]}\n" for u, _, f in shapes))
-            files.append("feats_shape")
-        (stage / "speech_shape").write_text("".join(f"{u} {n}\n" for u, n, _ in shapes))
+            files += ["feats_stats.npz", "lhotse_global_mvn.pt", "feats_shape"]
         (stage / "stats_keys").write_text("feats\n" if acc.count else "")
         (stage / "batch_keys").write_text("speech\n")
         (stage / "skipped.tsv").write_text(write_skipped_tsv(skipped))
         files += ["speech_shape", "stats_keys", "batch_keys", "skipped.tsv"]
-        frames = np.array([row[2][0] for row in shapes if row[2]], dtype=np.int64)
-        if shapes and _plot(stage / "stats.png", acc, frames if frames.size else speech_lens / sr, frames.size > 0):
+        if n_utts and _plot(stage / "stats.png", acc, hist, edges, in_frames):
             files.append("stats.png")
         if cfg.write_collected_feats:
             _merge_scp(runner, results, stage / "feats.scp")
         summary = {
             "split": split,
-            "utterances": len(shapes),
-            "frames": int(frames.sum()) if frames.size else 0,
-            "seconds": float(speech_lens.sum() / sr) if shapes else 0.0,
+            "utterances": n_utts,
+            "frames": int(frames[0]) if in_frames else 0,
+            "seconds": float(samples[0] / sr) if n_utts else 0.0,
             "feature_dim": acc.dim,
             "frontend": cfg.frontend.type,
-            "frames_min": int(frames.min()) if frames.size else None,
-            "frames_max": int(frames.max()) if frames.size else None,
-            "frames_mean": float(frames.mean()) if frames.size else None,
-            "seconds_min": float(speech_lens.min() / sr) if shapes else None,
-            "seconds_max": float(speech_lens.max() / sr) if shapes else None,
+            "frames_min": frames[1],
+            "frames_max": frames[2],
+            "frames_mean": float(frames[0] / n_utts) if in_frames and n_utts else None,
+            "seconds_min": float(samples[1] / sr) if n_utts else None,
+            "seconds_max": float(samples[2] / sr) if n_utts else None,
             "skipped": len(skipped),
             **shard_summary(results),
         }
@@ -98,6 +128,14 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
         shutil.rmtree(stage, ignore_errors=True)
 
 
+def _shard_rows(store: Any, result: ShardResult) -> list[str]:
+    """The rows of one shard's ``shapes.tsv`` (one shard at a time: memory per shard)."""
+    rel = next((f for f in result.files if f.endswith("/" + SHAPES)), None)
+    if rel is None:
+        raise RuntimeError(f"{result.shard.name}: its done record lists no {SHAPES}; rerun to recompute it")
+    return store.read_bytes(rel).decode("utf-8").splitlines()
+
+
 def _write_lhotse_mvn(path: Path, acc: StatsAccumulator) -> None:
     import torch
 
@@ -107,25 +145,23 @@ def _write_lhotse_mvn(path: Path, acc: StatsAccumulator) -> None:
 
 
 def _merge_scp(runner: "CollectStatsRunner", results: list[ShardResult], dest: Path) -> None:
-    """One scp for the split whose lines point at the published shard arks (absolute path or URL)."""
+    """One scp for the split whose lines point at the published shard arks (absolute path or URL),
+    in manifest order, written shard by shard."""
     store = runner.storage
     assert store is not None
-    lines: list[str] = []
-    for r in results:
-        scp_rel = next((f for f in r.files if f.endswith(".scp")), None)
-        ark_rel = next((f for f in r.files if f.endswith(".ark")), None)
-        if scp_rel is None or ark_rel is None:
-            continue
-        ark_uri = store.uri(ark_rel)
-        for line in store.read_bytes(scp_rel).decode("utf-8").splitlines():
-            key, _, loc = line.partition(" ")
-            offset = loc.rsplit(":", 1)[1]
-            lines.append(f"{key} {ark_uri}:{offset}")
-    lines.sort()
-    dest.write_text("".join(line + "\n" for line in lines))
+    with open(dest, "w", encoding="utf-8") as out:
+        for r in results:
+            scp_rel = next((f for f in r.files if f.endswith(".scp")), None)
+            ark_rel = next((f for f in r.files if f.endswith(".ark")), None)
+            if scp_rel is None or ark_rel is None:
+                continue
+            ark_uri = store.uri(ark_rel)
+            for line in store.read_bytes(scp_rel).decode("utf-8").splitlines():
+                key, _, loc = line.partition(" ")
+                out.write(f"{key} {ark_uri}:{loc.rsplit(':', 1)[1]}\n")
 
 
-def _plot(path: Path, acc: StatsAccumulator, lengths: np.ndarray, in_frames: bool) -> bool:
+def _plot(path: Path, acc: StatsAccumulator, hist: np.ndarray, edges: np.ndarray, in_frames: bool) -> bool:
     """Per-dimension mean ± std and a length histogram, as a PNG (False if nothing to plot)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -143,7 +179,7 @@ def _plot(path: Path, acc: StatsAccumulator, lengths: np.ndarray, in_frames: boo
         axes[0].set_title("per-dimension mean ± std")
         axes[0].legend(fontsize=8)
     ax = axes[-1]
-    ax.hist(lengths, bins=min(50, max(5, len(lengths) // 5)))
+    ax.stairs(hist, edges, fill=True)
     ax.set_xlabel("frames" if in_frames else "seconds")
     ax.set_title("utterance lengths")
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.88, wspace=0.25)  # no tight_layout: it draws twice

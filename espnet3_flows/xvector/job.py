@@ -18,7 +18,9 @@ from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
 from espnet3_flows.parallel.runner import BaseRunner, ShardResult
 from espnet3_flows.sharding import Shard
-from espnet3_flows.utterance_job import UtteranceDataset, UtteranceRunner, check_common, provider_params
+from espnet3_flows.utterance_job import ShardDataset, UtteranceRunner, check_common
+
+from espnet3_flows.xvector.publish import UTTS
 
 TOOLKITS = ("speechbrain", "custom")
 
@@ -75,6 +77,8 @@ class XVectorJobConfig:
         on_error: ``fail`` or ``skip`` (listed in ``skipped.tsv``).
         retries: Retries of a failed shard task (Prefect).
         retry_delay_seconds: First retry delay; doubles on each retry.
+        fingerprint: ``stat`` or ``manifest``: how input files are fingerprinted into shard
+            hashes (as for collect-stats).
         parallel: Where shards run.
     """
 
@@ -84,11 +88,12 @@ class XVectorJobConfig:
     on_error: str = "fail"
     retries: int = 2
     retry_delay_seconds: float = 2.0
+    fingerprint: str = "stat"
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         xv = self.xvector
-        check_common(self.on_error, self.shard_size, xv.batch_size, xv.manifest_paths)
+        check_common(self.on_error, self.shard_size, xv.batch_size, xv.manifest_paths, self.fingerprint)
         if xv.toolkit not in TOOLKITS:
             raise ConfigError(f"xvector.toolkit must be one of {TOOLKITS}, got {xv.toolkit!r}")
         if xv.toolkit == "speechbrain" and not xv.pretrained_model:
@@ -131,16 +136,16 @@ def _build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
     torch.set_num_threads(1)
     xv = cfg.xvector
     batch = xv.batch_size or (16 if xv.device.startswith("cuda") else 1)
-    return {"dataset": UtteranceDataset(xv.manifest_paths[split], split, cfg.on_error, cfg.storage_options),
-            "embedder": build_embedder(xv),
+    return {"embedder": build_embedder(xv),
             "audio": AudioConfig(xv.sampling_rate, xv.channel, xv.max_duration),
             "storage_options": dict(cfg.storage_options),
             "model_batch": (batch, xv.max_padded_samples)}
 
 
 class XVectorProvider(EnvironmentProvider):
-    """Builds ``dataset``, ``embedder`` (the model, loaded once per worker), ``audio``,
-    ``storage_options`` and ``model_batch``. ``params["split"]`` names the split."""
+    """Builds ``embedder`` (the model, loaded once per worker), ``audio``, ``storage_options`` and
+    ``model_batch`` (``dataset``, a shard's utterances, comes with each shard). ``params["split"]``
+    names the split."""
 
     def build_env_local(self) -> dict[str, Any]:
         return _build_env(self.config, self.params["split"])
@@ -159,8 +164,9 @@ class XVectorRunner(UtteranceRunner):
         self.split = split
         self.manifest = cfg.xvector.manifest_paths[split]
         self.input_options = cfg.storage_options
+        self.fingerprint = cfg.fingerprint
         # forward receives the whole shard, so utterances are length-sorted across it
-        super().__init__(XVectorProvider(cfg, provider_params(split, self.manifest, cfg.storage_options)),
+        super().__init__(XVectorProvider(cfg, {"split": split}),
                          batch_size=cfg.shard_size, output_dir=cfg.output_dir,
                          shard_subdir=f"{cfg.xvector.spk_embed_tag}/{split}/shards", shard_size=cfg.shard_size,
                          storage_options=cfg.storage_options, on_error=cfg.on_error, **kwargs)
@@ -179,7 +185,7 @@ class XVectorRunner(UtteranceRunner):
                 "channel": xv.channel, "max_duration": xv.max_duration, "on_error": self.cfg.on_error}
 
     @staticmethod
-    def forward(idx: Any, dataset: UtteranceDataset, embedder: Any, audio: AudioConfig,
+    def forward(idx: Any, dataset: ShardDataset, embedder: Any, audio: AudioConfig,
                 storage_options: Mapping[str, Any], model_batch: tuple[int, int | None]) -> list[dict[str, Any]]:
         """Embed the utterances of ``idx`` in length-sorted batches; one record per utterance."""
         from espnet3_flows.xvector.model import embed_waveforms
@@ -195,29 +201,36 @@ class XVectorRunner(UtteranceRunner):
                 for u, w, e in zip(utts, waves, emb)]
 
     def open_writers(self, staging_dir: Path) -> dict[str, Any]:
-        return {"dir": staging_dir, "embeddings": {}}
+        return {"dir": staging_dir, "embeddings": {}, "utts": open(staging_dir / UTTS, "w", encoding="utf-8")}
 
     def write_record(self, writers: dict[str, Any], idx: Any, result: list[dict[str, Any]]) -> None:
         for r in result:
             writers["embeddings"][r["utt_id"]] = r["embedding"]
+            writers["utts"].write(f"{r['utt_id']}\t{r['speaker']}\t{r['samples']}\n")
 
     def close_writers(self, writers: dict[str, Any]) -> None:
         from espnet3_flows.xvector.outputs import write_utterance_tensors, write_xvector_ark_scp
 
+        writers["utts"].close()
         if writers["embeddings"]:
             write_utterance_tensors(writers["dir"] / "pt", writers["embeddings"])
             write_xvector_ark_scp(writers["dir"], writers["embeddings"], name="xvector")
 
-    def init_state(self) -> list[list[Any]]:
-        return []
+    def init_state(self) -> dict[str, int]:
+        return {"utterances": 0, "samples": 0}
 
-    def reduce_state(self, state: list[list[Any]], result: list[dict[str, Any]]) -> list[list[Any]]:
-        state.extend([r["utt_id"], r["speaker"], r["samples"]] for r in result)
+    def reduce_state(self, state: dict[str, int], result: list[dict[str, Any]]) -> dict[str, int]:
+        state["utterances"] += len(result)
+        state["samples"] += sum(int(r["samples"]) for r in result)
         return state
 
-    def finalize_state(self, state: list[list[Any]], writers: dict[str, Any]) -> dict[str, Any]:
+    def finalize_state(self, state: dict[str, int], writers: dict[str, Any]) -> dict[str, Any]:
+        """Counts of the shard (its rows are in ``utts.tsv``, its embeddings in its ark)."""
         dims = {int(np.asarray(e).shape[0]) for e in writers["embeddings"].values()}
-        return {"utts": state, "dim": dims.pop() if dims else None}
+        return {**state, "dim": dims.pop() if dims else None}
+
+    def lists_published(self, rel: str) -> bool:
+        return not rel.endswith(".pt")  # one per utterance: counted, not listed
 
     def publish_rel(self, shard: Shard, name: str) -> str:
         if name.startswith("pt/"):  # per-utterance tensors go straight to their final place
@@ -243,8 +256,7 @@ def _model_fingerprint(source: str) -> str:
     return h.hexdigest()[:24]
 
 
-def xvector_runners(cfg: XVectorJobConfig) -> list[tuple[BaseRunner, range]]:
-    """One runner per selected split, with its item indices."""
-    runners = [XVectorRunner(cfg, split) for split in cfg.selected_splits()]
-    return [(r, r.indices()) for r in runners]
+def xvector_runners(cfg: XVectorJobConfig) -> list[BaseRunner]:
+    """One runner per selected split."""
+    return [XVectorRunner(cfg, split) for split in cfg.selected_splits()]
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Mapping
 
 import numpy as np
-import torch
 
 from espnet3_flows.manifest import validate_utt_id
 
@@ -63,6 +62,8 @@ def write_utterance_tensors(out_dir: str | Path, embeddings: Mapping[str, np.nda
     and finiteness before any file is written. Each file appears atomically (temporary name,
     then rename). Returns the written paths in key order.
     """
+    import torch
+
     out = Path(out_dir)
     checked = {}
     for utt_id, value in embeddings.items():
@@ -143,31 +144,46 @@ def relocate_scp(scp_path: str | Path, new_ark_path: str | Path) -> int:
     return len(lines)
 
 
+class SpeakerMeans:
+    """Running per-speaker mean embeddings (float64 sums): memory per speaker, not per utterance."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, np.ndarray] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, utt_id: str, speaker: str, embedding: np.ndarray) -> None:
+        """Count one utterance's embedding for its speaker (ValueError on a missing speaker or a
+        dimension that differs from the speaker's other utterances)."""
+        if not speaker:
+            raise ValueError(f"utterance {utt_id!r} has no speaker in utt2spk")
+        vec = _embedding_vector(utt_id, embedding).astype(np.float64)
+        if speaker in self.sums:
+            if self.sums[speaker].shape != vec.shape:
+                raise ValueError(
+                    f"utterance {utt_id!r}: embedding dimension {vec.shape[0]} differs from "
+                    f"{self.sums[speaker].shape[0]} of other utterances of speaker {speaker!r}"
+                )
+            self.sums[speaker] += vec
+            self.counts[speaker] += 1
+        else:
+            self.sums[speaker] = vec.copy()
+            self.counts[speaker] = 1
+
+    def means(self) -> dict[str, np.ndarray]:
+        """Mean embedding per speaker (float32), keys sorted."""
+        return {spk: (self.sums[spk] / self.counts[spk]).astype(np.float32) for spk in sorted(self.sums)}
+
+
 def speaker_means(embeddings: Mapping[str, np.ndarray], utt2spk: Mapping[str, str]) -> dict[str, np.ndarray]:
     """Mean embedding per speaker (accumulated in float64, returned float32), keys sorted.
 
     Every utterance in ``embeddings`` must have a speaker in ``utt2spk`` (ValueError naming it);
     ``utt2spk`` entries without an embedding (e.g. skipped utterances) are ignored.
     """
-    sums: dict[str, np.ndarray] = {}
-    counts: dict[str, int] = {}
+    acc = SpeakerMeans()
     for utt_id in sorted(embeddings):
-        spk = utt2spk.get(utt_id)
-        if spk is None or spk == "":
-            raise ValueError(f"utterance {utt_id!r} has no speaker in utt2spk")
-        vec = _embedding_vector(utt_id, embeddings[utt_id]).astype(np.float64)
-        if spk in sums:
-            if sums[spk].shape != vec.shape:
-                raise ValueError(
-                    f"utterance {utt_id!r}: embedding dimension {vec.shape[0]} differs from "
-                    f"{sums[spk].shape[0]} of other utterances of speaker {spk!r}"
-                )
-            sums[spk] += vec
-            counts[spk] += 1
-        else:
-            sums[spk] = vec.copy()
-            counts[spk] = 1
-    return {spk: (sums[spk] / counts[spk]).astype(np.float32) for spk in sorted(sums)}
+        acc.add(utt_id, utt2spk.get(utt_id) or "", embeddings[utt_id])
+    return acc.means()
 
 
 def write_speaker_xvector_ark_scp(

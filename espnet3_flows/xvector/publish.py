@@ -12,61 +12,85 @@ import numpy as np
 
 from espnet3_flows.manifest import SkippedItem, write_skipped_tsv
 from espnet3_flows.parallel.results import ShardResult, shard_summary
-from espnet3_flows.xvector.outputs import (
-    relocate_scp,
-    speaker_means,
-    write_speaker_xvector_ark_scp,
-    write_xvector_ark_scp,
-)
+from espnet3_flows.xvector.outputs import SpeakerMeans, relocate_scp, write_speaker_xvector_ark_scp
 
 if TYPE_CHECKING:
     from espnet3_flows.xvector.job import XVectorRunner
 
+UTTS = "utts.tsv"  # a shard's per-utterance rows (written by XVectorRunner)
 
-def load_shard_embeddings(runner: "XVectorRunner", results: list[ShardResult], scratch: Path) -> dict[str, np.ndarray]:
-    """Every utterance's embedding, read back from the shards' published arks."""
+
+def _shard_embeddings(store: Any, result: ShardResult, scratch: Path) -> dict[str, np.ndarray]:
+    """One shard's embeddings, read back from its published ark."""
     import kaldiio
 
-    store = runner.storage
-    assert store is not None
-    out: dict[str, np.ndarray] = {}
-    for r in results:
-        ark_rel = next((f for f in r.files if f.endswith("/xvector.ark")), None)
-        if ark_rel is None:
-            continue
-        local = Path(store.path(ark_rel)) if store.is_local else scratch / f"{r.shard.name}.ark"
+    ark_rel = next((f for f in result.files if f.endswith("/xvector.ark")), None)
+    if ark_rel is None:
+        return {}
+    local = Path(store.path(ark_rel)) if store.is_local else scratch / f"{result.shard.name}.ark"
+    if not store.is_local:
+        store.get_file(ark_rel, local)
+    try:
+        return {key: np.asarray(vec, dtype=np.float32) for key, vec in kaldiio.load_ark(str(local))}
+    finally:
         if not store.is_local:
-            store.get_file(ark_rel, local)
-        for key, vec in kaldiio.load_ark(str(local)):
-            out[key] = np.asarray(vec, dtype=np.float32)
-    return out
+            local.unlink(missing_ok=True)
+
+
+def _shard_rows(store: Any, result: ShardResult) -> list[tuple[str, str, int]]:
+    """One shard's ``(utt_id, speaker, samples)`` rows, in manifest order."""
+    rel = next((f for f in result.files if f.endswith("/" + UTTS)), None)
+    if rel is None:
+        raise RuntimeError(f"{result.shard.name}: its done record lists no {UTTS}; rerun to recompute it")
+    rows = []
+    for line in store.read_bytes(rel).decode("utf-8").splitlines():
+        utt, spk, n = line.split("\t")
+        rows.append((utt, spk, int(n)))
+    return rows
 
 
 def publish_split(runner: "XVectorRunner", results: list[ShardResult]) -> dict[str, Any]:
-    """Write and publish one split's merged outputs; ``summary.json`` is published last."""
+    """Write and publish one split's merged outputs; ``summary.json`` is published last.
+
+    Shard by shard (manifest order): each shard's embeddings are appended to the split's
+    ``xvector.ark`` and folded into running speaker means, so memory is per shard and per
+    speaker, never per utterance.
+    """
+    import kaldiio
+
     store = runner.storage
     assert store is not None, "x-vector extraction needs a save_path"
     rel, split = runner.outputs_rel, runner.split
-    rows = sorted((row for r in results for row in r.result["utts"]), key=lambda row: row[0])
     skipped = [*runner.manifest_skipped(), *(SkippedItem.from_dict(s) for r in results for s in r.skipped)]
     stage = Path(tempfile.mkdtemp(prefix=f"espnet3-xvector-merge-{split}-"))
     try:
-        embeddings = load_shard_embeddings(runner, results, stage)
-        missing = [u for u, _, _ in rows if u not in embeddings]
-        if missing:
-            raise RuntimeError(f"split {split}: shard arks lack embeddings for {missing[:5]} ({len(missing)} in all)")
+        (stage / "utt").mkdir()
+        means = SpeakerMeans()
+        n_utts = n_samples = without_speaker = 0
+        with kaldiio.WriteHelper(f"ark,scp:{stage / 'utt' / 'xvector.ark'},{stage / 'utt' / 'xvector.scp'}") as ark, \
+                open(stage / "utt2spk", "w", encoding="utf-8") as utt2spk:
+            for r in results:
+                embeddings = _shard_embeddings(store, r, stage)
+                for utt, spk, n in _shard_rows(store, r):
+                    if utt not in embeddings:
+                        raise RuntimeError(f"split {split}: the ark of {r.shard.name} lacks the embedding of {utt!r}")
+                    ark(utt, embeddings[utt])
+                    n_utts += 1
+                    n_samples += n
+                    if spk:
+                        utt2spk.write(f"{utt} {spk}\n")
+                        means.add(utt, spk, embeddings[utt])
+                    else:
+                        without_speaker += 1
         files: list[str] = []
-        if embeddings:
-            _, scp = write_xvector_ark_scp(stage / "utt", embeddings, name="xvector")
-            relocate_scp(scp, store.uri(rel, "xvector.ark"))
+        if n_utts:
+            relocate_scp(stage / "utt" / "xvector.scp", store.uri(rel, "xvector.ark"))
             files += ["xvector.ark", "xvector.scp"]
-        utt2spk = {u: spk for u, spk, _ in rows if spk}
-        means = speaker_means({u: embeddings[u] for u in utt2spk}, utt2spk) if utt2spk else {}
-        if means:
-            _, spk_scp = write_speaker_xvector_ark_scp(stage / "spk", means, name="spk_xvector")
+        speakers = means.means()
+        if speakers:
+            _, spk_scp = write_speaker_xvector_ark_scp(stage / "spk", speakers, name="spk_xvector")
             relocate_scp(spk_scp, store.uri(rel, "spk_xvector.ark"))
             files += ["spk_xvector.ark", "spk_xvector.scp"]
-        (stage / "utt2spk").write_text("".join(f"{u} {s}\n" for u, s in sorted(utt2spk.items())))
         (stage / "skipped.tsv").write_text(write_skipped_tsv(skipped))
         files += ["utt2spk", "skipped.tsv"]
         sources = {"xvector.ark": "utt", "xvector.scp": "utt", "spk_xvector.ark": "spk", "spk_xvector.scp": "spk"}
@@ -76,11 +100,11 @@ def publish_split(runner: "XVectorRunner", results: list[ShardResult]) -> dict[s
         sr = runner.cfg.xvector.sampling_rate
         summary = {
             "split": split,
-            "utterances": len(rows),
-            "seconds": float(sum(n for _, _, n in rows) / sr),
+            "utterances": n_utts,
+            "seconds": float(n_samples / sr),
             "embedding_dim": dims.pop() if len(dims) == 1 else None,
-            "speakers": len(means),
-            "utterances_without_speaker": len(rows) - len(utt2spk),
+            "speakers": len(speakers),
+            "utterances_without_speaker": without_speaker,
             "skipped": len(skipped),
             **shard_summary(results),
             "files": {name: store.uri(rel, name) for name in files},

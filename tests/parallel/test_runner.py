@@ -49,7 +49,7 @@ def test_runner_results_layout_and_resume(where, kind, batch_size, request, tmp_
         assert done["shard_hash"] == shard.hash and done["num_items"] == shard.num_items
         assert done["files"] == [f"job/{shard.name}/values.txt"]
         lines = store.read_bytes("job", shard.name, "values.txt").decode().splitlines()
-        assert [int(line.split()[0]) for line in lines] == list(shard.indices)
+        assert [int(line.split()[0]) for line in lines] == list(shard.items)
     again = runner.run(range(N), client=client, progress=False)
     assert (again.computed, again.cached) == (0, 6) and again.merged == out.merged
 

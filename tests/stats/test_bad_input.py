@@ -51,7 +51,7 @@ def _config(manifest: Path, out: Path, *overrides: str) -> CollectStatsConfig:
 
 def _run(cfg: CollectStatsConfig):
     runner = CollectStatsRunner(cfg, "train")
-    return runner.run(range(len(runner.utterances())), progress=False)
+    return runner.run(progress=False)
 
 
 def _npz(path: Path) -> dict[str, np.ndarray]:

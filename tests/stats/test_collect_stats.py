@@ -58,7 +58,7 @@ def _config(manifest: str, output_dir: str, *overrides: str, base: dict | None =
 
 def _run(cfg: CollectStatsConfig, client=None):
     runner = CollectStatsRunner(cfg, "train")
-    return runner.run(range(len(runner.utterances())), client=client, progress=False)
+    return runner.run(client=client, progress=False)
 
 
 def _npz(path) -> dict[str, np.ndarray]:

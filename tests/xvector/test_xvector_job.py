@@ -30,7 +30,7 @@ def _cfg(ecapa_dir, manifest, out, *extra) -> XVectorJobConfig:
 
 def _run(cfg, client=None):
     runner = XVectorRunner(cfg, "valid")
-    return runner.run(runner.indices(), client=client, progress=False)
+    return runner.run(client=client, progress=False)
 
 
 def test_outputs_match_single_utterance_encoding(ecapa_dir, demo_corpus, tmp_path):

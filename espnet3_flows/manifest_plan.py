@@ -1,0 +1,296 @@
+"""Streaming a split's manifest into a compact shard plan: one pass, memory per shard, not per utterance.
+
+The driver reads each manifest once: it parses and checks every line, fingerprints the audio
+files in batches, cuts content-defined shards and hashes them, and keeps, per shard, only the
+byte range of its lines (plus the few lines to leave out). Duplicate ids are found from 64-bit
+id hashes (8 bytes an utterance) and confirmed by a second look at the colliding ids only.
+Workers then read just their shard's bytes (:func:`~espnet3_flows.manifest.read_manifest_slice`).
+A gzip-compressed manifest is decompressed once into a plain spool file beside the outputs,
+which the workers read by byte range instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import posixpath
+from array import array
+from hashlib import blake2b
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from espnet3_flows.fingerprints import MISSING, Fingerprinter
+from espnet3_flows.manifest import (
+    ManifestError,
+    ManifestLineError,
+    SkippedItem,
+    is_lhotse_manifest,
+    iter_manifest_lines,
+    line_error,
+    parse_manifest_line,
+    planning_fields,
+)
+from espnet3_flows.sharding import Shard, ShardCutter, ShardPlan, code_salt, digest, id_hash64
+from espnet3_flows.storage import Storage
+
+_BLOCK = 4096
+
+
+@dataclass
+class SplitPlan:
+    """A split's shard plan and what planning found.
+
+    Attributes:
+        plan: The shards; each ``source`` is a byte range of ``manifest``.
+        skipped: Manifest lines left out under ``on_error: skip`` (bad lines, duplicate ids).
+        manifest: The file the workers read (the manifest, or its decompressed spool).
+    """
+
+    plan: ShardPlan
+    skipped: list[SkippedItem] = field(default_factory=list)
+    manifest: str = ""
+
+
+def _local_abspath(path: str) -> str:
+    """Local paths made absolute, so workers in another directory read the same file."""
+    if "://" in path and not path.startswith("file://"):
+        return path
+    return os.path.abspath(path[len("file://"):] if path.startswith("file://") else path)
+
+
+def plan_manifest(
+    manifest: str,
+    split: str,
+    shard_size: int,
+    config: Mapping[str, Any],
+    *,
+    on_error: str = "fail",
+    fingerprint: str = "stat",
+    storage_options: Mapping[str, Any] | None = None,
+    spool: Storage | None = None,
+    spool_rel: str = "",
+    salt: str | None = None,
+) -> SplitPlan:
+    """Plan one split from its manifest in a single streaming pass.
+
+    A shard's hash covers each of its lines (id, path, text, ...) with the audio file's
+    fingerprint, the job ``config`` and the code salt; boundaries follow the utterance ids
+    (see :class:`~espnet3_flows.sharding.ShardCutter`).
+
+    Args:
+        manifest: TSV or lhotse ``.jsonl[.gz]`` manifest, path or URL.
+        split: Split name (for messages).
+        shard_size: Mean utterances per shard.
+        config: The job config that affects outputs.
+        on_error: ``fail`` raises :class:`ManifestError` at the first bad line; ``skip`` leaves
+            bad lines and repeated ids out and lists them.
+        fingerprint: ``stat`` or ``manifest`` (see :mod:`espnet3_flows.fingerprints`).
+        storage_options: fsspec options for a remote manifest and remote audio.
+        spool: Storage where a compressed manifest is decompressed for the workers.
+        spool_rel: Directory below ``spool`` for that file.
+        salt: Code-version salt (:func:`~espnet3_flows.sharding.code_salt` by default).
+
+    Raises:
+        ManifestError: a bad line under ``fail``, a repeated id under ``fail``, an unreadable
+            manifest, or a manifest with no usable line.
+    """
+    manifest = _local_abspath(manifest)
+    source_path, writer_target = manifest, None
+    if manifest.endswith(".gz"):
+        if spool is None:
+            raise ManifestError(f"split {split!r}: a compressed manifest ({manifest}) needs an output location "
+                                "to decompress it into")
+        source_path, writer_target = _spool_target(manifest, split, spool, spool_rel, storage_options)
+    salt = code_salt() if salt is None else salt
+    excluded: dict[int, str] = {}
+    with Fingerprinter(fingerprint, storage_options) as fingerprinter:
+        while True:
+            writer = _SpoolWriter(source_path, writer_target) if writer_target is not None else None
+            read_from = manifest if writer is not None or source_path == manifest else source_path
+            plan, skipped, id_hashes = _plan_pass(manifest, source_path, split, shard_size, config, on_error,
+                                                  fingerprinter, storage_options, salt, excluded, writer, read_from)
+            writer_target = None  # the spool is written by the first pass only
+            repeated = _repeated_ids(read_from if source_path == manifest else source_path, split, id_hashes,
+                                     storage_options, excluded)
+            if not repeated:
+                break
+            if on_error == "fail":
+                lineno, (uid, first) = min(repeated.items())
+                raise ManifestError(f"split {split!r}: {manifest}:{lineno}: utt {uid!r}: duplicate utterance id "
+                                    f"{uid!r} (first on line {first})")
+            excluded.update({line: f"duplicate utterance id {uid!r} (first on line {first})"
+                             for line, (uid, first) in repeated.items()})
+    if not plan.shards:
+        raise ManifestError(f"split {split!r}: manifest {manifest} has no usable utterance")
+    return SplitPlan(plan, skipped, source_path)
+
+
+def _spool_target(manifest: str, split: str, spool: Storage, rel: str,
+                  storage_options: Mapping[str, Any] | None) -> tuple[str, Storage | None]:
+    """Where the decompressed manifest lives (named by the compressed file's fingerprint) and,
+    when it does not exist yet, the storage to write it to."""
+    from espnet3_flows.fingerprints import fingerprint_files
+
+    stamp = fingerprint_files([manifest], storage_options)[manifest]
+    if stamp == MISSING:
+        raise ManifestError(f"split {split!r}: manifest not found: {manifest}")
+    name = posixpath.basename(manifest)[: -len(".gz")]
+    stem, _, ext = name.rpartition(".")
+    spool_name = posixpath.join(rel, f"{stem or name}-{digest([manifest, stamp])[:16]}.{ext or 'txt'}")
+    uri = spool.uri(spool_name)
+    return (uri, None) if spool.exists(spool_name) else (uri, spool)
+
+
+class _SpoolWriter:
+    """Writes the decompressed manifest next to the outputs; visible only once complete (a
+    local file is renamed into place; an object store's upload completes in one step)."""
+
+    def __init__(self, uri: str, store: Storage):
+        self.store = store
+        self.rel = uri[len(store.uri()):].lstrip("/")
+        self.tmp_rel = f"{self.rel}.tmp-{os.getpid()}" if store.is_local else self.rel
+        if store.is_local:
+            os.makedirs(posixpath.dirname(store.path(self.tmp_rel)), exist_ok=True)
+        self.f = store.fs.open(store.path(self.tmp_rel), "wb")
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+
+    def commit(self) -> None:
+        self.f.close()
+        if self.tmp_rel != self.rel:
+            os.replace(self.store.path(self.tmp_rel), self.store.path(self.rel))
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            self.f.close()
+        self.store.remove(self.tmp_rel)
+
+
+class _PassState:
+    """The shard being cut during one planning pass."""
+
+    def __init__(self, manifest: str, source_path: str, shard_size: int, config_hash: str, salt: str):
+        self.lhotse = is_lhotse_manifest(manifest)
+        self.source_path = source_path
+        self.cutter = ShardCutter(shard_size, config_hash, salt)
+        self.shards: list[Shard] = []
+        self.id_hashes = array("Q")
+        self.start, self.line, self.items = 0, 1, 0
+        self.bytes = hashlib.sha256()
+        self.skip: list[int] = []
+        self.tail: list[tuple[int, bytes, bool]] = []  # lines after the last item: (line, raw, left out)
+        self.last = (0, 0)  # line and end offset of the last item
+
+    def add_block(self, block: list[tuple[int, int, bytes, str | None, str | bool]], prints: list[str]) -> None:
+        """Add a block of lines: ``(line, end offset, raw, utt id or None, path or left-out flag)``."""
+        fp = iter(prints)
+        cutter, tail, bytes_hash, append_hash = self.cutter, self.tail, self.bytes, self.id_hashes.append
+        for lineno, end, raw, utt_id, path in block:
+            if utt_id is None:  # blank, comment, or left out: in the next shard's range if an item follows
+                tail.append((lineno, raw, path is True))
+                continue
+            if tail:
+                for t_line, t_raw, left_out in tail:
+                    bytes_hash.update(t_raw)
+                    if left_out:
+                        self.skip.append(t_line)
+                tail.clear()
+            bytes_hash.update(raw)
+            h = int.from_bytes(blake2b(utt_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+            append_hash(h)
+            self.last = (lineno, end)
+            if cutter.add(h, raw.rstrip(b"\r\n") + b"\t" + next(fp).encode()):
+                self.close()
+                bytes_hash = self.bytes
+
+    def close(self) -> None:
+        shard_hash, n = self.cutter.close()
+        lineno, end = self.last
+        source: dict[str, Any] = {"path": self.source_path, "start": self.start, "end": end, "line": self.line,
+                                  "sha256": self.bytes.hexdigest(), "lhotse": self.lhotse}
+        if self.skip:
+            source["skip"] = list(self.skip)
+        self.shards.append(Shard(len(self.shards), self.items, self.items + n, shard_hash, source))
+        self.start, self.line, self.items = end, lineno + 1, self.items + n
+        self.bytes = hashlib.sha256()
+        self.skip = []
+
+
+def _plan_pass(manifest: str, source_path: str, split: str, shard_size: int, config: Mapping[str, Any],
+               on_error: str, fingerprinter: Fingerprinter, storage_options: Mapping[str, Any] | None, salt: str,
+               excluded: Mapping[int, str], spool_writer: _SpoolWriter | None, read_from: str
+               ) -> tuple[ShardPlan, list[SkippedItem], array]:
+    """One streaming pass: shards, skipped lines and every kept id's 64-bit hash (in order)."""
+    st = _PassState(manifest, source_path, shard_size, digest(config), salt)
+    lhotse = st.lhotse
+    skipped: list[SkippedItem] = []
+    block: list[tuple[int, int, bytes, str | None, str | bool]] = []
+    paths: list[str] = []
+    try:
+        for lineno, end, raw in iter_manifest_lines(read_from, split, storage_options):
+            if spool_writer is not None:
+                spool_writer.write(raw)
+            try:
+                fields = planning_fields(raw, lineno, lhotse)
+                if fields is not None and lineno in excluded:
+                    raise ManifestLineError(excluded[lineno], fields[0])
+            except ManifestLineError as exc:
+                if on_error == "fail":
+                    raise ManifestError(line_error(split, manifest, lineno, exc)) from None
+                skipped.append(SkippedItem(split, exc.utt_id, lineno, "", f"manifest: {exc}"))
+                block.append((lineno, end, raw, None, True))  # left out: the worker must not parse it
+                continue
+            if fields is None:
+                block.append((lineno, end, raw, None, False))
+                continue
+            block.append((lineno, end, raw, fields[0], fields[1]))
+            paths.append(fields[1])
+            if len(paths) >= _BLOCK:
+                st.add_block(block, fingerprinter.fingerprints(paths))
+                block, paths = [], []
+        st.add_block(block, fingerprinter.fingerprints(paths))
+        if st.cutter.count:
+            st.close()
+        if spool_writer is not None:
+            spool_writer.commit()
+    except BaseException:
+        if spool_writer is not None:
+            spool_writer.abort()
+        raise
+    return ShardPlan(tuple(st.shards), shard_size, digest(config), salt), skipped, st.id_hashes
+def _repeated_ids(manifest: str, split: str, id_hashes: array, storage_options: Mapping[str, Any] | None,
+                  excluded: Mapping[int, str]) -> dict[int, tuple[str, int]]:
+    """Lines whose id repeats an earlier line's: ``{line: (id, first line)}`` (empty when none).
+
+    Sorting the 64-bit hashes finds candidates in 8 bytes an utterance; only candidates are then
+    compared by their real ids, so a hash collision of two different ids is not an error.
+    """
+    if len(id_hashes) < 2:
+        return {}
+    arr = np.frombuffer(id_hashes, dtype=np.uint64)
+    srt = np.sort(arr)
+    candidates = set(srt[1:][srt[1:] == srt[:-1]].tolist())
+    del arr, srt
+    if not candidates:
+        return {}
+    lhotse = is_lhotse_manifest(manifest)
+    first: dict[str, int] = {}
+    repeated: dict[int, tuple[str, int]] = {}
+    for lineno, _, raw in iter_manifest_lines(manifest, split, storage_options):
+        if lineno in excluded:
+            continue
+        try:
+            utt = parse_manifest_line(raw, lineno, lhotse)
+        except ManifestLineError:
+            continue
+        if utt is None or id_hash64(utt.utt_id) not in candidates:
+            continue
+        if utt.utt_id in first:
+            repeated[lineno] = (utt.utt_id, first[utt.utt_id])
+        else:
+            first[utt.utt_id] = lineno
+    return repeated
