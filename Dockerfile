@@ -1,6 +1,7 @@
 # Prefect worker image for espnet3-flows: the project installed with its tested pins, run from the
 # project root so deployment entrypoints such as flows/collect_stats.py:collect_stats_flow resolve.
-#   docker build -t espnet3-flows:0.1.0 .        (docker-compose.yml builds it as the `worker`)
+#   docker build -t espnet3-flows:0.1.0 .        (docker-compose.yml builds it as the `worker`, and
+#   runs the same image as `dask-scheduler` / `dask-worker` with `dask scheduler` / `dask worker`)
 # TORCH_INDEX_URL: the CPU build of the pinned torch (==2.9.1 accepts 2.9.1+cpu) keeps the image
 # ~1.5 GB instead of ~8 GB of CUDA wheels; pass --build-arg TORCH_INDEX_URL=https://pypi.org/simple
 # for the CUDA build from PyPI.

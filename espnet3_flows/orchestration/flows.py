@@ -25,7 +25,7 @@ from espnet3_flows.orchestration.shard_tasks import merge_task, retry_delays, sh
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
 from espnet3_flows.parallel.forkserver import worker_start_method
 from espnet3_flows.parallel.runner import ShardFailure
-from espnet3_flows.parallel.worker_env import env_keys, install_runners, register_runner
+from espnet3_flows.parallel.worker_env import env_keys, install_runners, register_runner, uninstall_runners
 from espnet3_flows.sharding import shard_name
 from espnet3_flows.storage import redact
 
@@ -84,6 +84,7 @@ def run_job(job: str, config: dict[str, Any] | None = None, progress: bool = Tru
     if run.pending_shards:
         prestart_workers(cfg.parallel, spec.worker_modules)
         warn_if_dask_client_open(cfg.parallel)
+        warn_if_api_unreachable(cfg.parallel)
         runner, start_method = make_task_runner(cfg.parallel)
     else:  # only merges: in this process
         runner, start_method = ThreadPoolTaskRunner(max_workers=1), "spawn"
@@ -113,6 +114,19 @@ def warn_if_dask_client_open(parallel: Any) -> bool:
         "a Dask client is open in this process (%s): prefect-dask will run the shard tasks on its cluster, "
         "not on parallel.env=%s; close it (client.close()) or run the flow in its own process",
         getattr(client, "scheduler", None) and client.scheduler.address, parallel.env)
+    return True
+
+
+def warn_if_api_unreachable(parallel: Any) -> bool:
+    """Warn when the shards run on a cluster started elsewhere while the Prefect API is on this
+    machine's loopback (a private server): workers on other hosts cannot report to it."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = str(PREFECT_API_URL.value() or "")
+    if parallel.env != "address" or not any(h in url for h in ("//127.", "//localhost", "//[::1]")):
+        return False
+    log.warning("parallel.env=address with the Prefect API at %s: Dask workers on other hosts cannot reach a "
+                "loopback address; start a Prefect server they can reach and set PREFECT_API_URL", url)
     return True
 
 
@@ -182,8 +196,6 @@ def shard_flow(job: str, config: dict[str, Any], progress: bool = True) -> dict[
     (:func:`~espnet3_flows.orchestration.job_run.running`); ``config`` is the masked copy shown
     in the UI.
     """
-    from tqdm.auto import tqdm
-
     logger = get_run_logger()
     run = current_run()
     cfg = run.cfg
@@ -197,7 +209,22 @@ def shard_flow(job: str, config: dict[str, Any], progress: bool = True) -> dict[
         for split in busy:
             split.runner.check_env_keys(keys[split.key])
             logger.info("%s %s: env ready (%s)", job, split.split, ", ".join(keys[split.key]))
-    t_ready = time.perf_counter()
+    try:
+        return _run_shards(job, run, t0, progress, logger)
+    finally:
+        if busy and cfg.parallel.env == "address":  # a long-lived cluster: leave no plugin behind
+            from prefect.context import FlowRunContext
+
+            uninstall_runners(FlowRunContext.get().task_runner.client, [s.key for s in busy])
+
+
+def _run_shards(job: str, run: JobRun, t0: float, progress: bool, logger: Any) -> dict[str, Any]:
+    """Submit the pending shards (at most :data:`SUBMIT_WINDOW` at once), merge each split when its
+    last shard is in, publish artifacts; raise :class:`ShardFailure` naming every failed shard."""
+    from tqdm.auto import tqdm
+
+    cfg = run.cfg
+    t_ready = time.perf_counter()  # workers ready
     meter = ProgressArtifact(job, run.total_shards, done=run.done_shards)
     bar = tqdm(total=run.total_shards, initial=run.done_shards, desc=job, unit="shard", disable=not progress)
     task = shard_task.with_options(retries=cfg.retries,

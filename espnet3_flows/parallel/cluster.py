@@ -1,4 +1,5 @@
-"""Dask clusters from the ``parallel:`` config: local processes, local GPUs, or a batch scheduler."""
+"""Dask clusters from the ``parallel:`` config: local processes, local GPUs, a batch scheduler, or a
+running scheduler someone else started."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ import contextlib
 import difflib
 import importlib
 import inspect
+import json
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from espnet3_flows.config import ConfigError
+
+_LOG = logging.getLogger(__name__)
 
 #: ``parallel.env`` → cluster class. ``serial`` runs in the calling process with no Dask.
 CLUSTER_CLASSES: dict[str, str] = {
@@ -24,7 +29,8 @@ CLUSTER_CLASSES: dict[str, str] = {
     "oar": "dask_jobqueue.OARCluster",
     "moab": "dask_jobqueue.MoabCluster",
 }
-ENVS = ("serial", *CLUSTER_CLASSES)
+#: Environments without a cluster class: ``serial`` (in-process), ``address`` (a running scheduler).
+ENVS = ("serial", *CLUSTER_CLASSES, "address")
 START_METHODS = ("forkserver", "spawn")
 
 
@@ -36,7 +42,8 @@ class ParallelConfig:
         env: ``serial`` (in this process, no Dask), ``local`` (a process ``LocalCluster``),
             ``local_gpu`` (``dask_cuda.LocalCUDACluster``, one GPU per worker) or a batch
             scheduler of dask-jobqueue: ``slurm``, ``pbs``, ``sge``, ``lsf``, ``htcondor``,
-            ``oar``, ``moab``.
+            ``oar``, ``moab``; or ``address``: the Dask cluster someone else started (named by
+            ``address`` or ``scheduler_file``), which is used and left running.
         n_workers: Workers to start; 0 means one per CPU core (``local``), one per visible
             GPU (``local_gpu``) or 1 job (batch schedulers, unless ``adapt`` is set).
         threads_per_worker: Threads per local worker (1: a speech job is CPU-bound per item).
@@ -56,6 +63,14 @@ class ParallelConfig:
             is kept for later runs in the same process (see :mod:`.forkserver`); ``spawn``
             starts a fresh interpreter per worker (Dask's default). Other environments, and
             ``trim_worker_memory``, always spawn.
+        address: ``env: address`` only: the running scheduler, e.g. ``tcp://host:8786``. Its
+            workers must import this project and see the manifests' audio and ``output_dir``
+            at the same paths; for flows, the driver's Prefect API must be reachable from them
+            (not a private server on the driver's loopback). The cluster's own settings apply:
+            ``n_workers``, ``options``, ``adapt`` and ``trim_worker_memory`` are an error,
+            ``threads_per_worker``, ``start_method`` and ``allowed_failures`` are not used.
+        scheduler_file: ``env: address`` only, instead of ``address``: the JSON file written by
+            ``dask scheduler --scheduler-file PATH``; its ``address`` is read when a run starts.
     """
 
     env: str = "local"
@@ -66,6 +81,8 @@ class ParallelConfig:
     allowed_failures: int = 3
     trim_worker_memory: bool = False
     start_method: str = "forkserver"
+    address: str = ""
+    scheduler_file: str = ""
 
     def __post_init__(self) -> None:
         if self.env not in ENVS:
@@ -81,8 +98,68 @@ class ParallelConfig:
         bad_adapt = set(self.adapt) - {"minimum", "maximum", "minimum_jobs", "maximum_jobs", "interval", "wait_count", "target_duration"}
         if bad_adapt:
             raise ConfigError(f"parallel.adapt: unknown keys {sorted(bad_adapt)}")
-        if self.env != "serial":
+        if self.env == "address":
+            _check_address_config(self)
+        elif self.address or self.scheduler_file:
+            key = "address" if self.address else "scheduler_file"
+            raise ConfigError(f"parallel.{key} names a running scheduler, used only with parallel.env=address "
+                              f"(parallel.env is {self.env!r})")
+        elif self.env != "serial":
             cluster_spec(self)  # validates options now, not on the cluster
+
+
+def _check_address_config(cfg: ParallelConfig) -> None:
+    if bool(cfg.address) == bool(cfg.scheduler_file):
+        raise ConfigError("parallel.env=address needs exactly one of parallel.address (e.g. tcp://host:8786) "
+                          "or parallel.scheduler_file (written by `dask scheduler --scheduler-file PATH`)"
+                          + ("; both are set" if cfg.address else ""))
+    fixed = {"n_workers": cfg.n_workers, "options": cfg.options, "adapt": cfg.adapt,
+             "trim_worker_memory": cfg.trim_worker_memory}
+    for key, value in fixed.items():
+        if value:
+            raise ConfigError(f"parallel.{key} cannot be set with parallel.env=address: the running cluster's "
+                              "workers were started by someone else, with their own settings")
+    if cfg.address:
+        _check_scheduler_address(cfg.address, "parallel.address")
+
+
+def _check_scheduler_address(address: str, where: str) -> None:
+    from distributed.comm import parse_address
+    from distributed.comm.registry import backends
+
+    protocol, location = parse_address(address)
+    if protocol not in backends or not location:
+        raise ConfigError(f"{where}: {address!r} is not a Dask scheduler address such as tcp://host:8786 "
+                          f"(protocols: {', '.join(sorted(backends))})")
+
+
+def scheduler_address(cfg: ParallelConfig) -> str:
+    """The scheduler address of ``env: address``: ``cfg.address``, or the ``address`` field of
+    ``cfg.scheduler_file`` read now (the scheduler rewrites the file each time it starts).
+
+    Raises:
+        ConfigError: for another env, or a scheduler file that is missing, unreadable, not
+            JSON or without a valid ``address``.
+    """
+    if cfg.env != "address":
+        raise ConfigError(f"parallel.env={cfg.env} has no running scheduler to connect to; use parallel.env=address")
+    if cfg.address:
+        return cfg.address
+    path = os.path.expanduser(cfg.scheduler_file)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            info = json.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"parallel.scheduler_file: cannot read {path} ({exc.strerror or exc}); is the scheduler "
+                          "running (`dask scheduler --scheduler-file PATH`) and the file on a path this host sees?") from None
+    except ValueError as exc:
+        raise ConfigError(f"parallel.scheduler_file: {path} is not JSON ({exc})") from None
+    address = info.get("address") if isinstance(info, dict) else None
+    if not isinstance(address, str) or not address:
+        raise ConfigError(f"parallel.scheduler_file: {path} has no \"address\" field; "
+                          "is it a file written by `dask scheduler --scheduler-file`?")
+    _check_scheduler_address(address, f"parallel.scheduler_file ({path})")
+    return address
 
 
 @dataclass(frozen=True)
@@ -133,11 +210,13 @@ def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
     """Resolve ``cfg`` to a cluster class and checked keyword arguments.
 
     Raises:
-        ConfigError: for ``serial``, an unknown option name (with the closest valid one), or
+        ConfigError: for ``serial`` and ``address``, an unknown option name (with the closest valid one), or
             a cluster package that is not installed.
     """
     if cfg.env == "serial":
         raise ConfigError("parallel.env=serial runs without a cluster")
+    if cfg.env == "address":
+        raise ConfigError("parallel.env=address connects to a running scheduler; it has no cluster to build")
     class_path = CLUSTER_CLASSES[cfg.env]
     cls = _import(class_path)
     accepted = _accepted_kwargs(cls)
@@ -241,6 +320,10 @@ def get_parallel_config() -> ParallelConfig:
 def get_client(plugin: Any = None, config: ParallelConfig | None = None, wait_for_workers: int = 1) -> Iterator[Any]:
     """A ``distributed.Client`` on a fresh cluster from the ``parallel`` config, closed on exit.
 
+    With ``env: address`` the client connects to the running scheduler instead; on exit only
+    the client is closed (and ``plugin`` unregistered, so that its env does not stay in the
+    workers' memory), the scheduler and its workers keep running.
+
     Args:
         plugin: Optional ``distributed.WorkerPlugin`` (e.g. one loading a model in ``setup``)
             registered on every worker, present and future.
@@ -253,15 +336,37 @@ def get_client(plugin: Any = None, config: ParallelConfig | None = None, wait_fo
     if cfg.env == "serial":
         raise ConfigError("get_client needs a cluster; parallel.env=serial runs in-process")
     with contextlib.ExitStack() as stack:
-        cluster = make_cluster(cfg)
-        stack.callback(cluster.close)
-        client = Client(cluster)
-        stack.callback(client.close)
+        if cfg.env == "address":
+            address = scheduler_address(cfg)
+            try:
+                client = Client(address)
+            except OSError as exc:
+                raise OSError(f"parallel.env=address: no Dask scheduler answers at {address}: {exc}") from exc
+            stack.callback(client.close)  # never client.shutdown(): the cluster is not ours
+            wanted = wait_for_workers
+        else:
+            cluster = make_cluster(cfg)
+            stack.callback(cluster.close)
+            client = Client(cluster)
+            stack.callback(client.close)
+            wanted = min(wait_for_workers, max(1, cluster_spec(cfg).n_workers or 1))
         if wait_for_workers:
-            client.wait_for_workers(min(wait_for_workers, max(1, cluster_spec(cfg).n_workers or 1)), timeout=600)
+            client.wait_for_workers(wanted, timeout=600)
         if plugin is not None:
             client.register_plugin(plugin)
+            if cfg.env == "address":
+                stack.callback(_unregister_plugin, client, plugin)
         yield client
+
+
+def _unregister_plugin(client: Any, plugin: Any) -> None:
+    name = getattr(plugin, "name", None)
+    if not name:
+        return
+    try:
+        client.unregister_worker_plugin(name)
+    except Exception as exc:  # noqa: BLE001 - the run's results are in; a leftover plugin only costs memory
+        _LOG.warning("could not unregister worker plugin %s from %s: %s", name, client.scheduler.address, exc)
 
 
 def parallel_map(func: Callable[[Any], Any], items: Iterable[Any], client: Any = None,

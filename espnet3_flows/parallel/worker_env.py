@@ -149,6 +149,18 @@ def install_runners(client: Any, runners: dict[str, Any]) -> dict[str, list[str]
     return {key: client.submit(_runner_env_keys, key, pure=False).result() for key in runners}
 
 
+def uninstall_runners(client: Any, keys: list[str]) -> None:
+    """Remove the runners' plugins from a long-lived cluster's scheduler after a run, so its plugin
+    list (replayed on every worker that joins) does not grow run after run. Workers keep their
+    runners and envs in the bounded registries above: the next run with the same key builds
+    nothing again."""
+    installed = set(client.run_on_scheduler(_scheduler_plugins))
+    for key in keys:
+        name = f"espnet3-runner-{key}"
+        if name in installed:
+            client.unregister_worker_plugin(name)
+
+
 def _scheduler_plugins(dask_scheduler: Any) -> list[str]:
     return list(dask_scheduler.worker_plugins)
 

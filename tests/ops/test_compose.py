@@ -57,7 +57,8 @@ def test_docker_compose_config_validates():
 
 
 def test_expected_services_exist(services):
-    assert {"postgres", "prefect-server", "minio", "minio-init", "worker"} <= set(services)
+    assert {"postgres", "prefect-server", "minio", "minio-init", "worker", "dask-scheduler",
+            "dask-worker"} <= set(services)
 
 
 def test_every_long_running_service_has_a_healthcheck(services):
@@ -81,6 +82,8 @@ def test_health_checks_use_the_right_endpoints(services):
     assert "pg_isready" in joined("postgres")
     assert "mc ready local" in joined("minio") or "/minio/health/live" in joined("minio")
     assert "/health" in joined("worker")
+    assert "127.0.0.1:8787/health" in joined("dask-scheduler")
+    assert "/health" in joined("dask-worker")
 
 
 def test_images_are_pinned_to_explicit_tags(services):
@@ -165,3 +168,36 @@ def test_dockerignore_keeps_the_context_small_but_buildable():
     for needed in ("pyproject.toml", "constraints.txt", "README.md", "espnet3_flows", "flows",
                    "deployments"):
         assert needed not in patterns, f".dockerignore excludes {needed}, which the image needs"
+
+
+def test_dask_cluster_runs_the_project_image(services):
+    """`parallel.env: address` deployments run their shards on this long-running cluster: its
+    processes must import the project (same image and build as the Prefect worker), see the same
+    data volume, and reach the Prefect API and MinIO."""
+    worker, scheduler, dask_worker = services["worker"], services["dask-scheduler"], services["dask-worker"]
+    for svc in (scheduler, dask_worker):
+        assert svc["image"] == worker["image"] and svc["build"] == worker["build"]
+    assert scheduler["command"][:2] == ["dask", "scheduler"]
+    assert "8786" in scheduler["command"] and ":8787" in scheduler["command"]
+    assert any(p.endswith(":8786") for p in scheduler["ports"]) and any(p.endswith(":8787") for p in scheduler["ports"])
+    assert all(p.startswith("127.0.0.1:") for p in scheduler["ports"]), "an open scheduler runs anyone's code"
+    command = dask_worker["command"]
+    assert command[:3] == ["dask", "worker", "tcp://dask-scheduler:8786"]
+    assert "--nworkers" in command and command[command.index("--nthreads") + 1] == "1"
+    assert dask_worker["depends_on"]["dask-scheduler"]["condition"] == "service_healthy"
+    assert set(dask_worker["volumes"]) == set(worker["volumes"])
+    env = dask_worker["environment"]
+    assert env["PREFECT_API_URL"] == worker["environment"]["PREFECT_API_URL"]
+    assert env["AWS_ENDPOINT_URL_S3"] == worker["environment"]["AWS_ENDPOINT_URL_S3"]
+    assert worker["environment"]["DASK_SCHEDULER_ADDRESS"] == "tcp://dask-scheduler:8786"
+
+
+def test_dask_scheduler_address_override_resolves_from_the_worker_environment(monkeypatch):
+    """The override the compose file documents for deployments resolves when the run starts."""
+    from espnet3_flows.config import load_config
+    from espnet3_flows.parallel.cluster import ParallelConfig
+
+    monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tcp://dask-scheduler:8786")
+    assert "parallel.address=${oc.env:DASK_SCHEDULER_ADDRESS}" in COMPOSE.read_text()
+    cfg = load_config(ParallelConfig, overrides=["env=address", "address=${oc.env:DASK_SCHEDULER_ADDRESS}"])
+    assert cfg.address == "tcp://dask-scheduler:8786"
