@@ -56,3 +56,54 @@ def test_result_json_has_expected_keys(quick_results, name: str) -> None:
 def test_quick_run_leaves_the_readme_alone(quick_results) -> None:
     _, proc = quick_results
     assert "[bench] updated" not in proc.stdout
+
+
+# ``scale`` and ``corpus`` run the CLI a dozen times even with ``--quick`` (~4 min on 2 cores), so
+# they are not part of the quick run above; this checks their bookkeeping without running a flow.
+_BOOKKEEPING = r"""
+import json, sys
+sys.path.insert(0, "benchmarks")
+import bench_corpus, bench_scale, common, run
+
+assert {"scale", "corpus"} <= set(run.BENCHMARKS)
+assert common.classify_process(["python", "flows/collect_stats.py"], None, True) == "driver"
+fork = ["python", "-B", "-c", "from multiprocessing.forkserver import main; main(3, 6, ['prefect.task_engine'])"]
+assert common.classify_process(fork, ["python", "flows/collect_stats.py"], False) == "forkserver"
+assert common.classify_process(fork, fork, False) == "worker"
+assert common.classify_process(["python", "-c", "from multiprocessing.spawn import spawn_main"], None, False) == "worker"
+assert common.classify_process(["python", "-m", "uvicorn", "prefect.server.api.server:create_app"], None, False) == "server"
+assert common.classify_process(["python", "-c", "from multiprocessing.resource_tracker import main"], None, False) == "other"
+
+failed = {"ok": False, "rc": -9, "killed": "memory", "wall_s": 12.0, "driver_peak_mb": 9000.0,
+          "driver_peak_bytes": 9000 * 2 ** 20, "worker_peak_mb": 800.0}
+rows = [{"shards": 1000, "utterances": 30000, "section": "engine", "run": "engine cold", **failed, "ok": True, "rc": 0,
+         "killed": None}]
+rows += [{"shards": 1000, "utterances": 30000, "section": "flow", "run": r, **failed} for r in bench_scale.FLOW_RUNS]
+targets = bench_scale.make_targets(rows, [1000], 1.0)
+assert targets and not any(t["met"] for t in targets), targets
+print(bench_scale.table({"rows": rows}))
+rows = [{"utterances": n, "section": "run", "run": r, **failed} for n in (10, 1000) for r in ("cold", "no-op rerun")]
+rows.append({"utterances": 5000, "section": "plan", "run": "planning (--dry-run)", "ok": False, "skipped": "no --dry-run"})
+targets = bench_corpus.make_targets(rows, 10, 1000, 5000)
+assert targets and not any(t["met"] for t in targets), targets
+print(bench_corpus.table({"rows": rows}))
+
+import tempfile, pathlib
+plan = pathlib.Path(tempfile.mkdtemp()) / "manifest.json"
+ids = ["a", "a_ins", "b", "c", "c_ins", "d"]
+plan.write_text(json.dumps({"shards": [{"start": 0, "stop": 2}, {"start": 2, "stop": 4}, {"start": 4, "stop": 6}]}))
+assert bench_scale.receiving_shards(plan, ids, ["a_ins", "c_ins"])[:2] == (2, 3)
+plan.write_text(json.dumps({"shards": [{"first_id": "a", "last_id": "b"}, {"first_id": "c", "last_id": "d"}]}))
+assert bench_scale.receiving_shards(plan, ids, ["a_ins"])[:2] == (1, 2)
+plan.write_text(json.dumps({"shards": [{"boundary": 1}]}))
+assert bench_scale.receiving_shards(plan, ids, ["a_ins"])[0] is None
+"""
+
+
+def test_scale_and_corpus_bookkeeping(tmp_path: Path) -> None:
+    """Failed runs become rows and missed targets, not crashes; worker processes are told apart."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ESPNET3_BENCH_DATA": str(tmp_path / "data"),
+           "ESPNET3_BENCH_RESULTS": str(tmp_path / "results")}
+    proc = subprocess.run([sys.executable, "-c", _BOOKKEEPING], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

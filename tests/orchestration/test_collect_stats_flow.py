@@ -40,8 +40,13 @@ def _task_run_states(flow_name: str) -> dict[str, str]:
         async with get_client() as client:
             runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
                                                sort=FlowRunSort.START_TIME_DESC, limit=1)
-            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])))
-            return {t.name: t.state_type.value if t.state_type else "NONE" for t in tasks}
+            tasks: list = []
+            while True:  # the API returns at most 200 a page
+                page = await client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])), offset=len(tasks), limit=200)
+                tasks += page
+                if len(page) < 200:
+                    return {t.name: t.state_type.value if t.state_type else "NONE" for t in tasks}
 
     deadline = time.monotonic() + 30
     while True:
@@ -57,12 +62,13 @@ def test_flow_on_local_cluster_caches_and_publishes(prefect_harness, demo_corpus
     cfg = {"manifests": demo_corpus, "output_dir": str(out), "shard_size": 8,
            "parallel": {"env": "local", "n_workers": 2}}
     first = run_job("collect_stats", cfg, progress=False)
-    assert first["train"]["shards_computed"] == 6 and first["valid"]["shards_computed"] == 2
+    shards = {split: first[split]["shards"] for split in first}
+    assert all(first[split]["shards_computed"] == n > 0 for split, n in shards.items())
     for split in ("train", "valid"):
         for name in ("feats_stats.npz", "feats_shape", "speech_shape", "stats_keys", "batch_keys", "summary.json",
                      "stats.png", "skipped.tsv"):
             assert (out / split / name).is_file(), name
-    assert list((out / ".prefect-results").iterdir()), "shard results were not persisted beside the outputs"
+    assert not (out / ".prefect-results").exists(), "the done records are the cache: Prefect persists nothing"
     arts = _artifacts("collect-stats-")
     report = arts["collect-stats-train-report"]
     assert report.type == "markdown" and "| Utterances | 48 |" in report.data and "data:image/png;base64," in report.data
@@ -71,11 +77,11 @@ def test_flow_on_local_cluster_caches_and_publishes(prefect_harness, demo_corpus
     assert f"file://{out}/train/feats_stats.npz" in arts["collect-stats-train-feats-stats-npz"].data
     # every task's final state reached the API, the merges' too (sent just before the workers exit)
     states = _task_run_states("collect-stats-shards")
-    assert len(states) == 8 + 2 and set(states.values()) == {"COMPLETED"}, states
+    assert len(states) == sum(shards.values()) + len(shards) and set(states.values()) == {"COMPLETED"}, states
     before = (out / "train" / "feats_stats.npz").read_bytes()
 
     again = run_job("collect_stats", cfg, progress=False)
-    assert again["train"]["shards_computed"] == 0 and again["train"]["shards_cached"] == 6
+    assert again["train"]["shards_computed"] == 0 and again["train"]["shards_cached"] == shards["train"]
     assert (out / "train" / "feats_stats.npz").read_bytes() == before
 
 
@@ -85,10 +91,12 @@ def test_incremental_append_computes_only_new_shards(prefect_harness, demo_corpu
     manifest.write_text("".join(lines[:40]))
     cfg = {"manifests": {"train": str(manifest)}, "output_dir": str(tmp_path / "out"), "shard_size": 8,
            "parallel": {"env": "serial"}}
-    assert run_job("collect_stats", cfg, progress=False)["train"]["shards_computed"] == 5
-    manifest.write_text("".join(lines))  # 48 lines: one new shard
+    first = run_job("collect_stats", cfg, progress=False)["train"]
+    assert first["shards_computed"] == first["shards"]
+    manifest.write_text("".join(lines))  # 8 lines appended: the last (partial) shard and new ones recompute
     grown = run_job("collect_stats", cfg, progress=False)["train"]
-    assert (grown["shards_computed"], grown["shards_cached"], grown["utterances"]) == (1, 5, 48)
+    assert grown["utterances"] == 48 and grown["shards_cached"] >= first["shards"] - 1
+    assert grown["shards_computed"] == grown["shards"] - grown["shards_cached"] <= 3
 
     full = {"manifests": {"train": demo_corpus["train"]}, "output_dir": str(tmp_path / "full"), "shard_size": 8,
             "parallel": {"env": "serial"}}
@@ -107,15 +115,15 @@ def test_outputs_and_results_on_s3(prefect_harness, demo_corpus, s3_output):
     cfg = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": url, "storage_options": options,
            "shard_size": 4, "parallel": {"env": "serial"}}
     first = run_job("collect_stats", cfg, progress=False)["valid"]
-    assert first["shards_computed"] == 3
+    assert first["shards_computed"] == first["shards"] > 1
     fs = s3fs.S3FileSystem(**options)
     root = url[len("s3://"):]
     stats = np.load(fs.open(f"{root}/valid/feats_stats.npz", "rb"))
     assert int(stats["count"]) == first["frames"] and stats["sum"].shape == (80,)
-    assert fs.ls(f"{root}/.prefect-results"), "Prefect results were not written to the S3 result storage"
+    assert not fs.exists(f"{root}/.prefect-results")
     assert fs.cat(f"{root}/valid/speech_shape").decode().count("\n") == 12
     again = run_job("collect_stats", cfg, progress=False)["valid"]
-    assert again["shards_cached"] == 3
+    assert again["shards_cached"] == first["shards"]
     secret = options["secret"]
     for path in fs.find(root):
         assert secret.encode() not in fs.cat(path) or path.endswith(".wav")

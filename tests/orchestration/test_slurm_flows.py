@@ -24,7 +24,7 @@ def test_collect_stats_on_slurm_matches_serial(prefect_harness, demo_corpus, tmp
     cfg = {"manifests": {"valid": demo_corpus["valid"]}, "shard_size": 4}
     on_slurm = run_job("collect_stats", cfg | {"output_dir": str(tmp_path / "slurm"), "parallel": SLURM},
                        progress=False)["valid"]
-    assert on_slurm["shards_computed"] == 3
+    assert on_slurm["shards_computed"] == on_slurm["shards"] > 1
     run_job("collect_stats", cfg | {"output_dir": str(tmp_path / "serial"), "parallel": {"env": "serial"}},
             progress=False)
     a = np.load(tmp_path / "slurm/valid/feats_stats.npz")
@@ -41,5 +41,5 @@ def test_extract_xvectors_on_slurm(prefect_harness, demo_corpus, tmp_path):
                        "save_path": str(tmp_path / "xv"), "batch_size": 4},
            "shard_size": 6, "parallel": SLURM}
     summary = run_job("extract_xvectors", cfg, progress=False)["valid"]
-    assert summary["utterances"] == 12 and summary["shards_computed"] == 2 and summary["embedding_dim"] == 192
+    assert summary["utterances"] == 12 and summary["shards_computed"] == summary["shards"] and summary["embedding_dim"] == 192
     assert (tmp_path / "xv/xvector/valid/xvector.scp").is_file()

@@ -28,7 +28,7 @@ def test_xvector_flow_on_local_cluster(prefect_harness, ecapa_dir, demo_corpus, 
                        "save_path": str(tmp_path / "xv"), "batch_size": 4},
            "shard_size": 4, "parallel": {"env": "local", "n_workers": 2}}
     summary = run_job("extract_xvectors", cfg, progress=False)["valid"]
-    assert summary["utterances"] == 12 and summary["shards_computed"] == 3 and summary["speakers"] == 3
+    assert summary["utterances"] == 12 and summary["shards_computed"] == summary["shards"] > 1 and summary["speakers"] == 3
     split_dir = tmp_path / "xv" / "xvector" / "valid"
     scp = kaldiio.load_scp(str(split_dir / "xvector.scp"))
     assert len(scp) == 12
@@ -36,7 +36,7 @@ def test_xvector_flow_on_local_cluster(prefect_harness, ecapa_dir, demo_corpus, 
         assert torch.equal(torch.load(split_dir / f"{key}.pt", weights_only=True), torch.from_numpy(vec.copy()))
     assert not (tmp_path / "xv" / "xvector" / "train").exists()  # only the selected split
     again = run_job("extract_xvectors", cfg, progress=False)["valid"]
-    assert again["shards_cached"] == 3
+    assert again["shards_cached"] == summary["shards"] and again["shards_computed"] == 0
 
 
 def test_extract_xvectors_command_line(ecapa_dir, demo_corpus, tmp_path):

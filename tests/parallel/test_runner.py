@@ -40,10 +40,12 @@ def test_runner_results_layout_and_resume(where, kind, batch_size, request, tmp_
                             shard_size=10, storage_options=options)
     out = runner.run(range(N), client=client, progress=False)
     assert out.merged == {"sum": EXPECTED, "n": N}
-    assert (out.computed, out.cached) == (6, 0)
+    n_shards = len(out.plan.shards)  # content-defined: the plan decides how many
+    assert n_shards > 1 and (out.computed, out.cached) == (n_shards, 0)
     store = Storage(url, options)
     plan = json.loads(store.read_bytes("job", PLAN))
-    assert [s["index"] for s in plan["shards"]] == list(range(6)) and plan["num_items"] == N
+    assert [s["index"] for s in plan["shards"]] == list(range(n_shards)) and plan["num_items"] == N
+    assert [s["hash"] for s in plan["shards"]] == [s.hash for s in out.plan.shards]
     for shard in out.plan.shards:
         done = store.read_json("job", shard.name, DONE)
         assert done["shard_hash"] == shard.hash and done["num_items"] == shard.num_items
@@ -51,17 +53,30 @@ def test_runner_results_layout_and_resume(where, kind, batch_size, request, tmp_
         lines = store.read_bytes("job", shard.name, "values.txt").decode().splitlines()
         assert [int(line.split()[0]) for line in lines] == list(shard.items)
     again = runner.run(range(N), client=client, progress=False)
-    assert (again.computed, again.cached) == (0, 6) and again.merged == out.merged
+    assert (again.computed, again.cached) == (0, n_shards) and again.merged == out.merged
 
 
 def test_appending_items_recomputes_only_new_shards(tmp_path):
     provider = ArrayProvider({"n": 100})
     runner = ScaleSumRunner(provider, output_dir=str(tmp_path), shard_size=10)
     first = runner.run(range(45), progress=False)
-    assert first.computed == 5
+    n_first = len(first.plan.shards)
+    assert n_first > 1 and first.computed == n_first
     grown = runner.run(range(70), progress=False)
-    # shards 0-3 are full and unchanged; shard 4 (was 5 items, now 10) and 5, 6 are new
-    assert [s.cached for s in grown.shards] == [True] * 4 + [False] * 3
+    n_grown = len(grown.plan.shards)
+    assert n_grown > n_first
+    # content-defined shards: every shard the first run closed at a boundary is unchanged and
+    # cached; the last one (ended by the input, not a boundary) grows, and the rest are new
+    kept = n_first - 1
+    assert [s.hash for s in grown.plan.shards[:kept]] == [s.hash for s in first.plan.shards[:kept]]
+    assert [(s.start, s.stop) for s in grown.plan.shards[:kept]] == [
+        (s.start, s.stop) for s in first.plan.shards[:kept]]
+    last = first.plan.shards[-1]
+    if grown.plan.shards[kept].stop == last.stop:  # 45 happened to be a boundary: that shard is kept too
+        kept += 1
+    else:
+        assert grown.plan.shards[kept].start == last.start and grown.plan.shards[kept].stop > last.stop
+    assert [s.cached for s in grown.shards] == [True] * kept + [False] * (n_grown - kept)
     assert grown.merged["n"] == 70
 
 

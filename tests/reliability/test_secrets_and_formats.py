@@ -23,12 +23,12 @@ def test_secret_appears_nowhere_the_run_wrote(prefect_harness, demo_corpus, moto
            "shard_size": 4, "on_error": "skip", "parallel": {"env": "serial"}}
     caplog.set_level(logging.DEBUG)
     summary = run_job("collect_stats", cfg, progress=True)["valid"]
-    assert summary["shards"] == 3
+    assert summary["shards"] > 1 and summary["utterances"] == 12
 
     fs = s3fs.S3FileSystem(**options)
     root = url[len("s3://"):]
     written = fs.find(root)
-    assert any(p.endswith("summary.json") for p in written) and any(".prefect-results" in p for p in written)
+    assert any(p.endswith("summary.json") for p in written) and any(p.endswith("/done") for p in written)
     for path in written:
         assert SECRET.encode() not in fs.cat(path), path
     out, err = capsys.readouterr()
@@ -45,18 +45,15 @@ def test_secret_appears_nowhere_the_run_wrote(prefect_harness, demo_corpus, moto
     assert SECRET not in json.dumps([r.parameters for r in runs], default=str)
 
 
-def test_shard_records_and_prefect_results_are_json(prefect_harness, demo_corpus, tmp_path):
+def test_shard_records_are_json_and_nothing_is_pickled(prefect_harness, demo_corpus, tmp_path):
     out = tmp_path / "out"
     cfg = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(out), "shard_size": 4,
            "parallel": {"env": "serial"}}
-    run_job("collect_stats", cfg, progress=False)
+    summary = run_job("collect_stats", cfg, progress=False)["valid"]
     done = list(out.glob("valid/shards/split.*/done"))
-    assert len(done) == 3
+    assert len(done) == summary["shards"] > 1
     for path in [*done, out / "valid/shards/manifest.json", out / "valid/summary.json"]:
         json.loads(path.read_text())
-    results = list((out / ".prefect-results").iterdir())
-    assert results
-    for path in results:
-        record = json.loads(path.read_text())  # Prefect's persisted result: JSON metadata + payload
-        assert record["metadata"]["serializer"]["type"] == "json"
-        json.loads(record["result"])
+    # the done records are the only cache: Prefect persists no (cloudpickle) result anywhere
+    assert not (out / ".prefect-results").exists()
+    assert not [p for p in out.rglob("*") if p.is_file() and p.read_bytes()[:1] == b"\x80"]  # no pickle stream

@@ -15,6 +15,7 @@ import torch
 
 from espnet3_flows.config import load_config
 from espnet3_flows.demo import make_demo_corpus
+from espnet3_flows.sharding import ShardPlan, shard_size_bounds
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
 from espnet3_flows.stats.outputs import espnet_mvn
 
@@ -76,6 +77,11 @@ def _shape_file(path: Path) -> list[tuple[str, str]]:
     return [tuple(line.split(" ")) for line in path.read_text().splitlines()]  # type: ignore[misc]
 
 
+def _shard_of(plan: ShardPlan, position: int) -> int:
+    """Index of the shard that holds the utterance at ``position`` (manifest order)."""
+    return next(s.index for s in plan.shards if s.start <= position < s.stop)
+
+
 def _assert_same_stats(a: dict[str, np.ndarray], b: dict[str, np.ndarray], rel: float = 1e-12) -> None:
     assert int(a["count"]) == int(b["count"])
     for key in ("sum", "sum_square"):
@@ -107,8 +113,12 @@ def test_espnet2_outputs_and_exact_normalisation(main_run, corpus):
     assert npz["sum"].dtype == np.float64 and npz["sum"].shape == (80,)
     assert npz["sum_square"].dtype == np.float64 and npz["sum_square"].shape == (80,)
 
-    feats = dict(kaldiio.load_scp(str(out / "train" / "collect_feats" / "feats.scp")))
-    assert sorted(feats) == sorted(u for u, _ in rows)
+    manifest_order = [u for u, _ in rows]
+    scp_path = out / "train" / "collect_feats" / "feats.scp"
+    # merged per-utterance outputs follow the manifest, shard by shard
+    assert [line.split(" ", 1)[0] for line in scp_path.read_text().splitlines()] == manifest_order
+    feats = dict(kaldiio.load_scp(str(scp_path)))
+    assert sorted(feats) == sorted(manifest_order)
     for utt, path in rows:
         samples, rate = sf.read(path, dtype="float32")
         assert rate == SR
@@ -123,11 +133,11 @@ def test_espnet2_outputs_and_exact_normalisation(main_run, corpus):
     np.testing.assert_allclose(normed.std(axis=0), 1.0, atol=1e-6)
 
     feats_shape = _shape_file(out / "train" / "feats_shape")
-    assert [u for u, _ in feats_shape] == sorted(u for u, _ in rows)
+    assert [u for u, _ in feats_shape] == manifest_order
     for utt, shape in feats_shape:
         assert shape == f"{feats[utt].shape[0]},80"
     speech_shape = _shape_file(out / "train" / "speech_shape")
-    assert [u for u, _ in speech_shape] == sorted(u for u, _ in rows)
+    assert [u for u, _ in speech_shape] == manifest_order
     frames_by_path = {u: sf.info(p).frames for u, p in rows}
     assert {u: int(n) for u, n in speech_shape} == frames_by_path
     assert (out / "train" / "stats_keys").read_text() == "feats\n"
@@ -161,7 +171,10 @@ def test_summary_json(main_run, corpus):
     assert summary["seconds"] == pytest.approx(samples / SR)
     assert summary["feature_dim"] == 80 and summary["frontend"] == "fbank"
     assert summary["skipped"] == 0
-    assert summary["shards"] == 5 and summary["shards_computed"] == 5 and summary["shards_cached"] == 0
+    n_shards = len(outcome.plan.shards)  # content-defined: the plan decides how many
+    assert n_shards > 1
+    assert summary["shards"] == n_shards and summary["shards_computed"] == n_shards and summary["shards_cached"] == 0
+    assert summary["plan_digest"] == outcome.plan.digest
     assert {"feats_stats.npz", "feats_shape", "speech_shape", "stats_keys", "batch_keys", "skipped.tsv",
             "collect_feats/feats.scp"} <= set(summary["files"])
     assert (out / "train" / "skipped.tsv").read_text().splitlines() == ["split\tutt_id\tline\tpath\treason"]
@@ -170,7 +183,11 @@ def test_summary_json(main_run, corpus):
 def test_shard_size_does_not_change_stats(main_run, corpus, tmp_path):
     out, outcome = main_run
     manifest, _ = corpus
-    assert len(outcome.plan.shards) == 5
+    # shard_size=7 cuts the 30 utterances into several content-defined shards of bounded size
+    lo, hi, _ = shard_size_bounds(7)
+    sizes = [s.num_items for s in outcome.plan.shards]
+    assert len(sizes) > 1 and sum(sizes) == 30
+    assert all(lo <= n <= hi for n in sizes[:-1]) and 1 <= sizes[-1] <= hi
     single = _run(_config(manifest, str(tmp_path), "shard_size=1000"))
     assert len(single.plan.shards) == 1
     _assert_same_stats(_npz(out / "train" / "feats_stats.npz"), _npz(tmp_path / "train" / "feats_stats.npz"))
@@ -183,7 +200,9 @@ def test_on_a_real_dask_cluster(main_run, corpus, tmp_path, dask_client):
     manifest, _ = corpus
     cfg = _config(manifest, str(tmp_path), "shard_size=7", "batch_size=4", "write_collected_feats=true")
     outcome = _run(cfg, client=dask_client)
-    assert outcome.computed == 5 and outcome.cached == 0
+    n_shards = len(outcome.plan.shards)
+    assert n_shards > 1 and [s.hash for s in outcome.plan.shards] == [s.hash for s in main_run[1].plan.shards]
+    assert outcome.computed == n_shards and outcome.cached == 0
     _assert_same_stats(_npz(out / "train" / "feats_stats.npz"), _npz(tmp_path / "train" / "feats_stats.npz"))
     for name in ("feats_shape", "speech_shape", "stats_keys", "batch_keys"):
         assert (tmp_path / "train" / name).read_text() == (out / "train" / name).read_text()
@@ -194,7 +213,7 @@ def test_on_a_real_dask_cluster(main_run, corpus, tmp_path, dask_client):
         np.testing.assert_array_equal(ours[utt], ref[utt])
     # a rerun on the cluster resumes from the done records
     again = _run(cfg, client=dask_client)
-    assert again.computed == 0 and again.cached == 5
+    assert again.computed == 0 and again.cached == n_shards
 
 
 def test_lhotse_cutset_manifest_gives_the_same_stats(main_run, corpus, tmp_path):
@@ -318,18 +337,28 @@ def test_resume_append_and_touch(tmp_path):
 
     _write_manifest(manifest, rows[:40])
     first = _run(cfg)
-    assert (first.computed, first.cached) == (7, 0)
+    n_first = len(first.plan.shards)
+    assert n_first > 1 and (first.computed, first.cached) == (n_first, 0)
     stats_first = _npz(out / "train" / "feats_stats.npz")
 
     again = _run(cfg)
-    assert (again.computed, again.cached) == (0, 7)
-    assert again.merged["shards_cached"] == 7 and again.merged["shards_computed"] == 0
+    assert (again.computed, again.cached) == (0, n_first)
+    assert again.merged["shards_cached"] == n_first and again.merged["shards_computed"] == 0
     _assert_same_stats(stats_first, _npz(out / "train" / "feats_stats.npz"), rel=0)
 
     _write_manifest(manifest, rows)  # 10% more lines
     grown = _run(cfg)
-    assert [s.shard.index for s in grown.shards if not s.cached] == [6, 7]
-    assert (grown.computed, grown.cached) == (2, 6)
+    n_grown = len(grown.plan.shards)
+    assert n_grown > n_first
+    # every closed shard but the last keeps its hash and is cached; only the last shard of the
+    # first run (if the appended lines change it) and the new shards are computed
+    kept = n_first - 1
+    assert [s.hash for s in grown.plan.shards[:kept]] == [s.hash for s in first.plan.shards[:kept]]
+    # True when line 40 ended a shard by content: then that shard is unchanged too
+    last_unchanged = grown.plan.shards[kept].hash == first.plan.shards[-1].hash
+    recomputed = [s.shard.index for s in grown.shards if not s.cached]
+    assert recomputed == list(range(kept + last_unchanged, n_grown))
+    assert (grown.computed, grown.cached) == (len(recomputed), n_grown - len(recomputed))
     assert grown.merged["utterances"] == 44
 
     fresh = tmp_path / "fresh"
@@ -343,8 +372,10 @@ def test_resume_append_and_touch(tmp_path):
     st = os.stat(path)
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
     touched = _run(cfg)
-    assert [s.shard.index for s in touched.shards if not s.cached] == [14 // 6]
-    assert (touched.computed, touched.cached) == (1, 7)
+    # the boundaries follow the ids, not the files: the plan keeps its shape
+    assert [(s.start, s.stop) for s in touched.plan.shards] == [(s.start, s.stop) for s in grown.plan.shards]
+    assert [s.shard.index for s in touched.shards if not s.cached] == [_shard_of(touched.plan, 14)]
+    assert (touched.computed, touched.cached) == (1, n_grown - 1)
     assert not np.array_equal(_npz(out / "train" / "feats_stats.npz")["sum"],
                               _npz(fresh / "train" / "feats_stats.npz")["sum"])
 
@@ -360,7 +391,7 @@ def small_corpus(tmp_path_factory):
     return manifest, local
 
 
-def _check_remote(fs, prefix: str, local: Path) -> None:
+def _check_remote(fs, prefix: str, local: Path, n_shards: int) -> None:
     import io
 
     with np.load(io.BytesIO(fs.cat_file(f"{prefix}/train/feats_stats.npz"))) as z:
@@ -369,8 +400,10 @@ def _check_remote(fs, prefix: str, local: Path) -> None:
     for name in ("feats_shape", "speech_shape", "stats_keys", "batch_keys"):
         assert fs.cat_file(f"{prefix}/train/{name}") == (local / "train" / name).read_bytes()
     summary = json.loads(fs.cat_file(f"{prefix}/train/summary.json"))
-    assert summary["utterances"] == 8 and summary["shards"] == 3
-    for k in range(3):
+    assert summary["utterances"] == 8 and summary["shards"] == n_shards
+    assert summary == json.loads((local / "train" / "summary.json").read_text()) | {
+        k: summary[k] for k in ("files", "shards_computed", "shards_cached", "compute_seconds")}
+    for k in range(n_shards):
         done = json.loads(fs.cat_file(f"{prefix}/train/shards/split.{k}/done"))
         assert len(done["shard_hash"]) == 64
     assert not [p for p in fs.find(prefix) if ".tmp-" in p]
@@ -383,9 +416,11 @@ def test_output_on_memory_filesystem(small_corpus):
     url = f"memory://stats-{uuid.uuid4().hex}"
     cfg = _config(manifest, url, "shard_size=3")
     first = _run(cfg)
+    n_shards = len(first.plan.shards)
+    assert n_shards > 1 and first.computed == n_shards
     assert first.merged["files"]["summary.json"].startswith("memory://")
     fs = fsspec.filesystem("memory")
-    _check_remote(fs, fsspec.core.strip_protocol(url), local)
+    _check_remote(fs, fsspec.core.strip_protocol(url), local, n_shards)
     assert _run(cfg).computed == 0
     fs.rm(fsspec.core.strip_protocol(url), recursive=True)
 
@@ -398,12 +433,13 @@ def test_output_on_s3(small_corpus, s3_output):
     url, options = s3_output
     cfg = _config(manifest, url, "shard_size=3", base={"storage_options": options})
     first = _run(cfg)
-    assert first.computed == 3
+    n_shards = len(first.plan.shards)
+    assert n_shards > 1 and first.computed == n_shards
     assert first.merged["files"]["feats_stats.npz"] == f"{url}/train/feats_stats.npz"
     fs = s3fs.S3FileSystem(**options)
-    _check_remote(fs, url.removeprefix("s3://"), local)
+    _check_remote(fs, url.removeprefix("s3://"), local, n_shards)
     again = _run(cfg)
-    assert (again.computed, again.cached) == (0, 3)
+    assert (again.computed, again.cached) == (0, n_shards)
 
 
 def test_a_rewritten_manifest_is_reread_in_the_same_process(tmp_path):
@@ -413,10 +449,13 @@ def test_a_rewritten_manifest_is_reread_in_the_same_process(tmp_path):
     cfg = _config(str(manifest), str(tmp_path / "out"), "shard_size=5")
     first = _run(cfg)
     assert first.merged["utterances"] == 5
-    # same number of lines, other utterances: the cached env of this process must not be reused
+    # same number of lines, other utterances: nothing may come from the first run (no cached manifest)
     _write_manifest(manifest, rows[5:])
     st = os.stat(manifest)
     os.utime(manifest, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
-    _run(cfg)
+    second = _run(cfg)
+    assert second.merged["utterances"] == 5 and second.cached == 0
     ids = [u for u, _ in _shape_file(tmp_path / "out" / "train" / "feats_shape")]
-    assert ids == sorted(u for u, _ in rows[5:])
+    assert ids == [u for u, _ in rows[5:]]
+    speech = {u: int(n) for u, n in _shape_file(tmp_path / "out" / "train" / "speech_shape")}
+    assert speech == {u: sf.info(p).frames for u, p in rows[5:]}

@@ -43,6 +43,11 @@ def test_outputs_match_single_utterance_encoding(ecapa_dir, demo_corpus, tmp_pat
     encoder = load_speechbrain_encoder(ecapa_dir, tmp_path / "sb")
     scp = kaldiio.load_scp(str(split_dir / "xvector.scp"))
     assert sorted(scp) == sorted(u.utt_id for u in utts)
+    # merged per-utterance outputs follow the manifest, shard by shard
+    scp_keys = [line.split(" ", 1)[0] for line in (split_dir / "xvector.scp").read_text().splitlines()]
+    assert scp_keys == [u.utt_id for u in utts]
+    utt2spk = [tuple(line.split(" ")) for line in (split_dir / "utt2spk").read_text().splitlines()]
+    assert utt2spk == [(u.utt_id, u.speaker) for u in utts]
     for u in utts:
         emb = torch.load(split_dir / f"{u.utt_id}.pt", weights_only=True)
         assert emb.dtype == torch.float32 and emb.shape == (192,)
@@ -58,8 +63,10 @@ def test_outputs_match_single_utterance_encoding(ecapa_dir, demo_corpus, tmp_pat
         np.testing.assert_allclose(spk[speaker], np.mean(members, axis=0), rtol=1e-6, atol=1e-7)
     assert (split_dir / "summary.json").is_file() and (split_dir / "skipped.tsv").is_file()
 
+    n_shards = len(outcome.plan.shards)
+    assert n_shards > 1 and outcome.computed == n_shards and summary["shards"] == n_shards
     again = _run(_cfg(ecapa_dir, demo_corpus["valid"], out))
-    assert (again.computed, again.cached) == (0, 3)
+    assert (again.computed, again.cached) == (0, n_shards)
 
 
 @pytest.mark.dask
@@ -68,10 +75,19 @@ def test_dask_equals_serial_and_new_utterances_only_are_computed(ecapa_dir, demo
     lines = Path(demo_corpus["valid"]).read_text().splitlines(keepends=True)
     manifest.write_text("".join(lines[:10]))
     first = _run(_cfg(ecapa_dir, manifest, tmp_path / "dask"), client=dask_client)
-    assert first.computed == 2
+    n_first = len(first.plan.shards)
+    assert n_first > 1 and (first.computed, first.cached) == (n_first, 0)
     manifest.write_text("".join(lines))
     grown = _run(_cfg(ecapa_dir, manifest, tmp_path / "dask"), client=dask_client)
-    assert [s.cached for s in grown.shards] == [True, True, False]
+    # appended lines: every closed shard but the first run's last is kept; only that last shard
+    # (when the new lines join it) and the new shards are computed
+    kept = n_first - 1
+    assert [s.hash for s in grown.plan.shards[:kept]] == [s.hash for s in first.plan.shards[:kept]]
+    # True when line 10 ended a shard by content: then that shard is unchanged too
+    last_unchanged = grown.plan.shards[kept].hash == first.plan.shards[-1].hash
+    n_cached = kept + last_unchanged
+    assert [s.cached for s in grown.shards] == [True] * n_cached + [False] * (len(grown.plan.shards) - n_cached)
+    assert grown.shards[-1].shard.stop == 12 and first.plan.num_items == 10
     serial = _run(_cfg(ecapa_dir, manifest, tmp_path / "serial"))
     a = kaldiio.load_scp(str(tmp_path / "dask/xvector/valid/xvector.scp"))
     b = kaldiio.load_scp(str(tmp_path / "serial/xvector/valid/xvector.scp"))

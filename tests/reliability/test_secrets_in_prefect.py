@@ -1,0 +1,405 @@
+"""Storage credentials never reach the Prefect server (issue "Trust", item 1).
+
+Real parts only: a `prefect server` (SQLite under its own PREFECT_HOME), moto's S3 server, the
+CLI as a user runs it (credentials as `storage_options.*` overrides) and a deployment run by a
+process worker whose environment carries the credentials (AWS_ACCESS_KEY_ID /
+AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL_S3). Afterwards everything the server hands out --
+flow runs (parameters, states), task runs, block documents (client and raw HTTP), artifacts,
+logs, events, deployments, work pools, variables -- and the bytes of its database must be free
+of the secret and of the access key id, and so must the CLI's output and the worker's log.
+
+One module-scoped scenario drives both paths once; each test checks one part of the result, so
+a leak and a broken run are reported separately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.servers import ManagedProcess, PrefectServer, PrefectWorker
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.prefect_server, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(900)]
+
+SECRET = f"sEcReT-{uuid.uuid4().hex}-do-not-leak"
+ACCESS_KEY = "AKIA" + uuid.uuid4().hex[:16].upper()
+NEEDLES = {"secret": SECRET, "access key id": ACCESS_KEY}
+POOL = "secrets-pool"
+DEPLOYMENT = "collect-stats/secrets-test"
+PAGE = 200  # the server's default maximum page size
+EVENTS_PAGE = 50  # POST /events/filter accepts at most 50
+
+
+@dataclass
+class Scenario:
+    bucket: str = ""
+    errors: dict[str, str] = field(default_factory=dict)  # stage -> traceback
+    cli_returncode: int | None = None
+    cli_output: str = ""
+    cli_published: bool = False
+    deployed_run_id: str | None = None
+    deployed_state: str | None = None
+    deployed_published: bool = False
+    api: dict[str, Any] | None = None
+    db_files: dict[str, bytes] = field(default_factory=dict)
+    db_columns_with_secret: list[str] = field(default_factory=list)
+    worker_log: str = ""
+    server_log: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _without_aws(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith("AWS_")}
+
+
+def _prefect_cli(env: dict[str, str], *args: str) -> None:
+    cli = Path(sys.executable).with_name("prefect")
+    proc = subprocess.run([str(cli), "--no-prompt", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"prefect {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def _s3_exists(endpoint: str, bucket: str, key: str) -> bool:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=key)
+    return any(obj["Key"] == key for obj in listed.get("Contents", []))
+
+
+def _dump(model: Any) -> Any:
+    return model.model_dump(mode="json") if hasattr(model, "model_dump") else model
+
+
+async def _paged(read, **kwargs) -> list[Any]:
+    out: list[Any] = []
+    while True:
+        page = await read(limit=PAGE, offset=len(out), **kwargs)
+        out.extend(page)
+        if len(page) < PAGE:
+            return out
+
+
+async def _read_everything(api_url: str) -> dict[str, Any]:
+    """Everything a user of the API can read back, as JSON-ready data."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        async with get_client() as client:
+            http = client._client  # the API's httpx client (base URL = api_url)
+            flow_runs = await _paged(client.read_flow_runs)
+            task_runs = await _paged(client.read_task_runs)
+            dump: dict[str, Any] = {
+                "flow_runs": [_dump(r) for r in flow_runs],
+                "flow_run_states": {str(r.id): [_dump(s) for s in await client.read_flow_run_states(r.id)]
+                                    for r in flow_runs},
+                "task_runs": [_dump(r) for r in task_runs],
+                "task_run_states": {str(r.id): [_dump(s) for s in await client.read_task_run_states(r.id)]
+                                    for r in task_runs},
+                "flows": [_dump(f) for f in await _paged(client.read_flows)],
+                "deployments": [_dump(d) for d in await _paged(client.read_deployments)],
+                "work_pools": [_dump(p) for p in await client.read_work_pools()],
+                "workers": [_dump(w) for w in await client.read_workers_for_work_pool(POOL)],
+                "block_documents": [_dump(b) for b in await client.read_block_documents(include_secrets=False)],
+                "artifacts": [_dump(a) for a in await _paged(client.read_artifacts)],
+                "logs": [_dump(entry) for entry in await _paged(client.read_logs)],
+                "variables": [_dump(v) for v in await client.read_variables()],
+            }
+            for name, body in (("block_documents_raw", {}),
+                               ("block_documents_raw_no_secrets", {"include_secrets": False})):
+                response = await http.post("/block_documents/filter", json=body)
+                response.raise_for_status()
+                dump[name] = response.json()
+            events: list[Any] = []
+            response = await http.post("/events/filter", json={"limit": EVENTS_PAGE})
+            response.raise_for_status()
+            page = response.json()
+            events.extend(page["events"])
+            while page.get("next_page"):
+                response = await http.get(page["next_page"])
+                response.raise_for_status()
+                page = response.json()
+                events.extend(page["events"])
+            dump["events"] = events
+            return dump
+
+
+def _paths_containing(obj: Any, needle: str, path: str = "") -> list[str]:
+    """JSON paths of every string (value or key) that contains `needle`."""
+    found: list[str] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if needle in str(key):
+                found.append(sub + " (key)")
+            found.extend(_paths_containing(value, needle, sub))
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            found.extend(_paths_containing(value, needle, f"{path}[{i}]"))
+    elif needle in str(obj):
+        found.append(path)
+    return found
+
+
+def _context(text: str, needle: str, width: int = 160) -> str:
+    at = text.find(needle)
+    return "" if at < 0 else text[max(0, at - width):at + len(needle) + width]
+
+
+def _columns_with(db: Path, needle: str) -> list[str]:
+    """`table.column` of every text/blob cell containing `needle` (diagnosis only, on a copy)."""
+    found: list[str] = []
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            for table in tables:
+                for col in [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')]:
+                    hits = con.execute(f'SELECT count(*) FROM "{table}" WHERE CAST("{col}" AS TEXT) LIKE ?',
+                                       (f"%{needle}%",)).fetchone()[0]
+                    if hits:
+                        found.append(f"{table}.{col} ({hits} rows)")
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        found.append(f"(could not inspect: {exc})")
+    return found
+
+
+def _stage(sc: Scenario, name: str):
+    """Context manager: record the stage's exception (with traceback) instead of raising."""
+
+    class _Stage:
+        def __enter__(self):
+            self.start = time.monotonic()
+
+        def __exit__(self, exc_type, exc, tb):
+            sc.timings[name] = round(time.monotonic() - self.start, 1)
+            if exc is not None and not issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+                sc.errors[name] = "".join(traceback.format_exception(exc_type, exc, tb))[-6000:]
+                return True
+            return False
+
+    return _Stage()
+
+
+# ----------------------------------------------------------------------------- the scenario
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory, moto_server, demo_corpus) -> Scenario:
+    root = tmp_path_factory.mktemp("secrets")
+    sc = Scenario(bucket=f"secrets-{uuid.uuid4().hex[:12]}")
+    moto_server.make_bucket(sc.bucket)
+    endpoint = moto_server.endpoint_url
+    logs = root / "logs"
+    server = PrefectServer(root / "server-home", log_dir=logs)
+    worker: PrefectWorker | None = None
+    cli: ManagedProcess | None = None
+    t0 = time.monotonic()
+    try:
+        with _stage(sc, "server start"):
+            server.start()
+        if "server start" in sc.errors:
+            return sc
+        # clients (CLI, prefect deploy, worker) keep their own PREFECT_HOME: the server's home holds
+        # only its database, and no client file can be mistaken for it
+        client_env = _without_aws(server.env()) | {
+            "PREFECT_HOME": str(root / "client-home"), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+        # 1. the CLI, credentials as storage_options overrides
+        with _stage(sc, "cli run"):
+            argv = [sys.executable, "flows/collect_stats.py", f"manifests.valid={demo_corpus['valid']}",
+                    f"output_dir=s3://{sc.bucket}/cli", f"storage_options.key={ACCESS_KEY}",
+                    f"storage_options.secret={SECRET}", f"storage_options.client_kwargs.endpoint_url={endpoint}",
+                    "shard_size=4", "parallel.env=local", "parallel.n_workers=1"]
+            cli = ManagedProcess(argv, name="cli", log_path=logs / "cli.log", env=client_env, cwd=ROOT)
+            cli.start()
+            try:
+                sc.cli_returncode = cli.popen.wait(timeout=480)
+            finally:
+                cli.stop()
+                # the log starts with ManagedProcess's own "===== cli: <argv>" line: not the CLI's output
+                sc.cli_output = "\n".join(line for line in cli.log_path.read_text(errors="replace").splitlines()
+                                          if not line.startswith("===== cli: "))
+            assert sc.cli_returncode == 0, f"CLI exited {sc.cli_returncode}:\n{sc.cli_output[-6000:]}"
+        with _stage(sc, "cli outputs"):
+            sc.cli_published = _s3_exists(endpoint, sc.bucket, "cli/valid/summary.json")
+
+        # 2. a deployment, run by a process worker that has the credentials in its environment
+        with _stage(sc, "deploy"):
+            spec = {
+                "name": "secrets-test", "prefect-version": "3.8.8",
+                "pull": [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}],
+                "deployments": [{
+                    "name": "secrets-test", "entrypoint": "flows/collect_stats.py:collect_stats",
+                    "enforce_parameter_schema": True,
+                    "work_pool": {"name": POOL, "work_queue_name": "default"},
+                }],
+            }
+            prefect_file = root / "prefect.yaml"
+            prefect_file.write_text(json.dumps(spec, indent=2))  # JSON is YAML
+            _prefect_cli(client_env, "work-pool", "create", POOL, "--type", "process")
+            _prefect_cli(client_env, "deploy", "--all", "--prefect-file", str(prefect_file))
+        if "deploy" not in sc.errors:
+            with _stage(sc, "deployment run"):
+                worker_env = client_env | {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+                                           "AWS_ENDPOINT_URL_S3": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+                worker = PrefectWorker(POOL, worker_env, ROOT, log_dir=logs)
+                worker.start()
+                sc.deployed_run_id, sc.deployed_state, name = asyncio.run(_trigger_and_wait(
+                    server.api_url, worker, timeout=420, parameters={
+                        "manifests": {"valid": demo_corpus["valid"]}, "output_dir": f"s3://{sc.bucket}/deployed",
+                        "shard_size": 4, "parallel_env": "serial"}))
+                # let the flow-run process exit (its last logs are sent on exit)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and f"flow run {name!r} exited" not in worker.log_tail(200):
+                    time.sleep(0.5)
+                assert sc.deployed_state == "COMPLETED", (
+                    f"deployment run ended {sc.deployed_state}; worker log:\n{worker.log_tail(80)}")
+            with _stage(sc, "deployment outputs"):
+                sc.deployed_published = _s3_exists(endpoint, sc.bucket, "deployed/valid/summary.json")
+
+        # 3. read everything back through the API
+        time.sleep(2)  # events are persisted in batches
+        with _stage(sc, "api read"):
+            sc.api = asyncio.run(_read_everything(server.api_url))
+    finally:
+        if worker is not None:
+            with _stage(sc, "worker stop"):
+                worker.stop()
+            sc.worker_log = worker.log_tail(10**7)
+        if cli is not None and cli.running():
+            cli.stop()
+        with _stage(sc, "server stop"):
+            server.stop()
+        sc.server_log = server.log_tail(10**7)
+        sc.timings["total"] = round(time.monotonic() - t0, 1)
+
+    # 4. the database files, read after the server stopped
+    for path in sorted(server.home.glob("prefect.db*")):
+        sc.db_files[path.name] = path.read_bytes()
+    if any(SECRET.encode() in data for data in sc.db_files.values()):
+        copy = root / "db-copy"
+        copy.mkdir()
+        for path in server.home.glob("prefect.db*"):
+            shutil.copy2(path, copy / path.name)
+        sc.db_columns_with_secret = _columns_with(copy / "prefect.db", SECRET)
+    print(f"\nsecrets scenario timings (s): {sc.timings}")
+    return sc
+
+
+async def _trigger_and_wait(api_url: str, worker: PrefectWorker, timeout: float,
+                            parameters: dict[str, Any]) -> tuple[str, str | None, str]:
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        async with get_client() as client:
+            deployment = await client.read_deployment_by_name(DEPLOYMENT)
+            run = await client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                run = await client.read_flow_run(run.id)
+                if run.state is not None and run.state.is_final():
+                    break
+                if not worker.running():
+                    break
+                await asyncio.sleep(1)
+            state = None if run.state is None else run.state.type.value
+            if run.state is not None and not run.state.is_completed():
+                state = f"{state}: {run.state.message}"
+            return str(run.id), state, run.name
+
+
+# ----------------------------------------------------------------------------- the checks
+
+
+def _stage_errors(sc: Scenario, *stages: str) -> str:
+    return "\n\n".join(f"[{s}]\n{sc.errors[s]}" for s in stages if s in sc.errors)
+
+
+def test_cli_run_completes_and_publishes_to_s3(scenario):
+    errors = _stage_errors(scenario, "server start", "cli run", "cli outputs")
+    assert not errors, errors
+    assert scenario.cli_returncode == 0
+    assert scenario.cli_published, f"s3://{scenario.bucket}/cli/valid/summary.json is missing"
+
+
+def test_deployment_run_completes_and_publishes_to_s3(scenario):
+    errors = _stage_errors(scenario, "server start", "deploy", "deployment run", "deployment outputs")
+    assert not errors, errors
+    assert scenario.deployed_state == "COMPLETED"
+    assert scenario.deployed_published, f"s3://{scenario.bucket}/deployed/valid/summary.json is missing"
+
+
+def test_prefect_api_hands_out_no_credentials(scenario):
+    errors = _stage_errors(scenario, "server start", "api read")
+    assert not errors, errors
+    api = scenario.api
+    assert api is not None
+    # not vacuous: the runs, their task runs, logs and events were read back
+    counts = {k: len(v) for k, v in api.items()}
+    print(f"\nread back through the API: {counts}")
+    assert api["flow_runs"] and api["task_runs"] and api["logs"] and api["events"], counts
+    if scenario.deployed_run_id:
+        assert any(r["id"] == scenario.deployed_run_id for r in api["flow_runs"])
+    if scenario.cli_returncode == 0 and scenario.deployed_run_id:
+        top_level = [r for r in api["flow_runs"] if r["parent_task_run_id"] is None]
+        assert len(top_level) >= 2, "expected the CLI's and the deployment's flow runs"
+    leaks = []
+    for what, needle in NEEDLES.items():
+        for section, data in api.items():
+            paths = _paths_containing(data, needle)
+            if paths:
+                text = json.dumps(data, default=str)
+                leaks.append(f"{what} in {section}: {len(paths)} place(s), e.g. {paths[:5]}\n"
+                             f"    ...{_context(text, needle)}...")
+    assert not leaks, "credentials handed out by the Prefect API:\n" + "\n".join(leaks)
+
+
+def test_prefect_database_holds_no_credentials(scenario):
+    errors = _stage_errors(scenario, "server start", "server stop")
+    assert not errors, errors
+    assert "prefect.db" in scenario.db_files, sorted(scenario.db_files)
+    everything = b"".join(scenario.db_files.values())
+    # not vacuous: what the runs stored in clear is visible to this grep
+    assert f"s3://{scenario.bucket}/deployed".encode() in everything or \
+        f"s3://{scenario.bucket}/cli".encode() in everything, "no run parameters found in the database bytes"
+    leaks = []
+    for what, needle in NEEDLES.items():
+        for name, data in scenario.db_files.items():
+            count = data.count(needle.encode())
+            if count:
+                at = data.find(needle.encode())
+                leaks.append(f"{what} in {name}: {count} time(s), e.g. ...{data[max(0, at - 200):at + 120]!r}...")
+    assert not leaks, ("credentials stored in the Prefect database "
+                       f"(columns: {scenario.db_columns_with_secret}):\n" + "\n".join(leaks))
+
+
+def test_cli_output_and_process_logs_hold_no_credentials(scenario):
+    assert scenario.cli_output or "cli run" in scenario.errors, "no CLI output captured"
+    logs = {"CLI stdout/stderr": scenario.cli_output, "worker log": scenario.worker_log,
+            "server log": scenario.server_log}
+    leaks = [f"{what} in {name}: ...{_context(text, needle)}..."
+             for name, text in logs.items() for what, needle in NEEDLES.items() if needle in text]
+    assert not leaks, "\n".join(leaks)
