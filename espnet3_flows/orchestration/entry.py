@@ -155,15 +155,22 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     """
     logging.basicConfig(level=logging.WARNING)
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("-h", "--help"):
+    if any(a in ("-h", "--help") for a in args):
         print(usage(job))
         return 0
+    dry_run = "--dry-run" in args
+    args = [a for a in args if a != "--dry-run"]
     try:
         path, overrides = split_cli_args(args)
         cfg = resolve_config(job, path, {}, overrides)
+        if dry_run:
+            return _dry_run(job, cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - a manifest or storage error: one line
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     planned: list[JobRun] = []
 
     def plan_now() -> bool:  # overlaps the private API server's start
@@ -193,10 +200,26 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _dry_run(job: str, cfg: Any) -> int:
+    """``--dry-run``: check the config, plan every split and read its done records; print what a run
+    would compute. Starts no server or cluster and writes nothing."""
+    run = plan_job(job, cfg, publish=False)
+    print(f"{job} (dry run): {run.total_shards} shard(s) in {len(run.splits)} split(s), planned in "
+          f"{run.plan_seconds:.1f} s; output {cfg.output_dir}")
+    for split in run.splits:
+        pending = split.pending
+        print(f"  {split.split}: {split.plan.num_items} utterances in {len(split.plan.shards)} shard(s): "
+              f"{len(split.done)} done, {len(pending)} to compute ({sum(s.num_items for s in pending)} utterances), "
+              f"{len(split.runner.manifest_skipped())} manifest line(s) skipped")
+    return 0
+
+
 def usage(job: str) -> str:
     """Help text: the command line form and every config key with its default."""
     defaults = OmegaConf.to_container(OmegaConf.structured(get_job(job).schema))
-    lines = [f"usage: python flows/{job}.py [--config FILE] [key=value ...]", "",
+    lines = [f"usage: python flows/{job}.py [--config FILE] [--dry-run] [key=value ...]", "",
+             "  --dry-run  check the config, plan every split and print what a run would compute (no server,",
+             "             no cluster, nothing written)", "",
              "keys (default); see README.md, Configuration:"]
 
     def walk(node: Any, prefix: str) -> None:

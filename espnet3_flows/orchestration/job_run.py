@@ -97,14 +97,15 @@ class JobRun:
         return out
 
 
-def plan_job(job: str, cfg: Any) -> JobRun:
+def plan_job(job: str, cfg: Any, publish: bool = True) -> JobRun:
     """Plan every split of ``job`` (streaming its manifest), publish each plan's ``manifest.json``
-    and read the ``done`` records of its shards."""
+    (unless ``publish`` is false: a dry run) and read the ``done`` records of its shards."""
     t0 = time.perf_counter()
     splits = []
     for runner in get_job(job).runners(cfg):
         plan = runner.plan()
-        runner.write_plan(plan)
+        if publish:
+            runner.write_plan(plan)
         splits.append(SplitRun(runner, plan, runner.collect_done(plan), runner_key(runner)))
     return JobRun(job, cfg, splits, time.perf_counter() - t0, t0)
 
