@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -17,6 +18,16 @@ from espnet3_flows.manifest import Utterance
 
 class AudioError(ValueError):
     """An utterance's audio cannot be used; the message names the utterance and the reason."""
+
+
+def check_audio_settings(prefix: str, sampling_rate: int, channel: int | None, max_duration: float | None) -> None:
+    """Reject impossible audio settings up front (``ValueError`` naming the key under ``prefix``)."""
+    if sampling_rate <= 0:
+        raise ValueError(f"{prefix}sampling_rate must be positive, got {sampling_rate}")
+    if channel is not None and channel < 0:
+        raise ValueError(f"{prefix}channel must be a channel index >= 0 or null (average), got {channel}")
+    if max_duration is not None and max_duration <= 0:
+        raise ValueError(f"{prefix}max_duration must be positive or null, got {max_duration}")
 
 
 @dataclass(frozen=True)
@@ -79,18 +90,54 @@ def audio_length(utt: Utterance, config: AudioConfig, storage_options: Mapping[s
             seconds = float(utt.cut.get("duration", 0.0))
             _check_duration(seconds, config)
             return int(round(seconds * config.sampling_rate))
-        with fsspec.open(utt.path, "rb", **(dict(storage_options or {}) if "://" in utt.path else {})) as f:
-            info = sf.info(f)
-        if info.frames <= 0:
+        protocol = fsspec.core.split_protocol(utt.path)[0]
+        if protocol in (None, "file"):
+            with sf.SoundFile(_check_local_file(utt.path)) as f:
+                _check_header(f)
+                frames, rate = f.frames, f.samplerate
+        else:
+            with fsspec.open(utt.path, "rb", **dict(storage_options or {})) as raw, sf.SoundFile(raw) as f:
+                _check_header(f)
+                frames, rate = f.frames, f.samplerate
+        if frames <= 0:
             raise AudioError("zero-length audio")
-        _check_duration(info.frames / info.samplerate, config)
+        _check_duration(frames / rate, config)
     except AudioError as exc:
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
     except FileNotFoundError:
         raise AudioError(f"utt {utt.utt_id!r}: audio file not found: {utt.path}") from None
     except (RuntimeError, sf.SoundFileError) as exc:
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): cannot read audio header: {exc}") from None
-    return int(math.ceil(info.frames * config.sampling_rate / info.samplerate))
+    return int(math.ceil(frames * config.sampling_rate / rate))
+
+
+def _check_local_file(path: str) -> str:
+    """The local path of ``path`` once it is known to be a regular file: a FIFO, device, socket or
+    directory is a bad item found without opening it (opening a FIFO blocks for ever)."""
+    local = fsspec.core.strip_protocol(path) if path.startswith("file://") else path
+    try:
+        mode = os.stat(local).st_mode
+    except FileNotFoundError:
+        raise  # reported as "audio file not found"
+    except OSError as exc:
+        raise AudioError(f"cannot stat audio file: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "not a regular file")
+        raise AudioError(f"audio path is {kind}, not a regular file")
+    return local
+
+
+def _check_header(f: "sf.SoundFile") -> None:
+    """A header whose data length disagrees with the file (a truncated file, or a data chunk that
+    claims more than exists) is a bad item, not a shorter good one. libsndfile notes the
+    mismatch in its parse log as ``data : N (should be M)``."""
+    for line in (f.extra_info or "").splitlines():
+        if line.startswith("data") and "should be" in line:
+            raise AudioError(f"header and data disagree (truncated or corrupt file): {line.strip()}")
+    if f.samplerate <= 0:
+        raise AudioError("invalid sampling rate in header")
 
 
 def _check_duration(seconds: float, config: AudioConfig) -> None:
@@ -110,15 +157,12 @@ def resample(x: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
 def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str, Any] | None):
     protocol = fsspec.core.split_protocol(path)[0]
     if protocol in (None, "file"):
-        source: Any = fsspec.core.strip_protocol(path) if protocol else path
-        if not os.path.exists(source):  # libsndfile reports a missing file as "System error."
-            raise FileNotFoundError(source)
+        source: Any = _check_local_file(path)  # missing: FileNotFoundError (libsndfile says "System error.")
     else:
         with fsspec.open(path, "rb", **(storage_options or {})) as f:
             source = io.BytesIO(f.read())
     with sf.SoundFile(source) as f:  # one open: the header is checked before anything is decoded
-        if f.samplerate <= 0:
-            raise AudioError("invalid sampling rate in header")
+        _check_header(f)
         _check_duration(f.frames / f.samplerate, config)
         data = f.read(dtype="float32", always_2d=True)
         rate = f.samplerate

@@ -141,10 +141,16 @@ def iter_manifest_lines(path: str, split: str = "",
         with contextlib.ExitStack() as stack:
             raw = stack.enter_context(fsspec.open(path, "rb", **(storage_options or {})))
             stream = stack.enter_context(gzip.GzipFile(fileobj=raw)) if path.endswith(".gz") else raw
-            end = 0
+            end, held = 0, None
+            # one line held back: a truncated gzip stream ends in a partial line, then EOFError,
+            # and the error must name the file, not the partial line's parse failure
             for lineno, bline in enumerate(stream, start=1):
+                if held is not None:
+                    yield held
                 end += len(bline)
-                yield lineno, end, bline
+                held = (lineno, end, bline)
+            if held is not None:
+                yield held
     except FileNotFoundError:
         raise ManifestError(f"split {split!r}: manifest not found: {path}") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from espnet3_flows.audio import check_audio_settings
 from espnet3_flows.config import ConfigError, instantiate
 
 FRONTEND_TYPES = ("fbank", "none", "model")
@@ -50,10 +51,12 @@ class FrontendConfig:
             raise ConfigError(f"frontend.type must be one of {FRONTEND_TYPES}, got {self.type!r}")
         if self.type == "model" and "_target_" not in self.model:
             raise ConfigError("frontend.type=model needs frontend.model._target_ (a class path)")
-        if self.sampling_rate <= 0 or self.num_mel_bins <= 0:
-            raise ConfigError("frontend.sampling_rate and frontend.num_mel_bins must be positive")
-        if self.max_duration is not None and self.max_duration <= 0:
-            raise ConfigError("frontend.max_duration must be positive or null")
+        if self.num_mel_bins <= 0:
+            raise ConfigError(f"frontend.num_mel_bins must be positive, got {self.num_mel_bins}")
+        try:
+            check_audio_settings("frontend.", self.sampling_rate, self.channel, self.max_duration)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 class Frontend(Protocol):

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from espnet3_flows.audio import AudioConfig, read_audio
+from espnet3_flows.audio import AudioConfig, check_audio_settings, read_audio
 from espnet3_flows.config import ConfigError, instantiate, to_plain
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
@@ -107,6 +107,10 @@ class XVectorJobConfig:
             raise ConfigError(f"xvector.splits {unknown} have no entry in xvector.manifest_paths")
         if not xv.spk_embed_tag or "/" in xv.spk_embed_tag or xv.spk_embed_tag.startswith("."):
             raise ConfigError(f"xvector.spk_embed_tag {xv.spk_embed_tag!r} must be a plain directory name")
+        try:
+            check_audio_settings("xvector.", xv.sampling_rate, xv.channel, xv.max_duration)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if not re.fullmatch(r"cpu|cuda(:\d+)?", xv.device):
             raise ConfigError(f"xvector.device must be 'cpu', 'cuda' or 'cuda:N', got {xv.device!r}")
 
