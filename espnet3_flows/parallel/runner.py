@@ -183,10 +183,6 @@ class BaseRunner:
             return None
         return ShardResult.from_dict(rec, cached=cached)
 
-    def is_shard_done(self, shard: Shard) -> bool:
-        """Whether the shard finished earlier with the same inputs, config and code."""
-        return self.load_done(shard) is not None
-
     # ---- planning and checks ----------------------------------------------------------
     def plan(self, indices: Sequence[int] | None) -> ShardPlan:
         """The shard plan for ``indices`` (content-addressed; see :func:`plan_shards`)."""

@@ -57,12 +57,6 @@ def env_keys(provider: EnvironmentProvider) -> list[str]:
     return sorted(get_env(provider))
 
 
-def clear_envs() -> None:
-    """Forget every environment built in this process (tests, or to free a model)."""
-    with _LOCK:
-        _ENVS.clear()
-
-
 class EnvSetupPlugin(WorkerPlugin):
     """Builds an environment once per Dask worker, at worker start, into the registry.
 
