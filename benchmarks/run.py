@@ -129,6 +129,8 @@ BENCHMARKS = {b.name: b for b in [
     Benchmark("collect_stats", "bench_collect_stats", True),
     Benchmark("overhead", "bench_overhead", True),
     Benchmark("memory", "bench_memory", True),
+    Benchmark("scale", "bench_scale", True),
+    Benchmark("corpus", "bench_corpus", True),
     Benchmark("xvector", "bench_xvector", False, _xvector_result, _xvector_table, _xvector_plot),
     Benchmark("batching", "bench_batching", False, _batching_result, _batching_table),
 ]}
