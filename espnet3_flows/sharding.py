@@ -35,9 +35,13 @@ def code_salt(extra: str = "") -> str:
     return f"espnet3_flows={__version__};format={FORMAT_VERSION};{extra}"
 
 
-def shard_name(index: int) -> str:
-    """Directory name of shard ``index`` (ESPnet3's ``split.N``)."""
-    return f"split.{index}"
+def shard_name(shard_hash: str) -> str:
+    """Directory name of a shard: ``split.`` and the first 16 hex digits of its hash.
+
+    Named by content, not by position: content-defined boundaries let an insertion shift the
+    positions of every later shard, and a shard must find its ``done`` record wherever it now is.
+    """
+    return f"split.{shard_hash[:16]}"
 
 
 def id_hash64(key: str) -> int:
@@ -62,7 +66,7 @@ class Shard:
     """One chunk of a job's items: positions ``[start, stop)`` of the plan.
 
     Attributes:
-        index: Position of the shard in the plan; names its directory ``split.{index}``.
+        index: Position of the shard in the plan (its directory is named by its hash).
         start: First item position (inclusive).
         stop: Last item position (exclusive).
         hash: Content hash over the items' keys, the job config and the code salt.
@@ -80,8 +84,8 @@ class Shard:
 
     @property
     def name(self) -> str:
-        """Directory name of the shard, ESPnet3's ``split.N``."""
-        return shard_name(self.index)
+        """Directory name of the shard (see :func:`shard_name`)."""
+        return shard_name(self.hash)
 
     @property
     def num_items(self) -> int:

@@ -26,7 +26,6 @@ from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make
 from espnet3_flows.parallel.forkserver import worker_start_method
 from espnet3_flows.parallel.runner import ShardFailure
 from espnet3_flows.parallel.worker_env import env_keys, install_runners, register_runner, uninstall_runners
-from espnet3_flows.sharding import shard_name
 from espnet3_flows.storage import redact
 
 log = logging.getLogger("espnet3_flows")
@@ -267,7 +266,7 @@ def _run_shards(job: str, run: JobRun, t0: float, progress: bool, logger: Any) -
         try:
             rec = fut.result()
         except Exception as exc:  # noqa: BLE001 - collect every failure, report after all finish
-            failures.append((f"{run.splits[k].runner.shard_subdir}/{shard_name(shard.index)}", exc))
+            failures.append((f"{run.splits[k].runner.shard_subdir}/{shard.name}", exc))
             continue
         first_done = first_done or time.perf_counter()
         computed[k][shard.index] = rec

@@ -13,7 +13,7 @@ from espnet3_flows.parallel.worker_env import get_env, get_runner
 from espnet3_flows.sharding import Shard, shard_name
 
 
-@task(name="shard", cache_policy=NO_CACHE, persist_result=False, task_run_name="{split}/split.{shard.index}")
+@task(name="shard", cache_policy=NO_CACHE, persist_result=False, task_run_name="{split}/{shard.name}")
 def shard_task(runner_key: str, split: str, shard: Shard) -> dict[str, Any]:
     """Compute one shard on a worker: ``init_state`` → ``reduce_state``* → ``finalize_state`` →
     publish → ``done``.
@@ -47,10 +47,10 @@ def merge_task(runner: BaseRunner, shards: list[tuple[int, str, bool]]) -> Any:
     """
     def read(entry: tuple[int, str, bool]) -> Any:
         index, shard_hash, cached = entry
-        found = runner.read_done(index, shard_hash, cached)
+        found = runner.read_done(shard_hash, cached)
         if found is None:
-            raise ShardFailure(f"{runner.shard_subdir}/{shard_name(index)}: no done record for shard {shard_hash[:12]} "
-                               "(removed while the run was merging?); rerun to recompute it")
+            raise ShardFailure(f"{runner.shard_subdir}/{shard_name(shard_hash)} (shard {index} of the plan): no done "
+                               "record (removed while the run was merging?); rerun to recompute it")
         return found
 
     with ThreadPoolExecutor(16) as pool:

@@ -171,14 +171,14 @@ class BaseRunner:
         """The shard's ``done`` record if it matches the current shard hash."""
         if not self.resume:
             return None
-        return self.read_done(shard.index, shard.hash, cached=True)
+        return self.read_done(shard.hash, cached=True)
 
-    def read_done(self, index: int, shard_hash: str, cached: bool = False) -> ShardResult | None:
-        """The ``done`` record of shard ``index`` if one exists for ``shard_hash`` (resume or not)."""
+    def read_done(self, shard_hash: str, cached: bool = False) -> ShardResult | None:
+        """The ``done`` record of the shard with ``shard_hash``, if one exists (resume or not)."""
         store = self.storage
         if store is None:
             return None
-        rec = store.read_json(posixpath.join(self.shard_subdir, shard_name(index), DONE))
+        rec = store.read_json(posixpath.join(self.shard_subdir, shard_name(shard_hash), DONE))
         if not rec or rec.get("shard_hash") != shard_hash:
             return None
         return ShardResult.from_dict(rec, cached=cached)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -107,6 +108,41 @@ def test_incremental_append_computes_only_new_shards(prefect_harness, demo_corpu
     np.testing.assert_allclose(a["sum"], b["sum"], rtol=1e-12)
     np.testing.assert_allclose(a["sum_square"], b["sum_square"], rtol=1e-12)
     assert (tmp_path / "out/train/speech_shape").read_text() == (tmp_path / "full/train/speech_shape").read_text()
+
+
+def test_insertions_into_a_sorted_manifest_recompute_only_the_shards_that_receive_them(prefect_harness, demo_corpus,
+                                                                                      tmp_path):
+    """Kaldi/ESPnet data dirs are sorted by id: new data lands in the middle. Shards after an insertion
+    shift position but keep their content, so they must be found done (their directories are named by
+    content, not by position)."""
+    lines = sorted(Path(demo_corpus["train"]).read_text().splitlines(keepends=True))
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text("".join(lines))
+    cfg = {"manifests": {"train": str(manifest)}, "output_dir": str(tmp_path / "out"), "shard_size": 4,
+           "parallel": {"env": "serial"}}
+    first = run_job("collect_stats", cfg, progress=False)["train"]
+    assert first["shards"] >= 8
+    grown = list(lines)
+    for at in (30, 10):  # one early (shifts almost every shard), one later
+        uid, path = grown[at].split("\t")[:2]
+        grown.insert(at + 1, f"{uid}-x\t{path}\n")  # sorts right after its neighbour
+    assert grown == sorted(grown)
+    manifest.write_text("".join(grown))
+    again = run_job("collect_stats", cfg, progress=False)["train"]
+    plan = json.loads((tmp_path / "out/train/shards/manifest.json").read_text())["shards"]
+    new_positions = [i for i, line in enumerate(ln for ln in grown) if "-x\t" in line]
+    receiving = {k for k, s in enumerate(plan) for p in new_positions if s["start"] <= p < s["stop"]}
+    # each insertion recomputes its shard and rarely a neighbour or two (a boundary moved by the minimum
+    # size, or the new id itself ending a shard); positions shifted for all later shards
+    assert again["utterances"] == 50 and 1 <= again["shards_computed"] <= len(receiving) + 2 * len(new_positions)
+    assert again["shards_cached"] >= first["shards"] - 2 - 2 * len(new_positions), (first, again)
+    clean = run_job("collect_stats", cfg | {"output_dir": str(tmp_path / "clean")}, progress=False)["train"]
+    assert clean["shards"] == again["shards"]
+    a, b = np.load(tmp_path / "out/train/feats_stats.npz"), np.load(tmp_path / "clean/train/feats_stats.npz")
+    assert int(a["count"]) == int(b["count"])
+    np.testing.assert_allclose(a["sum_square"], b["sum_square"], rtol=1e-12)
+    for name in ("feats_shape", "speech_shape"):
+        assert (tmp_path / "out/train" / name).read_bytes() == (tmp_path / "clean/train" / name).read_bytes()
 
 
 @pytest.mark.s3

@@ -403,9 +403,11 @@ def _check_remote(fs, prefix: str, local: Path, n_shards: int) -> None:
     assert summary["utterances"] == 8 and summary["shards"] == n_shards
     assert summary == json.loads((local / "train" / "summary.json").read_text()) | {
         k: summary[k] for k in ("files", "shards_computed", "shards_cached", "compute_seconds")}
-    for k in range(n_shards):
-        done = json.loads(fs.cat_file(f"{prefix}/train/shards/split.{k}/done"))
-        assert len(done["shard_hash"]) == 64
+    plan = json.loads(fs.cat_file(f"{prefix}/train/shards/manifest.json"))
+    assert len(plan["shards"]) == n_shards
+    for shard in plan["shards"]:  # each done record in its content-named directory
+        done = json.loads(fs.cat_file(f"{prefix}/train/shards/split.{shard['hash'][:16]}/done"))
+        assert done["shard_hash"] == shard["hash"]
     assert not [p for p in fs.find(prefix) if ".tmp-" in p]
 
 
