@@ -20,7 +20,7 @@ from espnet3_flows.orchestration.client_tls import share_tls_contexts
 from espnet3_flows.orchestration.job_run import JobRun, SplitRun, current_run, plan_job, running
 from espnet3_flows.orchestration.jobs import check_output_dir, get_job
 from espnet3_flows.orchestration.local_server import drain_prefect_clients
-from espnet3_flows.orchestration.settings_serialization import cache_settings_serialization
+from espnet3_flows.orchestration.settings_serialization import cache_settings_hydration, cache_settings_serialization
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_delays, shard_task
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
 from espnet3_flows.parallel.forkserver import worker_start_method
@@ -174,6 +174,7 @@ class PrefectWorkerSetup(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
         share_tls_contexts()
+        cache_settings_hydration()
         for module in PREFECT_WORKER_MODULES:
             importlib.import_module(module)
 
