@@ -168,7 +168,7 @@ def engine_run(manifest: Path, n: int, shard_size: int, client: Any = None, outp
     cfg = engine_config(manifest, out, shard_size, "serial" if client is None else "local")
     t0 = time.perf_counter()
     runner = CollectStatsRunner(cfg, "train")
-    outcome = runner.run(range(n), client=client, parallel=cfg.parallel if client is None else None, progress=False)
+    outcome = runner.run(client=client, parallel=cfg.parallel if client is None else None, progress=False)
     wall = time.perf_counter() - t0
     phase = common.shard_phase(out)
     result = {"wall": wall, "computed": outcome.computed, "cached": outcome.cached, "shards": len(outcome.shards),

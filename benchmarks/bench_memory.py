@@ -62,8 +62,13 @@ def child_flow(manifest: str, output_dir: str) -> dict[str, Any]:
 
 
 def child_plan(manifest: str, output_dir: str) -> dict[str, Any]:
-    """Plan a big manifest (in a fresh process): time each part and the RSS."""
-    from espnet3_flows.sharding import fingerprint_files
+    """Plan a big manifest (in a fresh process): time each part and the RSS.
+
+    Planning is one streaming pass (``plan_manifest``); reading the lines alone and fingerprinting
+    the paths alone are timed too, to split the pass into its parts.
+    """
+    from espnet3_flows.fingerprints import Fingerprinter
+    from espnet3_flows.manifest import iter_manifest_lines
     from espnet3_flows.stats.job import CollectStatsConfig, CollectStatsRunner
 
     rss0 = status_bytes()["VmRSS"]
@@ -71,17 +76,22 @@ def child_plan(manifest: str, output_dir: str) -> dict[str, Any]:
     cfg = CollectStatsConfig(manifests={"train": manifest}, output_dir=output_dir, shard_size=common.SHARD_SIZE)
     runner = CollectStatsRunner(cfg, "train")
     t1 = time.perf_counter()
-    utts = runner.utterances()
+    paths, n_lines = [], 0
+    for _, _, raw in iter_manifest_lines(manifest):
+        n_lines += 1
+        paths.append(raw.split(b"\t", 2)[1].decode())
     t2 = time.perf_counter()
-    plan = runner.plan(range(len(utts)))
+    plan = runner.plan()
     t3 = time.perf_counter()
     peak_plan = status_bytes()["VmHWM"]
-    fingerprint_files([u.path for u in utts])  # alone, to split the plan's time into its parts
+    with Fingerprinter() as fp:  # alone, in the planner's block size, to split the plan's time into its parts
+        for i in range(0, len(paths), 4096):
+            fp.fingerprints(paths[i:i + 4096])
     t4 = time.perf_counter()
     runner.write_plan(plan)
     t5 = time.perf_counter()
-    return {"utterances": len(utts), "shards": len(plan.shards), "init": t1 - t0, "read": t2 - t1,
-            "plan": t3 - t2, "fingerprints": t4 - t3, "write_plan": t5 - t4, "total": t3 - t0,
+    return {"utterances": plan.num_items, "shards": len(plan.shards), "init": t1 - t0, "read": t2 - t1,
+            "plan": t3 - t2, "fingerprints": t4 - t3, "write_plan": t5 - t4, "total": t3 - t2 + (t1 - t0),
             "rss_after_imports": rss0, "peak_rss_at_plan": peak_plan,
             "peak_rss": status_bytes()["VmHWM"]}
 

@@ -28,9 +28,10 @@ def _artifacts(prefix: str) -> dict[str, object]:
     return {a.key: a for a in found if a.key and a.key.startswith(prefix)}
 
 
-def _task_run_states(flow_name: str) -> dict[str, str]:
+def _task_run_states(flow_name: str, expected: int = 0) -> dict[str, str]:
     """Task run name → state type of the latest run of ``flow_name``, once the API has recorded
-    every one as final (the server records states from events, a moment after they are sent)."""
+    every one as final and at least ``expected`` of them (the server records task runs from
+    events, a moment after they are sent)."""
     import time
 
     from prefect.client.orchestration import get_client
@@ -49,10 +50,11 @@ def _task_run_states(flow_name: str) -> dict[str, str]:
                 if len(page) < 200:
                     return {t.name: t.state_type.value if t.state_type else "NONE" for t in tasks}
 
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         states = asyncio.run(read())
-        if all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states.values()) or time.monotonic() > deadline:
+        final = all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states.values())
+        if (final and len(states) >= expected) or time.monotonic() > deadline:
             return states
         time.sleep(0.5)
 
@@ -77,7 +79,7 @@ def test_flow_on_local_cluster_caches_and_publishes(prefect_harness, demo_corpus
     assert arts["collect-stats-progress"].type == "progress" and float(arts["collect-stats-progress"].data) == 100.0
     assert f"file://{out}/train/feats_stats.npz" in arts["collect-stats-train-feats-stats-npz"].data
     # every task's final state reached the API, the merges' too (sent just before the workers exit)
-    states = _task_run_states("collect-stats-shards")
+    states = _task_run_states("collect-stats-shards", expected=sum(shards.values()) + len(shards))
     assert len(states) == sum(shards.values()) + len(shards) and set(states.values()) == {"COMPLETED"}, states
     before = (out / "train" / "feats_stats.npz").read_bytes()
 
