@@ -16,13 +16,12 @@ import hashlib
 import os
 import posixpath
 from array import array
-from hashlib import blake2b
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
-from espnet3_flows.fingerprints import MISSING, Fingerprinter
+from espnet3_flows.fingerprints import MISSING, Fingerprinter, fingerprint_files
 from espnet3_flows.manifest import (
     ManifestError,
     ManifestLineError,
@@ -109,12 +108,11 @@ def plan_manifest(
     with Fingerprinter(fingerprint, storage_options) as fingerprinter:
         while True:
             writer = _SpoolWriter(source_path, writer_target) if writer_target is not None else None
-            read_from = manifest if writer is not None or source_path == manifest else source_path
+            read_from = manifest if writer is not None else source_path  # the spool once it is written
             plan, skipped, id_hashes = _plan_pass(manifest, source_path, split, shard_size, config, on_error,
                                                   fingerprinter, storage_options, salt, excluded, writer, read_from)
             writer_target = None  # the spool is written by the first pass only
-            repeated = _repeated_ids(read_from if source_path == manifest else source_path, split, id_hashes,
-                                     storage_options, excluded)
+            repeated = _repeated_ids(source_path, split, id_hashes, storage_options, excluded)
             if not repeated:
                 break
             if on_error == "fail":
@@ -132,8 +130,6 @@ def _spool_target(manifest: str, split: str, spool: Storage, rel: str,
                   storage_options: Mapping[str, Any] | None) -> tuple[str, Storage | None]:
     """Where the decompressed manifest lives (named by the compressed file's fingerprint) and,
     when it does not exist yet, the storage to write it to."""
-    from espnet3_flows.fingerprints import fingerprint_files
-
     stamp = fingerprint_files([manifest], storage_options)[manifest]
     if stamp == MISSING:
         raise ManifestError(f"split {split!r}: manifest not found: {manifest}")
@@ -200,7 +196,7 @@ class _PassState:
                         self.skip.append(t_line)
                 tail.clear()
             bytes_hash.update(raw)
-            h = int.from_bytes(blake2b(utt_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+            h = id_hash64(utt_id)  # the same hash _repeated_ids checks candidates with
             append_hash(h)
             self.last = (lineno, end)
             if cutter.add(h, raw.rstrip(b"\r\n") + b"\t" + next(fp).encode()):

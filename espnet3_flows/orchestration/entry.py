@@ -176,7 +176,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     def plan_now() -> bool:  # overlaps the private API server's start
         check_output_dir(cfg.output_dir, cfg.storage_options)
         planned.append(plan_job(job, cfg))
-        needed = planned[0].unchanged_summaries() is None
+        needed = planned[0].unchanged_summaries is None
         if needed and planned[0].pending_shards:
             prestart_workers(cfg.parallel, get_job(job).worker_modules)
         return needed
@@ -185,7 +185,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         with prefect_api(needs_server=cfg.parallel.env != "serial", while_starting=plan_now) as api:
             run = planned[0]
             if api is False:  # nothing to compute or merge: no server, no flow, no cluster
-                summaries = run.unchanged_summaries() or {}
+                summaries = run.unchanged_summaries or {}
                 print(f"{job}: nothing to compute: all {run.total_shards} shard(s) of {len(run.splits)} split(s) "
                       f"were done earlier (planned in {run.plan_seconds:.1f} s)")
             else:
@@ -202,7 +202,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
 
 def _dry_run(job: str, cfg: Any) -> int:
     """``--dry-run``: check the config, plan every split and read its done records; print what a run
-    would compute. Starts no server or cluster and writes nothing."""
+    would compute. Starts no server or cluster and publishes no output."""
     run = plan_job(job, cfg, publish=False)
     print(f"{job} (dry run): {run.total_shards} shard(s) in {len(run.splits)} split(s), planned in "
           f"{run.plan_seconds:.1f} s; output {cfg.output_dir}")
@@ -219,7 +219,7 @@ def usage(job: str) -> str:
     defaults = OmegaConf.to_container(OmegaConf.structured(get_job(job).schema))
     lines = [f"usage: python flows/{job}.py [--config FILE] [--dry-run] [key=value ...]", "",
              "  --dry-run  check the config, plan every split and print what a run would compute (no server,",
-             "             no cluster, nothing written)", "",
+             "             no cluster, no outputs published)", "",
              "keys (default); see README.md, Configuration:"]
 
     def walk(node: Any, prefix: str) -> None:

@@ -25,7 +25,13 @@ from espnet3_flows.orchestration.shard_tasks import merge_task, retry_delays, sh
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
 from espnet3_flows.parallel.forkserver import worker_start_method
 from espnet3_flows.parallel.runner import ShardFailure
-from espnet3_flows.parallel.worker_env import env_keys, install_runners, register_runner, uninstall_runners
+from espnet3_flows.parallel.worker_env import (
+    env_keys,
+    install_runners,
+    installed_plugins,
+    register_runner,
+    uninstall_runners,
+)
 from espnet3_flows.storage import redact
 
 log = logging.getLogger("espnet3_flows")
@@ -72,7 +78,7 @@ def run_job(job: str, config: dict[str, Any] | None = None, progress: bool = Tru
     log.info("%s: %d split(s), %d shard(s): %d done earlier, %d to compute (%d utterances); planned in %.1f s",
              job, len(run.splits), run.total_shards, run.done_shards, run.pending_shards, run.pending_items,
              run.plan_seconds)
-    kept = run.unchanged_summaries()
+    kept = run.unchanged_summaries
     if kept is not None:
         log.info("%s: nothing to compute and every split's outputs are up to date", job)
         if _in_flow():
@@ -159,7 +165,7 @@ def _prepare_workers(splits: list[SplitRun]) -> dict[str, list[str]]:
             register_runner(key, runner)
         return {key: env_keys(runner.provider) for key, runner in runners.items()}
     client = task_runner.client  # starts the cluster
-    if PrefectWorkerSetup.name not in client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.worker_plugins)):
+    if PrefectWorkerSetup.name not in installed_plugins(client):
         client.register_plugin(PrefectWorkerSetup())  # present workers now, later ones (SLURM) as they join
     return install_runners(client, runners)
 

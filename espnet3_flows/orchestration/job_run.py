@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -83,9 +84,11 @@ class JobRun:
         """Utterances in the shards to compute."""
         return sum(s.num_items for split in self.splits for s in split.pending)
 
+    @functools.cached_property
     def unchanged_summaries(self) -> dict[str, dict[str, Any]] | None:
         """Every split's published summary when nothing is pending and no split needs merging
-        again (its outputs were merged from exactly this plan), else ``None``."""
+        again (its outputs were merged from exactly this plan), else ``None``. Read once per run:
+        the CLI asks before it waits for the server, and again before the flow."""
         if self.pending_shards:
             return None
         out = {}

@@ -135,7 +135,7 @@ def install_runners(client: Any, runners: dict[str, Any]) -> dict[str, list[str]
         Runner key → the env keys of its environment on a worker (building it there raises
         here, naming the provider, before any shard runs).
     """
-    installed = set(client.run_on_scheduler(_scheduler_plugins))
+    installed = installed_plugins(client)
     for key, runner in runners.items():
         plugin = RunnerPlugin(key, runner)
         if plugin.name not in installed:
@@ -148,11 +148,17 @@ def uninstall_runners(client: Any, keys: list[str]) -> None:
     list (replayed on every worker that joins) does not grow run after run. Workers keep their
     runners and envs in the bounded registries above: the next run with the same key builds
     nothing again."""
-    installed = set(client.run_on_scheduler(_scheduler_plugins))
+    installed = installed_plugins(client)
     for key in keys:
         name = f"espnet3-runner-{key}"
         if name in installed:
             client.unregister_worker_plugin(name)
+
+
+def installed_plugins(client: Any) -> set[str]:
+    """Names of the worker plugins the cluster's scheduler holds (it replays them on every worker
+    that joins): registering one of them again would tear it down and set it up anew."""
+    return set(client.run_on_scheduler(_scheduler_plugins))
 
 
 def _scheduler_plugins(dask_scheduler: Any) -> list[str]:
