@@ -1,8 +1,8 @@
 # espnet3-flows: `make test` on a fresh machine installs everything and runs the whole suite.
 SHELL := /bin/bash
 PYTHON ?= python3
-# The venv lives outside the checkout, keyed by the pins, so a fresh clone (CI) reuses a
-# finished install of the same pins instead of downloading ~7 GB again.
+# The venv lives outside the checkout, keyed by the pins, so a second clone reuses a finished
+# install of the same pins. CI (.ci/run) passes VENV= to build a fresh one every run.
 PINS_HASH := $(shell sha256sum constraints.txt | cut -c1-12)
 VENV ?= $(HOME)/.cache/espnet3-flows/venv-$(PINS_HASH)
 PY := $(VENV)/bin/python
@@ -10,26 +10,46 @@ PYTEST_ARGS ?=
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install system-deps test test-fast demo bench bench-quick clean
+.PHONY: install python-venv system-deps test test-fast demo bench bench-quick clean distclean
 
-$(VENV)/.installed: constraints.txt pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+# The interpreter must be >= 3.11 and able to make a venv with pip (Debian splits `venv` and
+# `ensurepip` into python3.X-venv): as root that package is installed, otherwise make stops
+# with the apt-get line to run.
+python-venv:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
+	  { echo "error: espnet3-flows needs Python >= 3.11; $(PYTHON) is" \
+	    "$$($(PYTHON) --version 2>&1 || echo missing). Use: make PYTHON=python3.11 ..." >&2; exit 1; }
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || \
+	  ci/apt-install.sh "a virtual environment ($(PYTHON) has no ensurepip)" \
+	    "$$($(PYTHON) -c 'import sys; print("python%d.%d-venv" % sys.version_info[:2])')"
+
+# A venv is trusted only with its completion stamp: the stamp is removed before any install
+# step and written after the last, and a venv without it is deleted and built again, so an
+# interrupted or failed first install is never reused half-made.
+$(VENV)/.installed: constraints.txt pyproject.toml | python-venv
+	@rm -f $@
+	@if [ -e $(VENV) ]; then echo "install: $(VENV) has no completion stamp: building it again" >&2; \
+	  rm -rf $(VENV); fi
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed  ## Python environment with every test dependency
 
-system-deps:  ## Debian packages for the SLURM and compose tests (needs root)
+SYSTEM_PACKAGES := slurm-wlm munge docker-compose
+system-deps:  ## Debian packages for the SLURM and compose tests (installed when root)
 	@if ! command -v slurmctld >/dev/null || ! command -v docker-compose >/dev/null; then \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge docker-compose >/dev/null; \
-	  else echo "system-deps: not root; install slurm-wlm munge docker-compose yourself" >&2; fi; fi
+	  ci/apt-install.sh "make test (single-node SLURM, docker-compose config)" $(SYSTEM_PACKAGES); fi
 
-# The whole suite, SLURM included: starts a single-node SLURM cluster and stops it after.
+# The whole suite, SLURM included: starts a single-node SLURM cluster and stops it after. A
+# SLURM that does not start stops here with its own error, before pytest runs.
+SLURM_DIR := $(or $(ESPNET3_SLURM_DIR),/tmp/espnet3-flows-slurm)
 test: install system-deps
-	@set -o pipefail; source <(ci/slurm/start.sh) && trap 'ci/slurm/stop.sh >&2' EXIT && \
-	  $(PY) -m pytest --run-slurm $(PYTEST_ARGS)
+	@trap 'ci/slurm/stop.sh >&2' EXIT; \
+	  ci/slurm/start.sh >/dev/null || { echo "error: make test: the single-node SLURM cluster" \
+	    "did not start (its error is above)" >&2; exit 1; }; \
+	  . $(SLURM_DIR)/env.sh && $(PY) -m pytest --run-slurm $(PYTEST_ARGS)
 
 # Everything but the SLURM tests (no root needed).
 test-fast: install
@@ -44,5 +64,8 @@ bench: install
 bench-quick: install
 	$(PY) benchmarks/run.py --quick
 
-clean:
+clean:  ## outputs and build leftovers of this checkout
 	rm -rf exp/ .pytest_cache build *.egg-info
+
+distclean: clean  ## also the virtual environments under ~/.cache/espnet3-flows/
+	rm -rf $(HOME)/.cache/espnet3-flows/venv-*

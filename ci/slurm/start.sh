@@ -67,10 +67,8 @@ show_logs() {
 [[ -f "$TEMPLATE" ]] || die "template not found: $TEMPLATE"
 
 if ! command -v slurmctld >/dev/null 2>&1; then
-    log "slurmctld not found: installing slurm-wlm munge with apt-get"
-    export DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1
-    apt-get update -q >&2
-    apt-get install -y -q slurm-wlm munge >&2
+    "$HERE/../apt-install.sh" "a single-node SLURM cluster" slurm-wlm munge \
+        || die "slurm-wlm munge could not be installed"
 fi
 for exe in slurmctld slurmd sinfo munged munge unmunge; do
     command -v "$exe" >/dev/null 2>&1 || [[ -x "/usr/sbin/$exe" ]] || die "$exe missing after install"
