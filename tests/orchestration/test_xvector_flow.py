@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import kaldiio
+import numpy as np
 import pytest
+import s3fs
 import torch
 
 from espnet3_flows.orchestration.flows import run_job
@@ -50,3 +52,36 @@ def test_extract_xvectors_command_line(ecapa_dir, demo_corpus, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "valid: 12 utterances" in proc.stdout
     assert (tmp_path / "out/xvector/valid/spk_xvector.scp").is_file()
+
+
+@pytest.mark.s3
+def test_xvector_flow_to_s3_equals_the_local_outputs(prefect_harness, ecapa_dir, demo_corpus, s3_output, tmp_path):
+    url, options = s3_output
+    base = {"pretrained_model": str(ecapa_dir), "manifest_paths": demo_corpus, "splits": ["valid"], "batch_size": 4}
+    local = run_job("extract_xvectors", {"xvector": base | {"save_path": str(tmp_path / "xv")}, "shard_size": 4,
+                                         "parallel": {"env": "serial"}}, progress=False)["valid"]
+    remote = run_job("extract_xvectors", {"xvector": base | {"save_path": url}, "storage_options": options,
+                                          "shard_size": 4, "parallel": {"env": "serial"}}, progress=False)["valid"]
+    assert remote["utterances"] == local["utterances"] == 12 and remote["speakers"] == 3
+    assert remote["shards_computed"] == remote["shards"] > 1
+
+    fs = s3fs.S3FileSystem(**options)
+    root = f"{url[len('s3://'):]}/xvector/valid"
+    local_dir = tmp_path / "xv" / "xvector" / "valid"
+    for name in ("xvector", "spk_xvector"):
+        # the scp on S3 points into the ark on S3 (s3:// URL with the offset), never at staging
+        lines = fs.cat(f"{root}/{name}.scp").decode().splitlines()
+        assert lines and all(line.split(" ", 1)[1].startswith(f"{url}/xvector/valid/{name}.ark:") for line in lines)
+        fetched = tmp_path / f"{name}.ark"
+        fs.get(f"{root}/{name}.ark", str(fetched))
+        got = dict(kaldiio.load_ark(str(fetched)))
+        want = kaldiio.load_scp(str(local_dir / f"{name}.scp"))
+        assert got.keys() == set(want.keys())
+        for key, vec in want.items():
+            np.testing.assert_array_equal(got[key], vec)
+    for key in kaldiio.load_scp(str(local_dir / "xvector.scp")):
+        with fs.open(f"{root}/{key}.pt", "rb") as f:
+            assert torch.equal(torch.load(f, weights_only=True), torch.load(local_dir / f"{key}.pt", weights_only=True))
+    assert not fs.exists(f"{url[len('s3://'):]}/.prefect-results")
+    for path in fs.find(url[len("s3://"):]):
+        assert options["secret"].encode() not in fs.cat(path), f"{path} holds the secret"
