@@ -7,6 +7,7 @@ import importlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -54,7 +55,15 @@ def load_config(
             p = Path(path)
             if not p.is_file():
                 raise ConfigError(f"config file not found: {p}")
-            loaded = OmegaConf.load(p)
+            try:
+                loaded = OmegaConf.load(p)
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+                problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+                raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not isinstance(loaded, DictConfig):
                 raise ConfigError(f"{p}: the top level of a config file must be a mapping")
             layers.append(loaded)

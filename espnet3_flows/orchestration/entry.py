@@ -5,18 +5,23 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import traceback
 from typing import Any, Literal, Sequence
 
 from omegaconf import OmegaConf
 from prefect import flow
 
 from espnet3_flows.config import ConfigError, load_config, split_cli_args, to_plain
+from espnet3_flows.orchestration.console import quiet_console, quiet_local_workers
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import JobRun, plan_job
 from espnet3_flows.orchestration.jobs import check_output_dir, demo_manifests, get_job
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.storage import has_secrets, redact
+
+# clusters whose workers run on this machine and print to the CLI's terminal
+LOCAL_ENVS = ("serial", "local", "local_gpu")
 
 
 def resolve_config(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str]) -> Any:
@@ -159,12 +164,17 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         print(usage(job))
         return 0
     dry_run = "--dry-run" in args
-    args = [a for a in args if a != "--dry-run"]
+    verbose = any(a in ("-v", "--verbose") for a in args)
+    args = [a for a in args if a not in ("--dry-run", "-v", "--verbose")]
+    if not verbose:
+        quiet_console()
     try:
         path, overrides = split_cli_args(args)
         cfg = resolve_config(job, path, {}, overrides)
         if dry_run:
             return _dry_run(job, cfg)
+        # workers on this machine print to this terminal: the same quiet rules there
+        quiet_local_workers(not verbose and cfg.parallel.env in LOCAL_ENVS)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -187,14 +197,20 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
             if api is False:  # nothing to compute or merge: no server, no flow, no cluster
                 summaries = run.unchanged_summaries or {}
                 print(f"{job}: nothing to compute: all {run.total_shards} shard(s) of {len(run.splits)} split(s) "
-                      f"were done earlier (planned in {run.plan_seconds:.1f} s)")
+                      f"were done earlier (planned in {run.plan_seconds:.1f} s); outputs in {cfg.output_dir}")
             else:
+                if not verbose:
+                    quiet_console()  # handlers configured since (Dask's, on import)
                 summaries = run_job(job, planned=run)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - the CLI prints one line; the traceback is in the logs
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if verbose:
+            traceback.print_exc()
+        else:
+            print("       (--verbose prints the traceback and every log line)", file=sys.stderr)
         return 1
     _print_summary(job, summaries, cfg)
     return 0
@@ -217,9 +233,11 @@ def _dry_run(job: str, cfg: Any) -> int:
 def usage(job: str) -> str:
     """Help text: the command line form and every config key with its default."""
     defaults = OmegaConf.to_container(OmegaConf.structured(get_job(job).schema))
-    lines = [f"usage: python flows/{job}.py [--config FILE] [--dry-run] [key=value ...]", "",
+    lines = [f"usage: python flows/{job}.py [--config FILE] [--dry-run] [--verbose] [key=value ...]", "",
              "  --dry-run  check the config, plan every split and print what a run would compute (no server,",
-             "             no cluster, no outputs published)", "",
+             "             no cluster, no outputs published)",
+             "  --verbose  print every log line (Dask, Prefect's engines) and tracebacks; by default the",
+             "             console shows this project's messages, warnings and one `error:` line", "",
              "keys (default); see README.md, Configuration:"]
 
     def walk(node: Any, prefix: str) -> None:

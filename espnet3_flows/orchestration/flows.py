@@ -15,6 +15,7 @@ from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from espnet3_flows.config import load_config, to_plain
+from espnet3_flows.orchestration import console
 from espnet3_flows.orchestration.artifacts import ProgressArtifact, publish_split_artifacts, publish_table_artifact
 from espnet3_flows.orchestration.client_tls import share_tls_contexts
 from espnet3_flows.orchestration.job_run import JobRun, SplitRun, current_run, plan_job, running
@@ -179,6 +180,7 @@ class PrefectWorkerSetup(WorkerPlugin):
     name = "espnet3-prefect-worker-setup"
 
     def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
+        console.apply_from_environment()
         share_tls_contexts()
         cache_settings_hydration()
         for module in PREFECT_WORKER_MODULES:

@@ -1,0 +1,95 @@
+"""What a command-line run prints: the project's own messages, warnings and one ``error:`` line.
+
+A CLI run on a local cluster would otherwise print Dask's INFO chatter (cluster start, worker
+registration: ~36 lines per run), Prefect's per-task-run state lines, and, when something
+fails, the same exception as a traceback from the task engine on the worker, from the flow
+engine on the driver and from Dask (~150 lines around the one line that says what is wrong).
+:func:`quiet_console` keeps on the console only
+
+- records logged by this package (progress, per-split summaries),
+- warnings and errors of everything else, except the state reports of Prefect's flow and task
+  engines (``Finished in state Failed(...)`` once per failed shard and again for the flow: the
+  CLI prints the outcome itself, once, as ``error: ...``) and Dask's warnings about failed
+  computations (the same failure again),
+
+each as one line, without its traceback. Only the console changes: Prefect's API log handler
+still sends every record, tracebacks included, to the server, and ``--verbose`` keeps it all.
+
+Local worker processes inherit :data:`QUIET_ENV` and apply the same rules when Prefect's
+worker setup runs (:func:`apply_from_environment`). It is set only for clusters on this
+machine: jobs on a scheduler (SLURM) keep full logs in their own log files.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from pathlib import Path
+
+QUIET_ENV = "ESPNET3_FLOWS_QUIET"
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
+_ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+class _QuietFilter(logging.Filter):
+    """Drops what the module docstring says a quiet console does not show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.pathname.startswith(_PACKAGE_DIR):
+            return True
+        if record.name.startswith(_ENGINE_LOGGERS):
+            return False  # run states and failures: the CLI reports the outcome itself
+        if record.name.startswith("distributed"):
+            return record.levelno >= logging.ERROR
+        return record.levelno >= logging.WARNING
+
+
+class _OneLineFormatter(logging.Formatter):
+    """The wrapped formatter's line, without traceback or stack (the record itself is left
+    intact for the other handlers, e.g. Prefect's API handler)."""
+
+    def __init__(self, inner: logging.Formatter | None):
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        bare = copy.copy(record)
+        bare.exc_info = bare.exc_text = bare.stack_info = None
+        return self.inner.format(bare).splitlines()[0] if record.getMessage() else ""
+
+
+def _console_handlers() -> list[logging.Handler]:
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.root.manager.loggerDict.values() if isinstance(logger, logging.Logger)]
+    found: dict[int, logging.Handler] = {}
+    for logger in loggers:
+        for handler in logger.handlers:
+            stream = getattr(handler, "stream", None)
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
+                    and stream is not None and getattr(stream, "name", "") in ("<stderr>", "<stdout>"):
+                found[id(handler)] = handler
+    return list(found.values())
+
+
+def quiet_console() -> None:
+    """Apply the quiet rules to every console handler of this process (idempotent)."""
+    for handler in _console_handlers():
+        if not any(isinstance(f, _QuietFilter) for f in handler.filters):
+            handler.addFilter(_QuietFilter())
+        if not isinstance(handler.formatter, _OneLineFormatter):
+            handler.setFormatter(_OneLineFormatter(handler.formatter))
+
+
+def quiet_local_workers(quiet: bool = True) -> None:
+    """Make worker processes started from now on by this process quiet (or not)."""
+    if quiet:
+        os.environ[QUIET_ENV] = "1"
+    else:
+        os.environ.pop(QUIET_ENV, None)
+
+
+def apply_from_environment() -> None:
+    """In a worker process: be quiet if the process that started it asked for it."""
+    if os.environ.get(QUIET_ENV) == "1":
+        quiet_console()

@@ -1,0 +1,108 @@
+"""Every input or config error a CLI run meets, before or after the flow starts, is one ``error:``
+line naming the place (file:line, key or path) and the cause, in at most 10 lines of output;
+``--verbose`` brings back the traceback and the log lines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.prefect, pytest.mark.dask]
+
+
+def _cli(tmp_path: Path, *args: str) -> tuple[int, list[str], str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    text = proc.stdout + proc.stderr
+    # a progress bar redraws with \r on one line; count lines as a terminal shows them
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip() and "shard/s]" not in line]
+    return proc.returncode, lines, text
+
+
+def _good_lines(demo_corpus) -> list[str]:
+    return Path(demo_corpus["valid"]).read_text().splitlines()
+
+
+def _assert_one_error_line(lines: list[str], text: str, *expected: str) -> str:
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1, text
+    assert len(lines) <= 10, f"{len(lines)} lines:\n{text}"
+    assert "Traceback" not in text, text
+    for part in expected:
+        assert part in errors[0], f"{part!r} not in {errors[0]!r}"
+    return errors[0]
+
+
+def _case(name: str, tmp_path: Path, demo_corpus) -> tuple[list[str], tuple[str, ...]]:
+    good = _good_lines(demo_corpus)
+    manifest = tmp_path / "train.tsv"
+    out = tmp_path / "out"
+    if name == "missing-audio":  # found by a worker, after the flow started
+        missing = tmp_path / "missing.wav"
+        manifest.write_text("\n".join([*good, f"utt-missing\t{missing}"]) + "\n")
+        return ([f"manifests.train={manifest}", f"output_dir={out}", "parallel.env=local", "parallel.n_workers=1"],
+                ("utt-missing", str(missing), f"line {len(good) + 1}", "not found"))
+    if name == "bad-line":
+        manifest.write_text("\n".join([*good[:3], "only-one-field", *good[3:]]) + "\n")
+        return [f"manifests.train={manifest}", f"output_dir={out}"], (str(manifest), ":4", "field")
+    if name == "duplicate-id":
+        manifest.write_text("\n".join([*good, good[2]]) + "\n")
+        return [f"manifests.train={manifest}", f"output_dir={out}"], (str(manifest), "duplicate", good[2].split("\t")[0])
+    if name == "missing-manifest":
+        return [f"manifests.train={tmp_path / 'nope.tsv'}", f"output_dir={out}"], ("nope.tsv", "not found")
+    if name == "output-dir-is-a-file":
+        manifest.write_text("\n".join(good) + "\n")
+        (tmp_path / "a-file").write_text("x")
+        return [f"manifests.train={manifest}", f"output_dir={tmp_path / 'a-file'}"], ("a-file", "not")
+    if name == "unparsable-yaml":
+        conf = tmp_path / "stats.yaml"
+        conf.write_text("manifests:\n  train: [unclosed\n")
+        return ["--config", str(conf), f"output_dir={out}"], ("stats.yaml",)
+    if name == "jsonl-gz-not-gzip":
+        fake = tmp_path / "cuts.jsonl.gz"
+        fake.write_text('{"id": "x"}\n')
+        return [f"manifests.train={fake}", f"output_dir={out}"], ("cuts.jsonl.gz", "train", "gzip")
+    raise AssertionError(name)
+
+
+CASES = ["missing-audio", "bad-line", "duplicate-id", "missing-manifest", "output-dir-is-a-file",
+         "unparsable-yaml", "jsonl-gz-not-gzip"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_error_is_one_line(tmp_path, demo_corpus, name):
+    args, expected = _case(name, tmp_path, demo_corpus)
+    code, lines, text = _cli(tmp_path, *args)
+    assert code != 0, text
+    _assert_one_error_line(lines, text, *expected)
+
+
+def test_verbose_keeps_the_traceback_and_the_logs(tmp_path, demo_corpus):
+    args, expected = _case("missing-audio", tmp_path, demo_corpus)
+    code, lines, text = _cli(tmp_path, *args, "--verbose")
+    assert code == 1
+    assert "Traceback" in text and "distributed.scheduler" in text and "Finished in state Failed" in text
+    assert sum(line.startswith("error:") for line in lines) == 1
+
+
+def test_good_run_is_short_and_says_where_outputs_are(tmp_path, demo_corpus):
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text("\n".join(_good_lines(demo_corpus)) + "\n")
+    args = [f"manifests.train={manifest}", f"output_dir={tmp_path / 'out'}", "parallel.env=local",
+            "parallel.n_workers=1"]
+    code, lines, text = _cli(tmp_path, *args)
+    assert code == 0, text
+    assert not [line for line in lines if "distributed." in line or "Finished in state" in line], text
+    assert len(lines) <= 10, text
+    assert str(tmp_path / "out" / "train" / "summary.json") in text
+    code, lines, text = _cli(tmp_path, *args)  # all cached: still says where the outputs are
+    assert code == 0 and "nothing to compute" in text and str(tmp_path / "out") in text, text
+
