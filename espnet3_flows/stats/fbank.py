@@ -31,15 +31,26 @@ class FastFbank:
     """
 
     def __init__(self, extractor: Any):
+        self.extractor = extractor
+        self.sampling_rate = int(extractor.config.sampling_rate)
+        #: whether the fast path covers this config; otherwise lhotse's ``extract`` runs
+        self.fast = False
+        try:
+            self._read_layout(extractor)
+        except (AttributeError, ImportError, TypeError, ValueError, IndexError) as exc:
+            self._fall_back(f"lhotse's Fbank no longer has the private layout the fast path reads ({exc!r})")
+            return
+        if self.fast and not self._agrees_with_lhotse():
+            self._fall_back("the fast path's features differ from lhotse's Fbank.extract on a test signal")
+
+    def _read_layout(self, extractor: Any) -> None:
+        """Read lhotse's framing, window and mel matrix (private attributes of lhotse 1.30-1.33)."""
         import torch
         from lhotse.features.kaldi.layers import _get_strided_batch
 
-        self.extractor = extractor
         module = extractor.extractor
         win = module.wav2win
-        self.sampling_rate = int(extractor.config.sampling_rate)
-        #: whether the fast path covers this config; otherwise lhotse's ``extract`` runs
-        self.fast = not module.use_energy and not module.use_fft_mag
+        fast = not module.use_energy and not module.use_fft_mag
         self._frame = _get_strided_batch
         self._length, self._shift, self._pad = int(win._length), int(win._shift), int(win.pad_length)
         self._snip_edges = bool(win.snip_edges)
@@ -52,6 +63,35 @@ class FastFbank:
         self._eps = module._eps.detach().to(torch.float32)
         #: fewest samples lhotse's framing takes (with fewer it reads past the waveform's end)
         self.min_samples = _min_samples(self._length, self._shift, self._snip_edges)
+        self.fast = fast
+
+    def _agrees_with_lhotse(self) -> bool:
+        """Both paths on 0.37 s of noise (skipped with dither, which makes each call differ)."""
+        import torch
+
+        if self._dither != 0.0:
+            return True
+        probe = np.random.default_rng(0).standard_normal(int(0.37 * self.sampling_rate)).astype(np.float32) * 0.1
+        with torch.inference_mode():
+            try:
+                mine = self._features(torch.from_numpy(probe.copy())).numpy()
+            except Exception:  # noqa: BLE001 - any failure of the private path means: do not use it
+                return False
+            ref = np.asarray(self.extractor.extract(probe, self.sampling_rate))
+        return mine.shape == ref.shape and bool(np.allclose(mine, ref, rtol=1e-4, atol=1e-3))
+
+    def _fall_back(self, why: str) -> None:
+        import warnings
+
+        import lhotse
+
+        cfg = self.extractor.config
+        length = int(round(cfg.frame_length * self.sampling_rate))
+        shift = int(round(cfg.frame_shift * self.sampling_rate))
+        self.min_samples = _min_samples(length, shift, bool(cfg.snip_edges))
+        self.fast = False
+        warnings.warn(f"FastFbank: {why} (lhotse {lhotse.__version__}; tested with 1.30-1.33): using lhotse's "
+                      "Fbank.extract, same features, about 2x slower", RuntimeWarning, stacklevel=3)
 
     def __call__(self, samples: np.ndarray) -> np.ndarray:
         """``(frames, num_mel_bins)`` float32 features of a mono float32 waveform.

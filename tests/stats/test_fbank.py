@@ -122,3 +122,40 @@ def test_mel_bands_cover_every_nonzero_weight():
     assert torch.equal(rebuilt, fb)
     work = sum(w.numel() for *_, w in _mel_bands(fb))
     assert work < fb.numel() / 4
+
+
+class _Renamed:
+    """An lhotse extractor module whose private attributes moved (a future lhotse release)."""
+
+    def __init__(self, module):
+        self.__dict__["_module"] = module
+
+    def __getattr__(self, name):
+        if name == "wav2win":
+            raise AttributeError("'Wav2LogFilterBank' object has no attribute 'wav2win'")
+        return getattr(self.__dict__["_module"], name)
+
+    def __call__(self, *args, **kwargs):
+        return self.__dict__["_module"](*args, **kwargs)
+
+
+def test_a_changed_private_layout_falls_back_to_lhotse_with_a_warning():
+    extractor = Fbank(FbankConfig(dither=0.0))
+    extractor.extractor = _Renamed(extractor.extractor)
+    with pytest.warns(RuntimeWarning, match="private layout"):
+        fbank = FastFbank(extractor)
+    assert not fbank.fast
+    wave = np.random.default_rng(3).standard_normal(8000).astype(np.float32)
+    np.testing.assert_array_equal(fbank(wave), extractor.extract(wave, 16000))
+    # from the public config, the same bound the private layout gives
+    assert fbank.min_samples == FastFbank(Fbank(FbankConfig(dither=0.0))).min_samples
+
+
+def test_a_fast_path_that_disagrees_with_lhotse_is_not_used(monkeypatch):
+    monkeypatch.setattr(FastFbank, "_features", lambda self, wave: torch.zeros(3, 80))
+    extractor = Fbank(FbankConfig(dither=0.0))
+    with pytest.warns(RuntimeWarning, match="differ from lhotse"):
+        fbank = FastFbank(extractor)
+    assert not fbank.fast
+    wave = np.random.default_rng(4).standard_normal(8000).astype(np.float32)
+    np.testing.assert_array_equal(fbank(wave), extractor.extract(wave, 16000))
