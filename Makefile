@@ -1,16 +1,21 @@
 # espnet3-flows: `make test` on a fresh machine installs everything and runs the whole suite.
 SHELL := /bin/bash
 PYTHON ?= python3
-# The venv lives outside the checkout, keyed by the pins, so a second clone reuses a finished
-# install of the same pins. CI (.ci/run) passes VENV= to build a fresh one every run.
-PINS_HASH := $(shell sha256sum constraints.txt | cut -c1-12)
-VENV ?= $(HOME)/.cache/espnet3-flows/venv-$(PINS_HASH)
+# The venv lives outside the checkout (~7 GB, kept by `make clean`), keyed by the pins and by
+# this checkout's path: it holds an editable install of *this* checkout, so two clones never
+# share one (the second would import the first's code). CI (.ci/run) passes VENV= to build a
+# fresh one every run. `make -s python` prints its interpreter.
+# EXTRAS=dev,gpu CONSTRAINTS=constraints-gpu.txt: the same with dask-cuda (parallel.env=local_gpu).
+EXTRAS ?= dev
+CONSTRAINTS ?= constraints.txt
+VENV_KEY := $(shell cat $(CONSTRAINTS) pyproject.toml | { cat; echo "$(CURDIR) $(EXTRAS)"; } | sha256sum | cut -c1-12)
+VENV ?= $(HOME)/.cache/espnet3-flows/venv-$(VENV_KEY)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install python-venv system-deps test test-fast demo bench bench-quick clean distclean
+.PHONY: python install python-venv system-deps test test-fast demo bench bench-quick clean distclean
 
 # The interpreter must be >= 3.11 and able to make a venv with pip (Debian splits `venv` and
 # `ensurepip` into python3.X-venv): as root that package is installed, otherwise make stops
@@ -26,16 +31,19 @@ python-venv:
 # A venv is trusted only with its completion stamp: the stamp is removed before any install
 # step and written after the last, and a venv without it is deleted and built again, so an
 # interrupted or failed first install is never reused half-made.
-$(VENV)/.installed: constraints.txt pyproject.toml | python-venv
+$(VENV)/.installed: $(CONSTRAINTS) pyproject.toml | python-venv
 	@rm -f $@
 	@if [ -e $(VENV) ]; then echo "install: $(VENV) has no completion stamp: building it again" >&2; \
 	  rm -rf $(VENV); fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $@
 
 install: $(VENV)/.installed  ## Python environment with every test dependency
+
+python: install  ## print the venv's interpreter: PY=$$(make -s python)
+	@echo $(PY)
 
 SYSTEM_PACKAGES := slurm-wlm munge docker-compose
 system-deps:  ## Debian packages for the SLURM and compose tests (installed when root)

@@ -14,9 +14,28 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slurm", action="store_true", default=False,
                      help="run tests marked 'slurm' (needs ci/slurm/start.sh)")
+    parser.addoption("--run-gpu", action="store_true", default=False,
+                     help="run tests marked 'gpu'; each FAILS (never skips) without a CUDA GPU and dask-cuda")
+
+
+def gpu_missing() -> str | None:
+    """Why this machine cannot run the GPU tests, or None when it can."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"no CUDA GPU visible to torch {torch.__version__} (torch.cuda.is_available() is False)"
+    try:
+        import dask_cuda  # noqa: F401
+    except ImportError as exc:
+        return f"dask-cuda is not installed ({exc}): make install EXTRAS=dev,gpu CONSTRAINTS=constraints-gpu.txt"
+    return None
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "gpu" in item.keywords and item.config.getoption("--run-gpu"):
+        missing = gpu_missing()
+        if missing:
+            pytest.fail(f"--run-gpu was given but {missing}", pytrace=False)
     # speechbrain puts lazy modules (its k2 integration, deprecated redirects) in sys.modules
     # that raise ImportError on any attribute access; hypothesis scans sys.modules and trips.
     import sys
@@ -30,12 +49,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--run-slurm"):
-        return
-    skip = pytest.mark.skip(reason="needs SLURM: run ci/slurm/start.sh and pass --run-slurm")
+    skip_slurm = pytest.mark.skip(reason="needs SLURM: run ci/slurm/start.sh and pass --run-slurm")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: pass --run-gpu on a GPU machine")
     for item in items:
-        if "slurm" in item.keywords:
-            item.add_marker(skip)
+        if "slurm" in item.keywords and not config.getoption("--run-slurm"):
+            item.add_marker(skip_slurm)
+        if "gpu" in item.keywords and not config.getoption("--run-gpu"):
+            item.add_marker(skip_gpu)
 
 
 @pytest.fixture(scope="session")
