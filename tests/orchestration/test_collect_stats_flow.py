@@ -189,3 +189,30 @@ def test_warns_when_a_dask_client_would_take_over_the_flow(caplog):
             assert warn_if_dask_client_open(ParallelConfig(env="local")) is True
         assert warn_if_dask_client_open(ParallelConfig(env="serial")) is False
     assert "prefect-dask will run the shard tasks on its cluster" in caplog.text
+
+
+@pytest.mark.dask
+def test_statistics_are_exact_sums_of_the_written_features(prefect_harness, demo_corpus, tmp_path):
+    """``sum``/``sum_square`` in feats_stats.npz against an independent exact sum (``math.fsum``)
+    over every feature value the run wrote, at 1e-12 of the summed magnitudes: the float64
+    accumulation and the cross-shard merges lose nothing a float64 result can hold."""
+    import math
+
+    import kaldiio
+
+    cfg = {"manifests": {"train": demo_corpus["train"]}, "output_dir": str(tmp_path / "out"), "shard_size": 6,
+           "write_collected_feats": True, "parallel": {"env": "local", "n_workers": 2}}
+    summary = run_job("collect_stats", cfg, progress=False)["train"]
+    assert summary["shards"] >= 4  # several shards, merged across workers
+    feats = [np.asarray(m, dtype=np.float64) for _, m in
+             kaldiio.load_scp_sequential(str(tmp_path / "out" / "train" / "collect_feats" / "feats.scp"))]
+    assert len(feats) == summary["utterances"]
+    x = np.concatenate(feats)  # float32 values, exactly representable; squares too (24+24 < 53 bits)
+    with np.load(tmp_path / "out" / "train" / "feats_stats.npz") as npz:
+        assert int(npz["count"]) == x.shape[0] == summary["frames"]
+        for d in range(x.shape[1]):
+            col = x[:, d].tolist()
+            exact_sum, exact_sq = math.fsum(col), math.fsum(v * v for v in col)
+            scale = math.fsum(abs(v) for v in col)
+            assert abs(npz["sum"][d] - exact_sum) <= 1e-12 * scale, (d, npz["sum"][d], exact_sum)
+            assert abs(npz["sum_square"][d] - exact_sq) <= 1e-12 * exact_sq, (d, npz["sum_square"][d], exact_sq)
