@@ -210,10 +210,30 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         if verbose:
             traceback.print_exc()
         else:
-            print("       (--verbose prints the traceback and every log line)", file=sys.stderr)
+            saved = _save_traceback(job, cfg)
+            where = f"the traceback is in {saved}; " if saved else ""
+            print(f"       ({where}--verbose prints it and every log line)", file=sys.stderr)
         return 1
     _print_summary(job, summaries, cfg)
     return 0
+
+
+def _save_traceback(job: str, cfg: Any) -> str | None:
+    """Write the exception being handled, with its traceback, to
+    ``<output_dir>/logs/<job>-<UTC time>.error.txt``; its location, or None if it could not be
+    written (an output that is itself the problem)."""
+    import datetime
+
+    from espnet3_flows.storage import Storage
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    rel = f"logs/{job}-{stamp}.error.txt"
+    try:
+        store = Storage(cfg.output_dir, cfg.storage_options)
+        store.write_text(rel, traceback.format_exc())
+        return store.uri(rel)
+    except Exception:  # noqa: BLE001 - best effort: the error line was printed already
+        return None
 
 
 def _dry_run(job: str, cfg: Any) -> int:

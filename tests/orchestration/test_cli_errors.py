@@ -83,6 +83,10 @@ def test_error_is_one_line(tmp_path, demo_corpus, name):
     code, lines, text = _cli(tmp_path, *args)
     assert code != 0, text
     _assert_one_error_line(lines, text, *expected)
+    if name == "missing-audio":  # found after the flow started: the traceback is kept beside the outputs
+        saved = sorted((tmp_path / "out" / "logs").glob("collect_stats-*.error.txt"))
+        assert len(saved) == 1 and str(saved[0]) in text, text
+        assert "Traceback" in saved[0].read_text() and "utt-missing" in saved[0].read_text()
 
 
 def test_verbose_keeps_the_traceback_and_the_logs(tmp_path, demo_corpus):
