@@ -141,3 +141,47 @@ def instantiate(spec: Mapping[str, Any]) -> Any:
         raise ConfigError(f"_target_: cannot import {target!r}: {exc}") from None
     args = {k: instantiate(v) if isinstance(v, Mapping) and "_target_" in v else v for k, v in spec.items()}
     return cls(**args)
+
+
+def describe_keys(schema: type) -> dict[str, str]:
+    """Every config key of a dataclass schema (dotted for nested dataclasses) → its description,
+    taken from the ``Attributes:`` section of each dataclass's docstring ("" if undocumented)."""
+    import typing
+
+    own = _attribute_docs(schema)
+    hints = typing.get_type_hints(schema)
+    docs: dict[str, str] = {}
+    for f in dataclasses.fields(schema):
+        docs[f.name] = own.get(f.name, "")
+        kind = hints.get(f.name)
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            for key, text in describe_keys(kind).items():
+                docs[f"{f.name}.{key}"] = text
+    return docs
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """``name: text`` entries of the Google-style ``Attributes:`` section of ``cls.__doc__``."""
+    import inspect
+    import re
+
+    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
+    docs: dict[str, str] = {}
+    inside, current, indent = False, None, None
+    for line in lines:
+        if line.strip() == "Attributes:":
+            inside = True
+            continue
+        if not inside:
+            continue
+        if line.strip() and not line.startswith(" "):
+            break  # the next section
+        match = re.match(r"^(\s+)([A-Za-z_][A-Za-z0-9_]*)(?: \([^)]*\))?: (.*)$", line)
+        if match and (indent is None or len(match.group(1)) == indent):
+            indent = len(match.group(1))
+            current = match.group(2)
+            docs[current] = match.group(3).strip()
+        elif current and line.strip():
+            docs[current] += " " + line.strip()
+    return docs
+

@@ -11,7 +11,7 @@ from typing import Any, Literal, Sequence
 from omegaconf import OmegaConf
 from prefect import flow
 
-from espnet3_flows.config import ConfigError, load_config, split_cli_args, to_plain
+from espnet3_flows.config import ConfigError, describe_keys, load_config, split_cli_args, to_plain
 from espnet3_flows.orchestration.console import quiet_console, quiet_local_workers
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import JobRun, plan_job
@@ -251,14 +251,18 @@ def _dry_run(job: str, cfg: Any) -> int:
 
 
 def usage(job: str) -> str:
-    """Help text: the command line form and every config key with its default."""
-    defaults = OmegaConf.to_container(OmegaConf.structured(get_job(job).schema))
+    """Help text: the command line form, then every config key with its default and the first
+    sentence of its description (from the config dataclasses' docstrings)."""
+    schema = get_job(job).schema
+    defaults = OmegaConf.to_container(OmegaConf.structured(schema))
+    docs = describe_keys(schema)
     lines = [f"usage: python flows/{job}.py [--config FILE] [--dry-run] [--verbose] [key=value ...]", "",
-             "  --dry-run  check the config, plan every split and print what a run would compute (no server,",
-             "             no cluster, no outputs published)",
-             "  --verbose  print every log line (Dask, Prefect's engines) and tracebacks; by default the",
-             "             console shows this project's messages, warnings and one `error:` line", "",
-             "keys (default); see README.md, Configuration:"]
+             "  --config FILE  a YAML file of these keys (examples in conf/); key=value overrides win",
+             "  --dry-run      check the config, plan every split and print what a run would compute (no",
+             "                 server, no cluster, no outputs published)",
+             "  --verbose      print every log line (Dask, Prefect's engines) and tracebacks; by default the",
+             "                 console shows this project's messages, warnings and one `error:` line", "",
+             "keys (default): description; README.md, Configuration, has the whole text:"]
 
     def walk(node: Any, prefix: str) -> None:
         for key, value in node.items():
@@ -266,9 +270,19 @@ def usage(job: str) -> str:
                 walk(value, f"{prefix}{key}.")
             else:
                 lines.append(f"  {prefix}{key}={json.dumps(value)}")
+                text = _first_sentence(docs.get(f"{prefix}{key}", ""))
+                if text:
+                    lines.append(f"      {text}")
 
     walk(defaults, "")
     return "\n".join(lines)
+
+
+def _first_sentence(text: str, limit: int = 110) -> str:
+    text = text.replace("``", "`")
+    end = text.find(". ")
+    sentence = text if end < 0 else text[:end + 1]
+    return sentence if len(sentence) <= limit else sentence[:limit - 1].rstrip() + "…"
 
 
 def _print_summary(job: str, summaries: dict[str, Any], cfg: Any) -> None:

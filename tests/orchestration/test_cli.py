@@ -107,3 +107,22 @@ def test_help_lists_every_key(tmp_path):
     for key in ("xvector.pretrained_model=", "xvector.spk_embed_tag=\"xvector\"", "shard_size=128",
                 "parallel.env=\"local\"", "on_error=\"fail\""):
         assert key in proc.stdout
+    _assert_every_key_described(proc.stdout)
+
+
+def _assert_every_key_described(text: str) -> None:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("keys (default)"))
+    keys = [i for i in range(start + 1, len(lines)) if lines[i].startswith("  ") and not lines[i].startswith("   ")]
+    assert len(keys) > 25
+    for i in keys:
+        assert i + 1 < len(lines) and lines[i + 1].startswith("      ") and lines[i + 1].strip(), \
+            f"{lines[i].strip()} has no description"
+
+
+def test_collect_stats_help_describes_every_key(tmp_path):
+    from espnet3_flows.orchestration.entry import usage
+
+    text = usage("collect_stats")
+    _assert_every_key_described(text)
+    assert "frontend.channel=null\n      Channel of multi-channel audio" in text
