@@ -130,15 +130,33 @@ def split_cli_args(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     return path, overrides
 
 
+def import_target(target: str, key: str = "_target_") -> Any:
+    """The object a ``_target_`` path (``package.module.Name``) names.
+
+    Raises:
+        ConfigError: naming ``key`` and the path, when it does not import.
+    """
+    module, _, name = str(target).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"{key}: cannot import {target!r}: {exc}") from None
+
+
+def check_targets(spec: Mapping[str, Any], key: str) -> None:
+    """Import every ``_target_`` in ``spec`` (nested mappings too), so that a typo is a config
+    error on the driver before any cluster starts, not a failure on every worker."""
+    if "_target_" in spec:
+        import_target(spec["_target_"], f"{key}._target_")
+    for name, value in spec.items():
+        if isinstance(value, Mapping):
+            check_targets(value, f"{key}.{name}")
+
+
 def instantiate(spec: Mapping[str, Any]) -> Any:
     """Build ``spec["_target_"](**rest)`` (nested ``_target_`` mappings are built too)."""
     spec = dict(spec)
-    target = spec.pop("_target_")
-    module, _, name = str(target).rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"_target_: cannot import {target!r}: {exc}") from None
+    cls = import_target(spec.pop("_target_"))
     args = {k: instantiate(v) if isinstance(v, Mapping) and "_target_" in v else v for k, v in spec.items()}
     return cls(**args)
 

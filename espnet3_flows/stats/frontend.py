@@ -8,7 +8,7 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from espnet3_flows.audio import check_audio_settings
-from espnet3_flows.config import ConfigError, instantiate
+from espnet3_flows.config import ConfigError, check_targets, instantiate
 
 FRONTEND_TYPES = ("fbank", "none", "model")
 #: Version of the fbank computation, hashed into collect-stats shards: features that differ even
@@ -51,6 +51,8 @@ class FrontendConfig:
             raise ConfigError(f"frontend.type must be one of {FRONTEND_TYPES}, got {self.type!r}")
         if self.type == "model" and "_target_" not in self.model:
             raise ConfigError("frontend.type=model needs frontend.model._target_ (a class path)")
+        if self.type == "model":
+            check_targets(self.model, "frontend.model")
         if self.num_mel_bins <= 0:
             raise ConfigError(f"frontend.num_mel_bins must be positive, got {self.num_mel_bins}")
         try:

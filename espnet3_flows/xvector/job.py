@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from espnet3_flows.audio import AudioConfig, check_audio_settings, read_audio
-from espnet3_flows.config import ConfigError, instantiate, to_plain
+from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
 from espnet3_flows.parallel.runner import BaseRunner, ShardResult
@@ -100,6 +100,8 @@ class XVectorJobConfig:
             raise ConfigError("xvector.pretrained_model is required (a local speechbrain model directory)")
         if xv.toolkit == "custom" and "_target_" not in xv.model:
             raise ConfigError("xvector.toolkit=custom needs xvector.model._target_")
+        if xv.toolkit == "custom":
+            check_targets(xv.model, "xvector.model")
         if not xv.manifest_paths:
             raise ConfigError("xvector.manifest_paths is empty: give at least one split's manifest")
         unknown = [s for s in xv.splits if s not in xv.manifest_paths]

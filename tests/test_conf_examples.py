@@ -1,0 +1,81 @@
+"""Every example in conf/ loads and plans as a user would run it: ``--config conf/X.yaml --dry-run``
+with only its data locations overridden (a renamed key or a bad cluster option in an example fails
+here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "conf").glob("*.yaml"))
+pytestmark = pytest.mark.slow
+
+
+def test_there_are_examples_for_each_kind_of_site():
+    assert {p.stem for p in EXAMPLES} >= {"stats_local", "stats_slurm_cpu", "stats_slurm_gpu", "stats_s3", "xvectors"}
+
+
+@pytest.fixture(scope="module")
+def ecapa_dir(tmp_path_factory) -> Path:
+    from tests.support.ecapa import build_random_ecapa_dir
+
+    return build_random_ecapa_dir(tmp_path_factory.mktemp("ecapa") / "model")
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_config_plans_with_dry_run(example, tmp_path, demo_corpus, ecapa_dir, request):
+    conf = yaml.safe_load(example.read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_"))}
+    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT),
+               HF_HUB_OFFLINE="1")
+    manifest = demo_corpus["valid"]
+    if "xvector" in conf:
+        job = "extract_xvectors"
+        overrides = [f"xvector.manifest_paths.{split}={manifest}" for split in conf["xvector"]["manifest_paths"]]
+        overrides += [f"xvector.save_path={tmp_path / 'out'}", f"xvector.pretrained_model={ecapa_dir}"]
+    else:
+        job = "collect_stats"
+        out = str(tmp_path / "out")
+        if str(conf.get("output_dir", "")).startswith("s3://"):
+            moto = request.getfixturevalue("moto_server")
+            url, options = request.getfixturevalue("s3_output")
+            bucket = url[len("s3://"):].split("/")[0]
+            import s3fs
+
+            fs = s3fs.S3FileSystem(**options)
+            fs.put(manifest, f"{bucket}/manifests/valid.tsv")
+            manifest, out = f"s3://{bucket}/manifests/valid.tsv", url
+            # credentials from the environment, as the example says; only the endpoint is overridden
+            env.update(AWS_ACCESS_KEY_ID=options["key"], AWS_SECRET_ACCESS_KEY=options["secret"])
+            overrides = [f"storage_options.client_kwargs.endpoint_url={moto.endpoint_url}"]
+        else:
+            overrides = []
+        if conf.get("frontend", {}).get("type") == "model":
+            # the example names the user's own class; a typo there is a config error (test below)
+            overrides.append("frontend.model._target_=tests.orchestration.slow_model.SlowFramer")
+        overrides += [f"manifests.{split}={manifest}" for split in conf["manifests"]] + [f"output_dir={out}"]
+    proc = subprocess.run([sys.executable, f"flows/{job}.py", "--config", str(example), "--dry-run", *overrides],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "(dry run)" in proc.stdout and "to compute" in proc.stdout, proc.stdout
+    splits = conf["xvector"]["splits"] if "xvector" in conf else list(conf["manifests"])
+    for split in splits:
+        assert f"  {split}: " in proc.stdout, proc.stdout
+
+
+def test_a_target_that_does_not_import_is_a_config_error_before_work(tmp_path, demo_corpus):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "flows/collect_stats.py", "--config", str(ROOT / "conf/stats_slurm_gpu.yaml"),
+                           f"manifests.train={demo_corpus['valid']}", f"output_dir={tmp_path / 'out'}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: frontend.model._target_: cannot import 'my_pkg.frontends.SSLFrontend'"), \
+        proc.stderr
+    assert not (tmp_path / "out").exists()
