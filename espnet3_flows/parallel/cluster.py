@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import dask
+
 from espnet3_flows.config import ConfigError
 
 _LOG = logging.getLogger(__name__)
@@ -206,6 +208,12 @@ def _accepted_kwargs(cls: type) -> set[str] | None:
     return names or None
 
 
+#: Per-job size for batch schedulers when neither ``parallel.options`` nor the site's
+#: ``jobqueue.yaml`` (``jobqueue.<scheduler>.<key>``) gives one: one single-process worker of
+#: 1 core and 2 GB per job (dask-jobqueue itself has no default and refuses to start).
+JOBQUEUE_FALLBACKS = {"cores": 1, "memory": "2GB", "processes": 1}
+
+
 def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
     """Resolve ``cfg`` to a cluster class and checked keyword arguments.
 
@@ -241,9 +249,11 @@ def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
         kwargs.setdefault("dashboard_address", ":0")  # a free port: several runs may share a host
     else:
         n = n or (0 if cfg.adapt else 1)
-        kwargs.setdefault("cores", 1)
-        kwargs.setdefault("memory", "2GB")
-        kwargs.setdefault("processes", 1)
+        for key, fallback in JOBQUEUE_FALLBACKS.items():
+            # dask-jobqueue reads a site's jobqueue.yaml (~/.config/dask/jobqueue.yaml, DASK_CONFIG)
+            # only for arguments not passed: a fallback is passed only where the site set none
+            if dask.config.get(f"jobqueue.{cfg.env}.{key}", None) is None:
+                kwargs.setdefault(key, fallback)
     return ClusterSpec(class_path, kwargs, n, dict(cfg.adapt))
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +114,33 @@ def test_untrimmed_workers_after_a_dask_default_cluster_in_the_same_process(monk
             assert client.submit(_trim_env, 0, pure=False).result() is None
     finally:
         configure_worker_processes(ParallelConfig())
+
+
+def test_site_jobqueue_yaml_is_not_overridden(tmp_path):
+    """A site's jobqueue.yaml (here: a real DASK_CONFIG file read by dask in a fresh process)
+    sizes the jobs; our fallbacks fill in only what neither it nor parallel.options gives."""
+    import subprocess
+    import sys
+
+    (tmp_path / "jobqueue.yaml").write_text(
+        "jobqueue:\n  slurm:\n    cores: 8\n    memory: 64GB\n    queue: site-default\n"
+        "    job_extra_directives: ['--account=speech']\n")
+    code = (
+        "import dask_jobqueue, json\n"
+        "from espnet3_flows.parallel.cluster import ParallelConfig, cluster_spec\n"
+        "site = cluster_spec(ParallelConfig(env='slurm'))\n"
+        "mine = cluster_spec(ParallelConfig(env='slurm', options={'cores': 2}))\n"
+        "pbs = cluster_spec(ParallelConfig(env='pbs'))\n"
+        "c = dask_jobqueue.SLURMCluster(**site.kwargs)\n"
+        "print(json.dumps([site.kwargs, mine.kwargs, pbs.kwargs, c.job_script()]))\n"
+        "c.close()\n")
+    env = {**os.environ, "DASK_CONFIG": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    site, mine, pbs, script = json.loads(proc.stdout.splitlines()[-1])
+    assert "cores" not in site and "memory" not in site, site   # left to jobqueue.yaml
+    assert site.get("processes") == 1                              # the site set none
+    assert mine["cores"] == 2                                      # parallel.options wins
+    assert pbs["cores"] == 1 and pbs["memory"] == "2GB"            # no site config for pbs: fallbacks
+    assert "#SBATCH --cpus-per-task=8" in script and "#SBATCH --mem=60G" in script, script
+    assert "#SBATCH -p site-default" in script and "#SBATCH --account=speech" in script, script
