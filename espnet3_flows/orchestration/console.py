@@ -12,7 +12,8 @@ engine on the driver and from Dask (~150 lines around the one line that says wha
   CLI prints the outcome itself, once, as ``error: ...``) and Dask's warnings about failed
   computations (the same failure again),
 
-each as one line, without its traceback. Only the console changes: Prefect's API log handler
+each as one line, without its traceback, and Prefect's link to the flow run in the UI when the
+API is a server of the user's. Only the console changes: Prefect's API log handler
 still sends every record, tracebacks included, to the server, and ``--verbose`` keeps it all.
 
 Local worker processes inherit :data:`QUIET_ENV` and apply the same rules when Prefect's
@@ -35,11 +36,17 @@ _ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 class _QuietFilter(logging.Filter):
     """Drops what the module docstring says a quiet console does not show."""
 
+    def __init__(self, run_links: bool):
+        super().__init__()
+        self.run_links = run_links
+
     def filter(self, record: logging.LogRecord) -> bool:
         if record.pathname.startswith(_PACKAGE_DIR):
             return True
         if record.name.startswith(_ENGINE_LOGGERS):
-            return False  # run states and failures: the CLI reports the outcome itself
+            # run states and failures: the CLI reports the outcome itself; the link to the run in
+            # the UI only where a server outlives the run
+            return self.run_links and record.getMessage().startswith("View at ")
         if record.name.startswith("distributed"):
             return record.levelno >= logging.ERROR
         return record.levelno >= logging.WARNING
@@ -72,11 +79,16 @@ def _console_handlers() -> list[logging.Handler]:
     return list(found.values())
 
 
-def quiet_console() -> None:
-    """Apply the quiet rules to every console handler of this process (idempotent)."""
+def quiet_console(run_links: bool = False) -> None:
+    """Apply the quiet rules to every console handler of this process (idempotent).
+
+    Args:
+        run_links: keep Prefect's ``View at <UI URL>`` line of each run (when the API is a
+            server the user runs; a private server's links are dead once the run ends).
+    """
     for handler in _console_handlers():
         if not any(isinstance(f, _QuietFilter) for f in handler.filters):
-            handler.addFilter(_QuietFilter())
+            handler.addFilter(_QuietFilter(run_links))
         if not isinstance(handler.formatter, _OneLineFormatter):
             handler.setFormatter(_OneLineFormatter(handler.formatter))
 

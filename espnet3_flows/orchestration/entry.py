@@ -8,6 +8,7 @@ import sys
 import traceback
 from typing import Any, Literal, Sequence
 
+import prefect.settings
 from omegaconf import OmegaConf
 from prefect import flow
 
@@ -166,8 +167,10 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     dry_run = "--dry-run" in args
     verbose = any(a in ("-v", "--verbose") for a in args)
     args = [a for a in args if a not in ("--dry-run", "-v", "--verbose")]
+    # a configured API server (env or profile) outlives the run: its UI links are worth printing
+    run_links = bool(prefect.settings.get_current_settings().api.url)
     if not verbose:
-        quiet_console()
+        quiet_console(run_links)
     try:
         path, overrides = split_cli_args(args)
         cfg = resolve_config(job, path, {}, overrides)
@@ -200,7 +203,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
                       f"were done earlier (planned in {run.plan_seconds:.1f} s); outputs in {cfg.output_dir}")
             else:
                 if not verbose:
-                    quiet_console()  # handlers configured since (Dask's, on import)
+                    quiet_console(run_links)  # handlers configured since (Dask's, on import)
                 summaries = run_job(job, planned=run)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

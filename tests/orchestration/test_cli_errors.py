@@ -110,3 +110,21 @@ def test_good_run_is_short_and_says_where_outputs_are(tmp_path, demo_corpus):
     code, lines, text = _cli(tmp_path, *args)  # all cached: still says where the outputs are
     assert code == 0 and "nothing to compute" in text and str(tmp_path / "out") in text, text
 
+
+
+@pytest.mark.prefect_server
+def test_with_a_configured_server_the_run_link_is_printed(tmp_path, demo_corpus):
+    from tests.support.servers import PrefectServer
+
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text("\n".join(_good_lines(demo_corpus)) + "\n")
+    with PrefectServer(tmp_path / "server-home") as server:
+        env = server.env() | {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run([sys.executable, "flows/collect_stats.py", f"manifests.train={manifest}",
+                               f"output_dir={tmp_path / 'out'}", "parallel.env=local", "parallel.n_workers=1"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    links = [line for line in text.splitlines() if "View at " in line]
+    assert links and all(server.api_url.removesuffix("/api") in line for line in links), text
+    assert "Finished in state" not in text and "distributed." not in text, text
