@@ -16,7 +16,7 @@ from espnet3_flows.config import ConfigError, describe_keys, load_config, split_
 from espnet3_flows.orchestration.console import quiet_console, quiet_local_workers
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import JobRun, plan_job
-from espnet3_flows.orchestration.jobs import check_output_dir, demo_manifests, get_job
+from espnet3_flows.orchestration.jobs import demo_manifests, get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.storage import has_secrets, redact
@@ -187,7 +187,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     planned: list[JobRun] = []
 
     def plan_now() -> bool:  # overlaps the private API server's start
-        check_output_dir(cfg.output_dir, cfg.storage_options)
+        preflight(job, cfg)
         planned.append(plan_job(job, cfg))
         needed = planned[0].unchanged_summaries is None
         if needed and planned[0].pending_shards:
@@ -242,6 +242,7 @@ def _save_traceback(job: str, cfg: Any) -> str | None:
 def _dry_run(job: str, cfg: Any) -> int:
     """``--dry-run``: check the config, plan every split and read its done records; print what a run
     would compute. Starts no server or cluster and publishes no output."""
+    preflight(job, cfg, output=False)
     run = plan_job(job, cfg, publish=False)
     print(f"{job} (dry run): {run.total_shards} shard(s) in {len(run.splits)} split(s), planned in "
           f"{run.plan_seconds:.1f} s; output {cfg.output_dir}")

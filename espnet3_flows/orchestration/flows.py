@@ -19,7 +19,7 @@ from espnet3_flows.orchestration import console
 from espnet3_flows.orchestration.artifacts import ProgressArtifact, publish_split_artifacts, publish_table_artifact
 from espnet3_flows.orchestration.client_tls import share_tls_contexts
 from espnet3_flows.orchestration.job_run import JobRun, SplitRun, current_run, plan_job, running
-from espnet3_flows.orchestration.jobs import check_output_dir, get_job
+from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import drain_prefect_clients
 from espnet3_flows.orchestration.settings_serialization import cache_settings_hydration, cache_settings_serialization
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_delays, shard_task
@@ -72,7 +72,7 @@ def run_job(job: str, config: dict[str, Any] | None = None, progress: bool = Tru
     cache_settings_serialization()
     if planned is None:
         cfg = load_config(spec.schema, base=config or {})
-        check_output_dir(cfg.output_dir, cfg.storage_options)
+        preflight(job, cfg)
         planned = plan_job(job, cfg)
     run, cfg = planned, planned.cfg
     _export_api_url()

@@ -20,12 +20,20 @@ class JobSpec:
     schema: type
     runners: Callable[[Any], list[BaseRunner]]
     worker_modules: tuple[str, ...] = ()
+    #: the job's own checks on the driver before any cluster starts (raise ConfigError)
+    preflight: Callable[[Any], None] | None = None
 
 
 def _collect_stats_runners(cfg: Any) -> list[BaseRunner]:
     from espnet3_flows.stats.job import CollectStatsRunner
 
     return [CollectStatsRunner(cfg, split) for split in cfg.manifests]
+
+
+def _xvector_preflight(cfg: Any) -> None:
+    from espnet3_flows.xvector.job import check_model_source
+
+    check_model_source(cfg.xvector)
 
 
 def _xvector_runners(cfg: Any) -> list[BaseRunner]:
@@ -44,13 +52,24 @@ def get_job(name: str) -> JobSpec:
     if name == "extract_xvectors":
         from espnet3_flows.xvector.job import XVectorJobConfig
 
-        return JobSpec(name, XVectorJobConfig, _xvector_runners, ("numpy", "torch", "soundfile"))
+        return JobSpec(name, XVectorJobConfig, _xvector_runners, ("numpy", "torch", "soundfile"), _xvector_preflight)
     raise ConfigError(f"unknown job {name!r}")
 
 
 def check_output_dir(output_dir: str, storage_options: dict[str, Any]) -> None:
     """Fail before any work when the output location cannot be written."""
     Storage(output_dir, storage_options).check_writable()
+
+
+def preflight(job: str, cfg: Any, *, output: bool = True) -> None:
+    """Everything checkable on the driver before any cluster starts: the output location is
+    writable (unless ``output`` is False: a dry run writes nothing) and the job's own checks
+    (x-vectors: the model loads from local files)."""
+    if output:
+        check_output_dir(cfg.output_dir, cfg.storage_options)
+    spec = get_job(job)
+    if spec.preflight is not None:
+        spec.preflight(cfg)
 
 
 def demo_manifests(output_dir: str, n_utts: int) -> dict[str, str]:

@@ -126,6 +126,19 @@ class XVectorJobConfig:
         return list(self.xvector.splits) or list(self.xvector.manifest_paths)
 
 
+def check_model_source(xv: XVectorConfig) -> None:
+    """On the driver, before any cluster: the speechbrain model is a local directory with
+    ``hyperparams.yaml`` or a hub id in the local cache (nothing is downloaded, ever)."""
+    if xv.toolkit != "speechbrain":
+        return
+    from espnet3_flows.xvector.model import XVectorModelError, resolve_model_source
+
+    try:
+        resolve_model_source(xv.pretrained_model)
+    except XVectorModelError as exc:
+        raise ConfigError(f"xvector.pretrained_model: {exc}") from None
+
+
 def build_embedder(xv: XVectorConfig) -> Any:
     """The embedding callable of the configured toolkit, built once per worker."""
     if xv.toolkit == "custom":

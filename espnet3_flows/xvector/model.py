@@ -65,62 +65,70 @@ def _looks_like_path(source: str) -> bool:
     return source.startswith(("/", "./", "../", "~", ".\\", "..\\")) or source in (".", "..") or "\\" in source
 
 
+def resolve_model_source(source: str | Path) -> Path:
+    """The local directory holding ``hyperparams.yaml`` for a model source, without the network.
+
+    ``source`` is a local model directory, or a Hugging Face hub id (``org/name``) whose files
+    are already in the local hub cache (``HF_HUB_CACHE``, ``HF_HOME``): the cached snapshot
+    directory is returned. Nothing is ever downloaded.
+
+    Raises:
+        XVectorModelError: naming the source and what to do, when neither is the case.
+    """
+    source_str = str(source)
+    local = Path(source_str).expanduser()
+    if isinstance(source, Path) or local.exists() or _looks_like_path(source_str) or source_str.count("/") != 1:
+        if not local.is_dir():
+            raise XVectorModelError(f"speechbrain model directory {source_str!r} does not exist")
+        if not (local / HPARAMS_FILE).is_file():
+            raise XVectorModelError(
+                f"speechbrain model directory {str(local)!r} has no {HPARAMS_FILE}; "
+                "pass the directory that holds hyperparams.yaml and the .ckpt files")
+        return local.resolve()
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(source_str, HPARAMS_FILE)
+    if not isinstance(cached, str):
+        raise XVectorModelError(
+            f"{source_str!r} is neither a local model directory nor a hub id in the local Hugging Face "
+            "cache, and this job never downloads models: fetch it where the network is reachable "
+            f"(`huggingface-cli download {source_str} --local-dir DIR`) and pass DIR")
+    return Path(cached).parent
+
+
 def load_speechbrain_encoder(
     source: str | Path, savedir: str | Path, device: str = "cpu"
 ) -> "EncoderClassifier":
     """Load a speechbrain ``EncoderClassifier`` (e.g. ECAPA-TDNN) for inference on ``device``.
 
-    ``source`` is a local model directory holding ``hyperparams.yaml`` (loaded without any network
-    access: a top-level ``pretrained_path`` in it is pointed at the directory) or a Hugging Face
-    hub id such as ``speechbrain/spkrec-ecapa-voxceleb``. ``savedir`` receives speechbrain's links
-    to the model files. Raises XVectorModelError naming the source when it cannot be loaded.
+    ``source`` is what :func:`resolve_model_source` takes: a local model directory or a hub id
+    already in the local cache; either is loaded as a directory with the network disallowed (a
+    top-level ``pretrained_path`` in ``hyperparams.yaml`` is pointed at the directory).
+    ``savedir`` receives speechbrain's links to the model files. Raises XVectorModelError
+    naming the source when it cannot be loaded.
     """
     from speechbrain.inference.speaker import EncoderClassifier
     from speechbrain.utils.fetching import FetchConfig
 
     device = validate_device(device)
-    source_str = str(source)
-    local = Path(source_str).expanduser()
-    savedir = Path(savedir)
-    run_opts = {"device": device}
-
-    if isinstance(source, Path) or local.exists() or _looks_like_path(source_str):
-        if not local.is_dir():
-            raise XVectorModelError(f"speechbrain model directory {source_str!r} does not exist")
-        hparams = local / HPARAMS_FILE
-        if not hparams.is_file():
-            raise XVectorModelError(
-                f"speechbrain model directory {str(local)!r} has no {HPARAMS_FILE}; "
-                "pass the directory that holds hyperparams.yaml and the .ckpt files"
-            )
-        local = local.resolve()
-        overrides = {}
-        if _PRETRAINED_PATH_RE.search(hparams.read_text(encoding="utf-8")):
-            overrides["pretrained_path"] = str(local)
-        try:
-            # overwrite=True re-links every file: a savedir reused from another model would
-            # otherwise silently serve that model's hyperparams.yaml and checkpoints.
-            return EncoderClassifier.from_hparams(
-                source=str(local),
-                savedir=str(savedir),
-                run_opts=run_opts,
-                overrides=overrides,
-                fetch_config=FetchConfig(overwrite=True, allow_network=False),
-            )
-        except Exception as exc:
-            raise XVectorModelError(
-                f"could not load the speechbrain model in {str(local)!r}: {type(exc).__name__}: {exc}"
-            ) from exc
-
+    local = resolve_model_source(source)
+    overrides = {}
+    if _PRETRAINED_PATH_RE.search((local / HPARAMS_FILE).read_text(encoding="utf-8")):
+        overrides["pretrained_path"] = str(local)
     try:
-        return EncoderClassifier.from_hparams(source=source_str, savedir=str(savedir), run_opts=run_opts)
+        # overwrite=True re-links every file: a savedir reused from another model would
+        # otherwise silently serve that model's hyperparams.yaml and checkpoints.
+        return EncoderClassifier.from_hparams(
+            source=str(local),
+            savedir=str(Path(savedir)),
+            run_opts={"device": device},
+            overrides=overrides,
+            fetch_config=FetchConfig(overwrite=True, allow_network=False),
+        )
     except Exception as exc:
         raise XVectorModelError(
-            f"could not fetch speechbrain model {source_str!r} from the Hugging Face Hub "
-            f"({type(exc).__name__}: {exc}). This job does not download models: download it "
-            f"where the network is reachable (e.g. `huggingface-cli download {source_str} "
-            "--local-dir DIR`) and pass that local directory as the model source."
-        ) from exc
+            f"could not load the speechbrain model in {str(local)!r} (from {str(source)!r}): "
+            f"{type(exc).__name__}: {exc}") from exc
 
 
 def speechbrain_embedder(encoder: Any, exact_padding: bool | None = None) -> EmbeddingModel:

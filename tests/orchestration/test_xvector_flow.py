@@ -85,3 +85,53 @@ def test_xvector_flow_to_s3_equals_the_local_outputs(prefect_harness, ecapa_dir,
     assert not fs.exists(f"{url[len('s3://'):]}/.prefect-results")
     for path in fs.find(url[len("s3://"):]):
         assert options["secret"].encode() not in fs.cat(path), f"{path} holds the secret"
+
+
+def _cli_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "HF_"))}
+    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT))
+    return env
+
+
+def _cache_as_hub_model(model_dir: Path, cache: Path, repo_id: str) -> None:
+    """Lay ``model_dir``'s files out as huggingface_hub's cache does after a download."""
+    import shutil
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(model_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+
+
+def test_cached_hub_id_runs_with_no_network_attempt(ecapa_dir, demo_corpus, tmp_path):
+    """HF_HUB_OFFLINE unset (the job itself must not go online): every process of the run is
+    audited for TCP connects and name lookups of non-loopback hosts, and there are none."""
+    cache = tmp_path / "hf-cache"
+    _cache_as_hub_model(ecapa_dir, cache, "espnet3-tests/ecapa-random")
+    audit = tmp_path / "net.log"
+    env = _cli_env(tmp_path)
+    env.update(HF_HUB_CACHE=str(cache), NETAUDIT_LOG=str(audit),
+               PYTHONPATH=f"{ROOT / 'tests' / 'support' / 'netaudit'}{os.pathsep}{ROOT}")
+    proc = subprocess.run([sys.executable, "flows/extract_xvectors.py", "xvector.pretrained_model=espnet3-tests/ecapa-random",
+                           f"xvector.manifest_paths.valid={demo_corpus['valid']}", "xvector.splits=[valid]",
+                           f"xvector.save_path={tmp_path / 'out'}", "shard_size=6", "parallel.env=local",
+                           "parallel.n_workers=1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "out/xvector/valid/xvector.scp").is_file()
+    assert not audit.exists() or audit.read_text() == "", audit.read_text()
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("{tmp}/no-such-dir", "does not exist"),
+    ("espnet3-tests/not-in-any-cache", "never downloads models"),
+])
+def test_model_source_problems_are_found_before_any_cluster(demo_corpus, tmp_path, source, expected):
+    env = _cli_env(tmp_path) | {"HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    proc = subprocess.run([sys.executable, "flows/extract_xvectors.py",
+                           f"xvector.pretrained_model={source.format(tmp=tmp_path)}",
+                           f"xvector.manifest_paths.valid={demo_corpus['valid']}", f"xvector.save_path={tmp_path / 'o'}",
+                           "parallel.env=local"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: xvector.pretrained_model:") and expected in lines[0], lines
