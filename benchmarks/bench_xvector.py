@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from espnet3_flows.xvector import embed_waveforms, load_speechbrain_encoder, speechbrain_embedder  # noqa: E402
-from tests.support.ecapa import build_random_ecapa_dir  # noqa: E402
+from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir  # noqa: E402
 
 SR = 16000
 RESULTS = Path(os.environ.get("ESPNET3_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")

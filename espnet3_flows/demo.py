@@ -7,6 +7,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from espnet3_flows.config import ConfigError
+from espnet3_flows.storage import Storage
+
 
 def synth_utterance(rng: np.random.Generator, seconds: float, sr: int, f0: float, formants: tuple[float, ...]) -> np.ndarray:
     """One speech-like waveform: a glottal-pulse-like harmonic source with a wandering pitch,
@@ -81,3 +84,17 @@ def make_demo_corpus(out_dir: str | Path, n_utts: int = 300, n_speakers: int = 6
             manifest.write_text(text)
         manifests[split] = manifest
     return manifests
+
+
+def demo_root(output_dir: str) -> Path:
+    """Where demo data goes: beside a local ``output_dir`` (``<parent>/demo_data``)."""
+    store = Storage(output_dir)
+    if not store.is_local:
+        raise ConfigError("no input given: the demo corpus needs a local output location; name your manifests")
+    return Path(store.path()).parent / "demo_data"
+
+
+def demo_manifests(output_dir: str, n_utts: int) -> dict[str, str]:
+    """Generate the demo corpus beside a local ``output_dir`` and return its manifests."""
+    root = demo_root(output_dir)
+    return {k: str(v) for k, v in make_demo_corpus(root, n_utts=n_utts).items()}

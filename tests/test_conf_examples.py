@@ -23,7 +23,7 @@ def test_there_are_examples_for_each_kind_of_site():
 
 @pytest.fixture(scope="module")
 def ecapa_dir(tmp_path_factory) -> Path:
-    from tests.support.ecapa import build_random_ecapa_dir
+    from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
 
     return build_random_ecapa_dir(tmp_path_factory.mktemp("ecapa") / "model")
 

@@ -16,7 +16,7 @@ from espnet3_flows.config import ConfigError, describe_keys, load_config, split_
 from espnet3_flows.orchestration.console import quiet_console, quiet_local_workers
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import JobRun, plan_job
-from espnet3_flows.orchestration.jobs import demo_manifests, get_job, preflight
+from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.storage import has_secrets, redact
@@ -28,15 +28,16 @@ LOCAL_ENVS = ("serial", "local", "local_gpu")
 def resolve_config(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str]) -> Any:
     """Defaults < ``config_file`` < typed parameters that differ from their defaults < ``overrides``.
 
-    Generates the demo corpus when a collect-stats config names no manifest.
+    A config that names no input runs the job's demo (generated data; for x-vectors also a
+    random-weight model).
     """
     spec = get_job(job)
     defaults = OmegaConf.to_container(OmegaConf.structured(spec.schema))
     changed = [f"{k}={json.dumps(v)}" for k, v in _flatten(params) if _lookup(defaults, k) != v]
     cfg = load_config(spec.schema, config_file, [*changed, *overrides])
-    if job == "collect_stats" and not cfg.manifests:
-        manifests = demo_manifests(cfg.output_dir, cfg.demo_utterances)
-        cfg = load_config(spec.schema, base=to_plain(cfg) | {"manifests": manifests})
+    demo = spec.demo(cfg) if spec.demo is not None else None
+    if demo:
+        cfg = load_config(spec.schema, base=OmegaConf.to_container(OmegaConf.merge(to_plain(cfg), demo)))
     return cfg
 
 

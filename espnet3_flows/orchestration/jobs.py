@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from espnet3_flows.config import ConfigError
+from espnet3_flows.demo import demo_manifests
 from espnet3_flows.parallel.runner import BaseRunner
 from espnet3_flows.storage import Storage
 
@@ -22,12 +22,26 @@ class JobSpec:
     worker_modules: tuple[str, ...] = ()
     #: the job's own checks on the driver before any cluster starts (raise ConfigError)
     preflight: Callable[[Any], None] | None = None
+    #: for a config that names no input: the settings of the generated demo, else None
+    demo: Callable[[Any], dict[str, Any] | None] | None = None
 
 
 def _collect_stats_runners(cfg: Any) -> list[BaseRunner]:
     from espnet3_flows.stats.job import CollectStatsRunner
 
     return [CollectStatsRunner(cfg, split) for split in cfg.manifests]
+
+
+def _collect_stats_demo(cfg: Any) -> dict[str, Any] | None:
+    if cfg.manifests:
+        return None
+    return {"manifests": demo_manifests(cfg.output_dir, cfg.demo_utterances)}
+
+
+def _xvector_demo(cfg: Any) -> dict[str, Any] | None:
+    from espnet3_flows.xvector.job import demo_settings
+
+    return demo_settings(cfg)
 
 
 def _xvector_preflight(cfg: Any) -> None:
@@ -48,11 +62,13 @@ def get_job(name: str) -> JobSpec:
         from espnet3_flows.stats.job import CollectStatsConfig
 
         return JobSpec(name, CollectStatsConfig, _collect_stats_runners,
-                       ("numpy", "torch", "soundfile", "lhotse", "matplotlib.figure", "matplotlib.backends.backend_agg"))
+                       ("numpy", "torch", "soundfile", "lhotse", "matplotlib.figure", "matplotlib.backends.backend_agg"),
+                       demo=_collect_stats_demo)
     if name == "extract_xvectors":
         from espnet3_flows.xvector.job import XVectorJobConfig
 
-        return JobSpec(name, XVectorJobConfig, _xvector_runners, ("numpy", "torch", "soundfile"), _xvector_preflight)
+        return JobSpec(name, XVectorJobConfig, _xvector_runners, ("numpy", "torch", "soundfile"), _xvector_preflight,
+                       _xvector_demo)
     raise ConfigError(f"unknown job {name!r}")
 
 
@@ -70,14 +86,3 @@ def preflight(job: str, cfg: Any, *, output: bool = True) -> None:
     spec = get_job(job)
     if spec.preflight is not None:
         spec.preflight(cfg)
-
-
-def demo_manifests(output_dir: str, n_utts: int) -> dict[str, str]:
-    """Generate the demo corpus beside a local ``output_dir`` and return its manifests."""
-    store = Storage(output_dir)
-    if not store.is_local:
-        raise ConfigError("no manifests given: the demo corpus needs a local output_dir; pass manifests.<split>=...")
-    root = Path(store.path()).parent / "demo_data"
-    from espnet3_flows.demo import make_demo_corpus
-
-    return {k: str(v) for k, v in make_demo_corpus(root, n_utts=n_utts).items()}

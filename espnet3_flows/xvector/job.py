@@ -96,6 +96,8 @@ class XVectorJobConfig:
         check_common(self.on_error, self.shard_size, xv.batch_size, xv.manifest_paths, self.fingerprint)
         if xv.toolkit not in TOOLKITS:
             raise ConfigError(f"xvector.toolkit must be one of {TOOLKITS}, got {xv.toolkit!r}")
+        if self.is_demo:
+            return  # filled in by demo_settings before the run
         if xv.toolkit == "speechbrain" and not xv.pretrained_model:
             raise ConfigError("xvector.pretrained_model is required (a local speechbrain model directory)")
         if xv.toolkit == "custom" and "_target_" not in xv.model:
@@ -121,9 +123,41 @@ class XVectorJobConfig:
         """Where outputs go (``xvector.save_path``)."""
         return self.xvector.save_path
 
+    @property
+    def is_demo(self) -> bool:
+        """No manifest and no model named: ``python flows/extract_xvectors.py`` with no arguments."""
+        xv = self.xvector
+        return xv.toolkit == "speechbrain" and not xv.manifest_paths and not xv.pretrained_model
+
     def selected_splits(self) -> list[str]:
         """The splits to process."""
         return list(self.xvector.splits) or list(self.xvector.manifest_paths)
+
+
+DEMO_WARNING = ("x-vector DEMO: no manifest and no model given, so this runs on generated audio with a "
+                "RANDOM-WEIGHT ECAPA-TDNN built at {model}. Its embeddings are meaningless (no training). For real "
+                "x-vectors pass xvector.pretrained_model=<a speechbrain model directory, e.g. spkrec-ecapa-voxceleb "
+                "downloaded with `huggingface-cli download speechbrain/spkrec-ecapa-voxceleb --local-dir DIR`> and "
+                "xvector.manifest_paths.<split>=<manifest>.")
+
+
+def demo_settings(cfg: XVectorJobConfig) -> dict[str, Any] | None:
+    """For a config that names no manifest and no model: the demo corpus beside ``save_path``
+    and a random-weight ECAPA-TDNN directory (built once, reused), with a loud warning."""
+    if not cfg.is_demo:
+        return None
+    import sys
+
+    from espnet3_flows.demo import demo_manifests, demo_root
+    from espnet3_flows.xvector.model import HPARAMS_FILE
+    from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
+
+    manifests = demo_manifests(cfg.output_dir, 120)
+    model = demo_root(cfg.output_dir) / "ecapa-random-weights"
+    if not (model / HPARAMS_FILE).is_file():
+        build_random_ecapa_dir(model)
+    print(f"warning: {DEMO_WARNING.format(model=model)}", file=sys.stderr)
+    return {"xvector": {"manifest_paths": manifests, "pretrained_model": str(model)}}
 
 
 def check_model_source(xv: XVectorConfig) -> None:

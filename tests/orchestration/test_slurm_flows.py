@@ -34,7 +34,7 @@ def test_collect_stats_on_slurm_matches_serial(prefect_harness, demo_corpus, tmp
 
 
 def test_extract_xvectors_on_slurm(prefect_harness, demo_corpus, tmp_path):
-    from tests.support.ecapa import build_random_ecapa_dir
+    from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
 
     model = build_random_ecapa_dir(tmp_path / "ecapa")
     cfg = {"xvector": {"pretrained_model": str(model), "manifest_paths": {"valid": demo_corpus["valid"]},

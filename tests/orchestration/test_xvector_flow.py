@@ -14,7 +14,7 @@ import s3fs
 import torch
 
 from espnet3_flows.orchestration.flows import run_job
-from tests.support.ecapa import build_random_ecapa_dir
+from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.prefect, pytest.mark.dask]
@@ -135,3 +135,18 @@ def test_model_source_problems_are_found_before_any_cluster(demo_corpus, tmp_pat
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: xvector.pretrained_model:") and expected in lines[0], lines
+
+
+def test_xvector_demo_runs_with_no_arguments_and_says_its_model_is_random(tmp_path):
+    env = _cli_env(tmp_path) | {"HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "exp" / "xvectors"
+    args = [sys.executable, "flows/extract_xvectors.py", f"xvector.save_path={out}", "parallel.n_workers=1"]
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RANDOM-WEIGHT ECAPA-TDNN" in proc.stderr and "meaningless" in proc.stderr
+    model = tmp_path / "exp" / "demo_data" / "ecapa-random-weights"
+    assert (model / "hyperparams.yaml").is_file() and str(model) in proc.stderr
+    for split in ("train", "valid", "test"):
+        assert len(kaldiio.load_scp(str(out / "xvector" / split / "xvector.scp"))) > 0
+    again = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "nothing to compute" in again.stdout, again.stdout + again.stderr[-2000:]

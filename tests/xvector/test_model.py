@@ -19,7 +19,7 @@ from espnet3_flows.xvector import (
     speechbrain_embedder,
     validate_device,
 )
-from tests.support.ecapa import build_random_ecapa_dir
+from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
 
 SR = 16000
 

@@ -14,7 +14,7 @@ from espnet3_flows.config import ConfigError, load_config
 from espnet3_flows.manifest import read_manifest
 from espnet3_flows.xvector.job import XVectorJobConfig, XVectorRunner
 from espnet3_flows.xvector.model import load_speechbrain_encoder
-from tests.support.ecapa import build_random_ecapa_dir
+from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
 
 
 @pytest.fixture(scope="module")

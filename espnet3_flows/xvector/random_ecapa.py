@@ -1,4 +1,6 @@
-"""Builds offline speechbrain ECAPA-TDNN model directories with random weights for tests and benchmarks."""
+"""Builds offline speechbrain ECAPA-TDNN model directories with random weights: the x-vector demo,
+tests and benchmarks run the whole pipeline with them without a download. Their embeddings are
+meaningless (no training): never use one for real speaker work."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ N_MELS = 80
 # a loader can point it at wherever the directory lives now; every loadable has an explicit path,
 # because without one a missing label encoder is skipped silently.
 _HYPERPARAMS = """\
-# Random-weight ECAPA-TDNN written by tests/support/ecapa.py (seed {seed}); not a trained model.
+# Random-weight ECAPA-TDNN written by espnet3_flows/xvector/random_ecapa.py (seed {seed}); NOT a trained model:
+# its embeddings carry no speaker information. For trying the pipeline offline only.
 pretrained_path: {pretrained_path}
 
 sample_rate: {sample_rate}
