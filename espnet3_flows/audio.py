@@ -47,7 +47,14 @@ class AudioConfig:
 
 
 def read_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None) -> np.ndarray:
-    """Load an utterance as float32 mono samples at ``config.sampling_rate``.
+    """Load an utterance as float32 mono samples at ``config.sampling_rate`` (see :func:`load_audio`)."""
+    return load_audio(utt, config, storage_options)[0]
+
+
+def load_audio(utt: Utterance, config: AudioConfig,
+               storage_options: Mapping[str, Any] | None = None) -> tuple[np.ndarray, int]:
+    """An utterance as float32 mono samples at ``config.sampling_rate``, and the rate it was
+    recorded at (before resampling).
 
     Raises:
         AudioError: missing or unreadable file, zero-length audio, too long, a missing
@@ -76,11 +83,18 @@ def read_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): audio contains NaN or Inf samples")
     if rate != config.sampling_rate:
         mono = resample(mono, rate, config.sampling_rate)
-    return mono
+    return mono, int(rate)
 
 
 def audio_length(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None) -> int:
-    """Length in samples at ``config.sampling_rate``, from the header alone (nothing is decoded).
+    """Length in samples at ``config.sampling_rate``, from the header alone (see :func:`audio_header`)."""
+    return audio_header(utt, config, storage_options)[0]
+
+
+def audio_header(utt: Utterance, config: AudioConfig,
+                 storage_options: Mapping[str, Any] | None = None) -> tuple[int, int]:
+    """Length in samples at ``config.sampling_rate`` and the native rate, from the header alone
+    (nothing is decoded; a lhotse cut's from the manifest).
 
     Raises:
         AudioError: missing file, unreadable header, zero-length or too long audio.
@@ -89,7 +103,8 @@ def audio_length(utt: Utterance, config: AudioConfig, storage_options: Mapping[s
         if utt.cut is not None:
             seconds = float(utt.cut.get("duration", 0.0))
             _check_duration(seconds, config)
-            return int(round(seconds * config.sampling_rate))
+            native = (utt.cut.get("recording") or {}).get("sampling_rate") or utt.cut.get("sampling_rate")
+            return int(round(seconds * config.sampling_rate)), int(native or config.sampling_rate)
         protocol = fsspec.core.split_protocol(utt.path)[0]
         if protocol in (None, "file"):
             with sf.SoundFile(_check_local_file(utt.path)) as f:
@@ -108,7 +123,7 @@ def audio_length(utt: Utterance, config: AudioConfig, storage_options: Mapping[s
         raise AudioError(f"utt {utt.utt_id!r}: audio file not found: {utt.path}") from None
     except (RuntimeError, sf.SoundFileError) as exc:
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): cannot read audio header: {exc}") from None
-    return int(math.ceil(frames * config.sampling_rate / rate))
+    return int(math.ceil(frames * config.sampling_rate / rate)), int(rate)
 
 
 def _check_local_file(path: str) -> str:

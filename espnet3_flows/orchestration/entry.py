@@ -298,3 +298,5 @@ def _print_summary(job: str, summaries: dict[str, Any], cfg: Any) -> None:
               f"skipped {s.get('skipped')}")
         if s.get("files", {}).get("summary.json"):
             print(f"    {s['files']['summary.json']}")
+        for warning in s.get("warnings", []):
+            print(f"    warning: {warning}")

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from espnet3_flows.audio import AudioConfig, audio_length, read_audio
+from espnet3_flows.audio import AudioConfig, audio_header, load_audio
 from espnet3_flows.config import ConfigError, to_plain
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
@@ -129,17 +129,19 @@ class CollectStatsRunner(UtteranceRunner):
         ids = idx if isinstance(idx, list) else [idx]
         utts = [dataset[i] for i in ids]
         if frontend is None:
-            return [{"utt_id": u.utt_id, "speech_len": audio_length(u, audio, storage_options), "feats": None}
-                    for u in utts]
-        waves = [read_audio(u, audio, storage_options) for u in utts]
+            headers = [audio_header(u, audio, storage_options) for u in utts]
+            return [{"utt_id": u.utt_id, "speech_len": n, "rate": rate, "feats": None}
+                    for u, (n, rate) in zip(utts, headers)]
+        loaded = [load_audio(u, audio, storage_options) for u in utts]
+        waves = [w for w, _ in loaded]
         feats = frontend(waves, collect_stats_kwargs)
         out = []
-        for u, w, f in zip(utts, waves, feats):
+        for u, (w, rate), f in zip(utts, loaded, feats):
             if f.ndim != 2 or f.shape[0] == 0:
                 raise ValueError(f"utt {u.utt_id!r}: the frontend returned features of shape {tuple(f.shape)}")
             if not np.isfinite(f).all():
                 raise ValueError(f"utt {u.utt_id!r}: features contain NaN or Inf")
-            out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "feats": f})
+            out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f})
         return out
 
     def open_writers(self, staging_dir: Path) -> dict[str, Any]:
@@ -166,12 +168,15 @@ class CollectStatsRunner(UtteranceRunner):
             writers["feats"].close()
 
     def init_state(self) -> dict[str, Any]:
-        return {"acc": StatsAccumulator(), "utterances": 0, "samples": [0, None, None], "frames": [0, None, None]}
+        return {"acc": StatsAccumulator(), "utterances": 0, "samples": [0, None, None], "frames": [0, None, None],
+                "rates": {}}
 
     def reduce_state(self, state: dict[str, Any], result: list[dict[str, Any]]) -> dict[str, Any]:
         for r in result:
             f = r["feats"]
             state["utterances"] += 1
+            rate = str(r["rate"])
+            state["rates"][rate] = state["rates"].get(rate, 0) + 1
             _extend(state["samples"], int(r["speech_len"]))
             if f is not None:
                 state["acc"].update(f)
@@ -181,7 +186,7 @@ class CollectStatsRunner(UtteranceRunner):
     def finalize_state(self, state: dict[str, Any], writers: Any) -> dict[str, Any]:
         """Counts, sums and extremes of the shard (its rows are in ``shapes.tsv``)."""
         return {"stats": state["acc"].to_dict(), "utterances": state["utterances"],
-                "samples": state["samples"], "frames": state["frames"]}
+                "samples": state["samples"], "frames": state["frames"], "native_rates": state["rates"]}
 
     def publish_rel(self, shard: Shard, name: str) -> str:
         if name in ("feats.ark", "feats.scp"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import posixpath
 import shutil
 import tempfile
@@ -14,6 +15,8 @@ import numpy as np
 from espnet3_flows.manifest import SkippedItem, write_skipped_tsv
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.stats.accumulator import StatsAccumulator
+
+_LOG = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from espnet3_flows.stats.job import CollectStatsRunner
@@ -49,6 +52,20 @@ def _fold(parts: list[list[Any]]) -> tuple[int, Any, Any]:
 HIST_BINS = 50
 
 
+def low_rate_warning(split: str, rates: dict[str, int], n_utts: int, target: int) -> str | None:
+    """A warning when most utterances were recorded below the frontend's rate and upsampled:
+    their features are empty above half the native rate (e.g. 8 kHz audio at 16 kHz leaves mel
+    bins ~65-79 of 80 at the log floor), which usually means the configured rate is wrong."""
+    low = {int(r): n for r, n in rates.items() if int(r) < target}
+    if not n_utts or 2 * sum(low.values()) <= n_utts:
+        return None
+    common = max(low, key=low.get)
+    return (f"split {split}: {sum(low.values())} of {n_utts} utterances are recorded below frontend.sampling_rate="
+            f"{target} Hz (native rates {', '.join(f'{r} Hz: {n}' for r, n in rates.items())}); upsampled audio has "
+            f"no content above {common // 2} Hz, so the upper features are empty. If that is your data, set "
+            f"frontend.sampling_rate={common}")
+
+
 def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> dict[str, Any]:
     """Write and publish one split's merged outputs; ``summary.json`` is published last.
 
@@ -65,6 +82,11 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
     acc = merge_stats(results)
     sr = cfg.frontend.sampling_rate
     n_utts = sum(int(r.result["utterances"]) for r in results)
+    rates: dict[str, int] = {}
+    for r in results:  # done records written before native rates were counted have none
+        for rate, count in (r.result.get("native_rates") or {}).items():
+            rates[rate] = rates.get(rate, 0) + int(count)
+    rates = {k: rates[k] for k in sorted(rates, key=int)}
     samples = _fold([r.result["samples"] for r in results])
     frames = _fold([r.result["frames"] for r in results])
     in_frames = frames[1] is not None
@@ -113,8 +135,13 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
             "seconds_min": float(samples[1] / sr) if n_utts else None,
             "seconds_max": float(samples[2] / sr) if n_utts else None,
             "skipped": len(skipped),
+            "native_sampling_rates": rates,
             **shard_summary(results),
         }
+        warning = low_rate_warning(split, rates, n_utts, sr)
+        if warning:
+            _LOG.warning(warning)
+            summary["warnings"] = [warning]
         for name in files:
             store.publish_file(stage / name, posixpath.join(split, name))
         if cfg.write_collected_feats:

@@ -461,3 +461,30 @@ def test_a_rewritten_manifest_is_reread_in_the_same_process(tmp_path):
     assert ids == [u for u, _ in rows[5:]]
     speech = {u: int(n) for u, n in _shape_file(tmp_path / "out" / "train" / "speech_shape")}
     assert speech == {u: sf.info(p).frames for u, p in rows[5:]}
+
+
+@pytest.mark.parametrize("frontend", ["fbank", "none"])
+def test_native_rates_are_recorded_and_mostly_low_rate_input_warns(tmp_path, frontend, caplog):
+    root = tmp_path / "audio"
+    root.mkdir()
+    rows = []
+    for i, rate in enumerate([8000, 8000, 8000, 16000]):
+        path = root / f"u{i}.wav"
+        sf.write(path, _tone(300 + 50 * i, 0.5, rate), rate, subtype="FLOAT")
+        rows.append(f"u{i}\t{path}")
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text("\n".join(rows) + "\n")
+    with caplog.at_level("WARNING", logger="espnet3_flows"):
+        summary = _run(_config(manifest, str(tmp_path / "out"), f"frontend.type={frontend}")).merged
+    assert summary["native_sampling_rates"] == {"8000": 3, "16000": 1}
+    assert len(summary["warnings"]) == 1
+    warning = summary["warnings"][0]
+    assert "3 of 4 utterances" in warning and "frontend.sampling_rate=8000" in warning
+    assert warning in caplog.text
+    written = json.loads((tmp_path / "out" / "train" / "summary.json").read_text())
+    assert written["native_sampling_rates"] == {"8000": 3, "16000": 1} and written["warnings"] == [warning]
+
+    # at the data's own rate: nothing to warn about
+    again = _run(_config(manifest, str(tmp_path / "out8"), f"frontend.type={frontend}",
+                         "frontend.sampling_rate=8000")).merged
+    assert "warnings" not in again and again["native_sampling_rates"] == {"8000": 3, "16000": 1}
