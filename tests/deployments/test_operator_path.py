@@ -56,6 +56,16 @@ def test_deploy_trigger_and_schedule(tmp_path, demo_corpus):
                                     "shard_size": 4, "parallel_env": "serial"})
                     assert run.state is not None and run.state.is_completed(), run.state
 
+                    async def read_nightly():
+                        async with get_client() as client:
+                            return await client.read_deployment_by_name("collect-stats/collect-stats-nightly")
+
+                    # shipped inactive (its manifests are placeholders); resumed as the README says
+                    shipped = asyncio.run(read_nightly())
+                    assert shipped.schedules and not shipped.schedules[0].active
+                    _prefect(server, "deployment", "schedule", "resume", "collect-stats/collect-stats-nightly",
+                             str(shipped.schedules[0].id))
+
                     async def inspect():
                         from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
