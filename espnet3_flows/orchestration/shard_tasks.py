@@ -8,7 +8,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from espnet3_flows.parallel.runner import BaseRunner, ShardFailure
+from espnet3_flows.parallel.runner import BaseRunner, ItemError, ShardFailure
 from espnet3_flows.parallel.worker_env import get_env, get_runner
 from espnet3_flows.sharding import Shard, shard_name
 
@@ -61,3 +61,10 @@ def merge_task(runner: BaseRunner, shards: list[tuple[int, str, bool]]) -> Any:
 def retry_delays(retries: int, first: float) -> list[float]:
     """Exponential backoff: ``first, 2·first, 4·first, ...``."""
     return [first * (2 ** i) for i in range(max(0, retries))]
+
+
+def retry_unless_bad_item(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn`` of shard tasks: a bad item (``ItemError`` under
+    ``on_error: fail``: a missing or corrupt file, a manifest line) fails the same way on every
+    try, so the run fails at once; storage and network errors, and everything else, are retried."""
+    return not isinstance(getattr(state, "data", None), ItemError)

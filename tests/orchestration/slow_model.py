@@ -49,3 +49,20 @@ class KillOnceFramer(SlowFramer):
                 f.write(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
         return super().collect_feats(speech, speech_lengths, **kwargs)
+
+
+class FailOnLength(SlowFramer):
+    """:class:`SlowFramer` that fails on any batch holding an utterance of exactly ``length``
+    samples, counting each attempt in ``counter`` (one line per call): ``error="value"`` raises
+    ValueError (a bad item), ``error="os"`` OSError (a transient I/O failure)."""
+
+    def __init__(self, length: int, counter: str, error: str = "value", delay: float = 0.0, hop: int = 160):
+        super().__init__(delay=delay, hop=hop)
+        self.length, self.counter, self.error = length, counter, error
+
+    def collect_feats(self, speech: torch.Tensor, speech_lengths: torch.Tensor, **kwargs):
+        if bool((speech_lengths == self.length).any()):
+            with open(self.counter, "a") as f:
+                f.write(f"{os.getpid()}\n")
+            raise (ValueError if self.error == "value" else OSError)(f"poisoned length {self.length}")
+        return super().collect_feats(speech, speech_lengths, **kwargs)
