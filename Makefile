@@ -15,7 +15,8 @@ PYTEST_ARGS ?=
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: python install python-venv system-deps test test-fast demo bench bench-quick clean distclean
+.PHONY: python install python-venv system-deps test test-fast demo bench bench-quick clean distclean \
+	serve deploy worker stop status
 
 # The interpreter must be >= 3.11 and able to make a venv with pip (Debian splits `venv` and
 # `ensurepip` into python3.X-venv): as root that package is installed, otherwise make stops
@@ -65,6 +66,21 @@ test-fast: install
 
 demo: install  ## the main job on generated demo data, no server, local Dask
 	$(PY) flows/collect_stats.py
+
+# Deployments on this machine (README, "Deployments"): a Prefect server on 127.0.0.1:$(PREFECT_PORT),
+# the work pool and deployments, and a process worker; `make stop` stops the worker and server.
+PREFECT_PORT ?= 4200
+STACK := PREFECT=$(VENV)/bin/prefect PREFECT_PORT=$(PREFECT_PORT) deployments/local-stack.sh
+serve: install  ## start a Prefect server in the background; prints the PREFECT_API_URL to export
+	@$(STACK) serve
+deploy: install  ## create the work pool and every deployment of deployments/prefect.yaml on it
+	@$(STACK) deploy
+worker: install  ## start a process worker for the pool in the background
+	@$(STACK) worker
+stop:  ## stop the worker and the server
+	@$(STACK) stop
+status:
+	@$(STACK) status
 
 bench: install
 	$(PY) benchmarks/run.py

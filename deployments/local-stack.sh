@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# A local Prefect server, the deployments and a process worker, for `make serve / deploy / worker /
+# stop` (README, "Deployments"). Each process runs in its own session in the background, with its
+# pid and log under $ESPNET3_STACK_DIR (default ~/.cache/espnet3-flows/stack).
+#
+# Usage: deployments/local-stack.sh serve|deploy|worker|stop|status
+# Environment:
+#   PREFECT       the prefect executable (the Makefile passes the venv's)
+#   PREFECT_PORT  the server's port on 127.0.0.1 (default 4200)
+#   ESPNET3_STACK_DIR  pid files and logs
+# Run from the project root: `prefect deploy` records it as the flow runs' working directory.
+set -uo pipefail
+
+PREFECT="${PREFECT:-prefect}"
+PORT="${PREFECT_PORT:-4200}"
+DIR="${ESPNET3_STACK_DIR:-$HOME/.cache/espnet3-flows/stack}"
+URL="http://127.0.0.1:$PORT/api"
+PY="$(dirname "$PREFECT")/python"; [[ -x "$PY" ]] || PY=python3
+mkdir -p "$DIR"
+
+say() { echo "[stack] $*" >&2; }
+die() { echo "error: $*" >&2; exit 1; }
+
+alive() {  # alive NAME: the recorded process runs
+    local pid
+    [[ -s "$DIR/$1.pid" ]] || return 1
+    pid="$(cat "$DIR/$1.pid")"
+    kill -0 "$pid" 2>/dev/null
+}
+
+healthy() {
+    "$PY" - "$URL/health" <<'EOF' 2>/dev/null
+import sys, urllib.request
+try:
+    sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=2).status == 200 else 1)
+except Exception:
+    sys.exit(1)
+EOF
+}
+
+start_bg() {  # start_bg NAME CMD...: in a new session, output to NAME.log
+    local name="$1"; shift
+    setsid "$@" >"$DIR/$name.log" 2>&1 < /dev/null &
+    echo $! >"$DIR/$name.pid"
+}
+
+stop_one() {  # stop_one NAME: SIGTERM the process group, then SIGKILL after 20 s
+    local pid
+    alive "$1" || { rm -f "$DIR/$1.pid"; return 0; }
+    pid="$(cat "$DIR/$1.pid")"
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then kill -KILL -- "-$pid" 2>/dev/null; say "$1 (pid $pid) killed"; fi
+    rm -f "$DIR/$1.pid"
+    say "$1 stopped"
+}
+
+need_server() {
+    healthy || die "no Prefect server answers at $URL: run \`make serve\` first (or set PREFECT_PORT)"
+}
+
+case "${1:-}" in
+serve)
+    if healthy; then say "a Prefect server already answers at $URL"; else
+        alive server && die "the server started earlier (pid $(cat "$DIR/server.pid")) does not answer; \`make stop\` first"
+        # stream logs to clients: `prefect deployment run --watch` then shows a run's log lines
+        # (the cause of a failure) beside its events; Prefect's default streams events only
+        start_bg server env PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED=true PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED=true \
+            "$PREFECT" server start --host 127.0.0.1 --port "$PORT"
+        for _ in $(seq 240); do healthy && break; alive server || break; sleep 0.5; done
+        healthy || { tail -n 30 "$DIR/server.log" >&2; die "the Prefect server did not start (log: $DIR/server.log)"; }
+        say "Prefect server at http://127.0.0.1:$PORT (UI), log $DIR/server.log"
+    fi
+    echo "export PREFECT_API_URL=$URL"
+    ;;
+deploy)
+    need_server
+    export PREFECT_API_URL="$URL"
+    "$PREFECT" --no-prompt work-pool create espnet3 --type process --overwrite >/dev/null \
+        || die "could not create the work pool espnet3"
+    "$PREFECT" --no-prompt deploy --all --prefect-file deployments/prefect.yaml >"$DIR/deploy.log" 2>&1 \
+        || { tail -n 30 "$DIR/deploy.log" >&2; die "prefect deploy failed (log: $DIR/deploy.log)"; }
+    say "deployed: collect-stats/collect-stats, extract-xvectors/extract-xvectors, collect-stats/collect-stats-nightly (schedule inactive)"
+    ;;
+worker)
+    need_server
+    if alive worker; then say "a worker runs already (pid $(cat "$DIR/worker.pid"))"; exit 0; fi
+    export PREFECT_API_URL="$URL"
+    start_bg worker "$PREFECT" worker start --pool espnet3
+    for _ in $(seq 120); do grep -q "started!" "$DIR/worker.log" 2>/dev/null && break; alive worker || break; sleep 0.5; done
+    alive worker || { tail -n 30 "$DIR/worker.log" >&2; die "the worker exited (log: $DIR/worker.log)"; }
+    say "worker for pool espnet3 (pid $(cat "$DIR/worker.pid")), log $DIR/worker.log"
+    ;;
+stop)
+    stop_one worker
+    stop_one server
+    ;;
+status)
+    for name in server worker; do
+        if alive "$name"; then echo "$name: running (pid $(cat "$DIR/$name.pid"))"; else echo "$name: not running"; fi
+    done
+    healthy && echo "API: $URL answers" || echo "API: $URL does not answer"
+    ;;
+*)
+    die "usage: $0 serve|deploy|worker|stop|status"
+    ;;
+esac
