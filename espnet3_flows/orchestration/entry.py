@@ -166,8 +166,9 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         print(usage(job))
         return 0
     dry_run = "--dry-run" in args
+    print_config = "--print-config" in args
     verbose = any(a in ("-v", "--verbose") for a in args)
-    args = [a for a in args if a not in ("--dry-run", "-v", "--verbose")]
+    args = [a for a in args if a not in ("--dry-run", "--print-config", "-v", "--verbose")]
     # a configured API server (env or profile) outlives the run: its UI links are worth printing
     run_links = bool(prefect.settings.get_current_settings().api.url)
     if not verbose:
@@ -175,6 +176,9 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     try:
         path, overrides = split_cli_args(args)
         cfg = resolve_config(job, path, {}, overrides)
+        if print_config:  # the merged config as YAML (credentials redacted), usable as --config
+            print(OmegaConf.to_yaml(OmegaConf.create(_redacted(to_plain(cfg)))), end="")
+            return 0
         if dry_run:
             return _dry_run(job, cfg)
         # workers on this machine print to this terminal: the same quiet rules there
@@ -222,6 +226,12 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _redacted(plain: dict[str, Any]) -> dict[str, Any]:
+    if plain.get("storage_options"):
+        plain = plain | {"storage_options": redact(plain["storage_options"])}
+    return plain
+
+
 def _save_traceback(job: str, cfg: Any) -> str | None:
     """Write the exception being handled, with its traceback, to
     ``<output_dir>/logs/<job>-<UTC time>.error.txt``; its location, or None if it could not be
@@ -261,10 +271,12 @@ def usage(job: str) -> str:
     schema = get_job(job).schema
     defaults = OmegaConf.to_container(OmegaConf.structured(schema))
     docs = describe_keys(schema)
-    lines = [f"usage: python flows/{job}.py [--config FILE] [--dry-run] [--verbose] [key=value ...]", "",
+    lines = [f"usage: python flows/{job}.py [--config FILE] [--dry-run] [--print-config] [--verbose] [key=value ...]",
+             f"       (also: python -m espnet3_flows {job} ..., espnet3-{job.replace('_', '-')} ...)", "",
              "  --config FILE  a YAML file of these keys (examples in conf/); key=value overrides win",
              "  --dry-run      check the config, plan every split and print what a run would compute (no",
              "                 server, no cluster, no outputs published)",
+             "  --print-config print the merged config (file < overrides, credentials redacted) as YAML and exit",
              "  --verbose      print every log line (Dask, Prefect's engines) and tracebacks; by default the",
              "                 console shows this project's messages, warnings and one `error:` line", "",
              "keys (default): description; README.md, Configuration, has the whole text:"]

@@ -126,3 +126,27 @@ def test_collect_stats_help_describes_every_key(tmp_path):
     text = usage("collect_stats")
     _assert_every_key_described(text)
     assert "frontend.channel=null\n      Channel of multi-channel audio" in text
+
+
+def test_module_and_console_scripts_and_print_config_round_trip(tmp_path, demo_corpus):
+    env = _clean_env(tmp_path)
+    args = [f"manifests.valid={demo_corpus['valid']}", f"output_dir={tmp_path / 'out'}", "shard_size=7",
+            "storage_options.secret=do-not-print"]
+    printed = subprocess.run([sys.executable, "-m", "espnet3_flows", "collect_stats", "--print-config", *args],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    import yaml
+
+    conf = yaml.safe_load(printed.stdout)
+    assert conf["shard_size"] == 7 and conf["manifests"] == {"valid": demo_corpus["valid"]}
+    assert "do-not-print" not in printed.stdout and conf["storage_options"]["secret"] == "***"
+    conf["storage_options"] = {}  # redacted credentials are not credentials
+    (tmp_path / "resolved.yaml").write_text(yaml.safe_dump(conf))
+    script = Path(sys.executable).with_name("espnet3-collect-stats")
+    assert script.is_file(), "console script missing: reinstall (make install)"
+    planned = subprocess.run([str(script), "--config", str(tmp_path / "resolved.yaml"), "--dry-run"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert planned.returncode == 0 and "(dry run)" in planned.stdout, planned.stdout + planned.stderr
+    helped = subprocess.run([str(Path(sys.executable).with_name("espnet3-extract-xvectors")), "--help"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "xvector.pretrained_model=" in helped.stdout
