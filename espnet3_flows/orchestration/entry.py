@@ -99,7 +99,7 @@ def collect_stats(
               "on_error": on_error, "parallel.env": parallel_env, "parallel.n_workers": n_workers}
     _refuse_secrets(overrides)
     cfg = resolve_config("collect_stats", config_file, params, overrides or [])
-    return run_job("collect_stats", to_plain(cfg))
+    return run_job("collect_stats", to_plain(cfg), progress=sys.stderr.isatty())  # the UI has its own
 
 
 @flow(name="extract-xvectors", log_prints=True)
@@ -140,7 +140,7 @@ def extract_xvectors(
               "parallel.env": parallel_env, "parallel.n_workers": n_workers}
     _refuse_secrets(overrides)
     cfg = resolve_config("extract_xvectors", config_file, params, overrides or [])
-    return run_job("extract_xvectors", to_plain(cfg))
+    return run_job("extract_xvectors", to_plain(cfg), progress=sys.stderr.isatty())
 
 
 def _refuse_secrets(overrides: Sequence[str] | None) -> None:

@@ -59,6 +59,20 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
         # the reason is in what --watch prints, not only in the worker's log
         assert str(missing) in text and "not found" in text, text
 
+        # 8 kHz input under the 16 kHz default: the merge's warning, logged by espnet3_flows.stats.outputs
+        # (not the flow's logger), reaches the run's logs in the API (extra_loggers in prefect.yaml)
+        from espnet3_flows.demo import make_demo_corpus
+
+        low = make_demo_corpus(tmp_path / "demo8k", n_utts=8, sampling_rate=8000, splits={"valid": 1.0})
+        params8 = params | {"manifests": {"valid": str(low["valid"])}, "output_dir": str(tmp_path / "out8k")}
+        ran8 = sh(prefect, "deployment", "run", "collect-stats/collect-stats", "--watch", "--params",
+                  json.dumps(params8))
+        assert ran8.returncode == 0, ran8.stdout + ran8.stderr
+        logs = _all_logs(env["PREFECT_API_URL"])
+        assert any(r["name"] == "espnet3_flows.stats.outputs" and "frontend.sampling_rate=8000" in r["message"]
+                   for r in logs), sorted({(r["name"], r["message"][:100]) for r in logs if r["level"] >= 30 or "espnet3" in r["name"]})
+        assert not any("shard/s]" in r["message"] for r in logs), "a progress bar in the run's logs"
+
         status = sh(*make, "status")
         assert "server: running" in status.stdout and "worker: running" in status.stdout, status.stdout
     finally:
@@ -66,3 +80,26 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert "does not answer" in sh(*make, "status").stdout
+
+
+def _all_logs(api_url: str) -> list[dict]:
+    """Every log record on the server (this test's own), read back through the REST API, once a
+    record of this project's loggers is there or after 60 s. The shards run in a subflow with a
+    flow run id of its own, so the records are not filtered by the deployment's run."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while True:
+        logs: list[dict] = []
+        while True:
+            body = json.dumps({"limit": 200, "offset": len(logs)}).encode()
+            request = urllib.request.Request(f"{api_url}/logs/filter", data=body,
+                                             headers={"Content-Type": "application/json"})
+            page = json.loads(urllib.request.urlopen(request, timeout=30).read())
+            logs += page
+            if len(page) < 200:
+                break
+        if any(r["name"].startswith("espnet3_flows") for r in logs) or time.monotonic() > deadline:
+            return logs
+        time.sleep(1)
