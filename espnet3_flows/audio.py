@@ -13,10 +13,11 @@ import fsspec
 import numpy as np
 import soundfile as sf
 
+from espnet3_flows.errors import BadItemError
 from espnet3_flows.manifest import Utterance
 
 
-class AudioError(ValueError):
+class AudioError(BadItemError):
     """An utterance's audio cannot be used; the message names the utterance and the reason."""
 
 

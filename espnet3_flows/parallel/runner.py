@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from espnet3_flows.manifest import ON_ERROR_POLICIES
+from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.cluster import ParallelConfig, get_client, get_parallel_config
 from espnet3_flows.parallel.provider import EnvironmentProvider, ProviderError
 from espnet3_flows.parallel.worker_env import env_keys, get_env, plugin_for
@@ -64,7 +65,7 @@ class BaseRunner:
 
     #: Exceptions from ``forward`` that mean "this item is bad" (subject to ``on_error``);
     #: anything else (storage, network) fails the shard so it can be retried.
-    item_errors: tuple[type[BaseException], ...] = (ValueError,)
+    item_errors: tuple[type[BaseException], ...] = (BadItemError,)
 
     def __init__(self, provider: EnvironmentProvider, *, batch_size: int | None = None,
                  output_dir: str | None = None, shard_subdir: str = "", resume: bool = True,

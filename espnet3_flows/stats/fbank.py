@@ -17,8 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from espnet3_flows.errors import BadItemError
 
-class FbankTooShortError(ValueError):
+
+class FbankTooShortError(BadItemError):
     """A waveform is shorter than the framing can reflect at its edges (lhotse would fail)."""
 
 

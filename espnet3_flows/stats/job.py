@@ -11,6 +11,7 @@ import numpy as np
 
 from espnet3_flows.audio import AudioConfig, audio_header, load_audio
 from espnet3_flows.config import ConfigError, to_plain
+from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
 from espnet3_flows.parallel.runner import ShardResult
@@ -138,9 +139,9 @@ class CollectStatsRunner(UtteranceRunner):
         out = []
         for u, (w, rate), f in zip(utts, loaded, feats):
             if f.ndim != 2 or f.shape[0] == 0:
-                raise ValueError(f"utt {u.utt_id!r}: the frontend returned features of shape {tuple(f.shape)}")
+                raise BadItemError(f"utt {u.utt_id!r}: the frontend returned features of shape {tuple(f.shape)}")
             if not np.isfinite(f).all():
-                raise ValueError(f"utt {u.utt_id!r}: features contain NaN or Inf")
+                raise BadItemError(f"utt {u.utt_id!r}: features contain NaN or Inf")
             out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f})
         return out
 

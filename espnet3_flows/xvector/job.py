@@ -14,6 +14,7 @@ import numpy as np
 
 from espnet3_flows.audio import AudioConfig, check_audio_settings, read_audio
 from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
+from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
 from espnet3_flows.parallel.runner import BaseRunner, ShardResult
@@ -249,7 +250,7 @@ class XVectorRunner(UtteranceRunner):
         emb = embed_waveforms(embedder, waves, model_batch[0], model_batch[1], ids=[u.utt_id for u in utts])
         if not np.isfinite(emb).all():
             bad = [u.utt_id for u, e in zip(utts, emb) if not np.isfinite(e).all()]
-            raise ValueError(f"non-finite embedding for {bad}")
+            raise BadItemError(f"non-finite embedding for {bad}")
         return [{"utt_id": u.utt_id, "speaker": u.speaker, "samples": len(w), "embedding": e}
                 for u, w, e in zip(utts, waves, emb)]
 

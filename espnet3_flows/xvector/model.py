@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 import torch
 
+from espnet3_flows.errors import BadItemError
+
 if TYPE_CHECKING:
     from speechbrain.inference.speaker import EncoderClassifier
 
@@ -192,17 +194,17 @@ def length_sorted_batches(
 
 
 def _as_waveform(wave: Any, index: int, ids: Sequence[str] | None) -> np.ndarray:
-    """``wave`` as a 1-D float32 array; ValueError naming the item when it is not a usable one."""
+    """``wave`` as a 1-D float32 array; BadItemError naming the item when it is not a usable one."""
     name = f"utterance {ids[index]!r}" if ids is not None else f"waveform {index}"
     arr = np.asarray(wave)
     if arr.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D waveform, got shape {arr.shape}")
+        raise BadItemError(f"{name}: expected a 1-D waveform, got shape {arr.shape}")
     if arr.size == 0:
-        raise ValueError(f"{name}: empty waveform")
+        raise BadItemError(f"{name}: empty waveform")
     if not np.issubdtype(arr.dtype, np.floating):
-        raise ValueError(f"{name}: expected float samples in [-1, 1], got dtype {arr.dtype}")
+        raise BadItemError(f"{name}: expected float samples in [-1, 1], got dtype {arr.dtype}")
     if not np.isfinite(arr).all():
-        raise ValueError(f"{name}: waveform contains NaN or infinite samples")
+        raise BadItemError(f"{name}: waveform contains NaN or infinite samples")
     return arr.astype(np.float32, copy=False)
 
 

@@ -53,8 +53,9 @@ class KillOnceFramer(SlowFramer):
 
 class FailOnLength(SlowFramer):
     """:class:`SlowFramer` that fails on any batch holding an utterance of exactly ``length``
-    samples, counting each attempt in ``counter`` (one line per call): ``error="value"`` raises
-    ValueError (a bad item), ``error="os"`` OSError (a transient I/O failure)."""
+    samples, counting each attempt in ``counter`` (one line per call): ``error="bad"`` raises
+    BadItemError (a bad item), ``error="value"`` a plain ValueError (a bug in model code, as numpy
+    or torch raise them), ``error="os"`` OSError (a transient I/O failure)."""
 
     def __init__(self, length: int, counter: str, error: str = "value", delay: float = 0.0, hop: int = 160):
         super().__init__(delay=delay, hop=hop)
@@ -64,5 +65,8 @@ class FailOnLength(SlowFramer):
         if bool((speech_lengths == self.length).any()):
             with open(self.counter, "a") as f:
                 f.write(f"{os.getpid()}\n")
-            raise (ValueError if self.error == "value" else OSError)(f"poisoned length {self.length}")
+            from espnet3_flows.errors import BadItemError
+
+            kind = {"bad": BadItemError, "value": ValueError, "os": OSError}[self.error]
+            raise kind(f"poisoned length {self.length}")
         return super().collect_feats(speech, speech_lengths, **kwargs)

@@ -218,10 +218,14 @@ def test_statistics_are_exact_sums_of_the_written_features(prefect_harness, demo
             assert abs(npz["sum_square"][d] - exact_sq) <= 1e-12 * exact_sq, (d, npz["sum_square"][d], exact_sq)
 
 
-@pytest.mark.parametrize("error, attempts", [("value", 1), ("os", 3)])
-def test_bad_items_are_not_retried_other_failures_are(prefect_harness, demo_corpus, tmp_path, error, attempts):
-    """A bad item (ValueError in forward under on_error: fail) fails the same way every time: the
-    run fails on the first attempt. An I/O error may be transient: it gets every retry."""
+@pytest.mark.parametrize("error, attempts, on_error", [("bad", 1, "fail"), ("os", 3, "fail"), ("value", 3, "fail"),
+                                                       ("value", 3, "skip"), ("os", 3, "skip")])
+def test_bad_items_are_not_retried_other_failures_are(prefect_harness, demo_corpus, tmp_path, error, attempts,
+                                                      on_error):
+    """A bad item (BadItemError under on_error: fail) fails the same way every time: the run fails
+    on the first attempt. An I/O error may be transient, and a plain ValueError is a bug (numpy or
+    torch inside the model): both get every retry and fail the run, under on_error: skip too, where
+    they never turn into skipped items."""
     import soundfile as sf
 
     from espnet3_flows.parallel import ShardFailure
@@ -232,9 +236,25 @@ def test_bad_items_are_not_retried_other_failures_are(prefect_harness, demo_corp
     manifest.write_text(Path(demo_corpus["valid"]).read_text() + f"poisoned\t{poisoned}\n")
     counter = tmp_path / "attempts"
     cfg = {"manifests": {"train": str(manifest)}, "output_dir": str(tmp_path / "out"), "shard_size": 4,
-           "batch_size": 1, "retries": 2, "retry_delay_seconds": 0.05, "parallel": {"env": "serial"},
+           "batch_size": 1, "retries": 2, "retry_delay_seconds": 0.05, "parallel": {"env": "serial"}, "on_error": on_error,
            "frontend": {"type": "model", "model": {"_target_": "tests.orchestration.slow_model.FailOnLength",
                                                     "length": 12345, "counter": str(counter), "error": error}}}
     with pytest.raises(ShardFailure, match="poisoned length"):
         run_job("collect_stats", cfg, progress=False)
     assert len(counter.read_text().splitlines()) == attempts
+
+
+def test_a_bad_item_under_skip_is_listed_and_the_run_completes(prefect_harness, demo_corpus, tmp_path):
+    import soundfile as sf
+
+    poisoned = tmp_path / "poisoned.wav"
+    sf.write(poisoned, np.zeros(12345, dtype=np.float32), 16000)
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text(Path(demo_corpus["valid"]).read_text() + f"poisoned\t{poisoned}\n")
+    cfg = {"manifests": {"train": str(manifest)}, "output_dir": str(tmp_path / "out"), "shard_size": 4,
+           "batch_size": 2, "on_error": "skip", "parallel": {"env": "serial"},
+           "frontend": {"type": "model", "model": {"_target_": "tests.orchestration.slow_model.FailOnLength",
+                                                    "length": 12345, "counter": str(tmp_path / "n"), "error": "bad"}}}
+    summary = run_job("collect_stats", cfg, progress=False)["train"]
+    assert summary["skipped"] == 1 and summary["utterances"] == 12
+    assert "poisoned length 12345" in (tmp_path / "out" / "train" / "skipped.tsv").read_text()
