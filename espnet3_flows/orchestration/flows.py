@@ -13,6 +13,7 @@ from typing import Any, Iterator
 from distributed.diagnostics.plugin import WorkerPlugin
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.tasks import exponential_backoff
 
 from espnet3_flows.config import load_config, to_plain
 from espnet3_flows.orchestration import console
@@ -22,7 +23,7 @@ from espnet3_flows.orchestration.job_run import JobRun, SplitRun, current_run, p
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import drain_prefect_clients
 from espnet3_flows.orchestration.settings_serialization import cache_settings_hydration, cache_settings_serialization
-from espnet3_flows.orchestration.shard_tasks import merge_task, retry_delays, retry_unless_bad_item, shard_task
+from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
 from espnet3_flows.parallel.forkserver import worker_start_method
 from espnet3_flows.parallel.runner import ShardFailure
@@ -235,8 +236,11 @@ def _run_shards(job: str, run: JobRun, t0: float, progress: bool, logger: Any) -
     t_ready = time.perf_counter()  # workers ready
     meter = ProgressArtifact(job, run.total_shards, done=run.done_shards)
     bar = tqdm(total=run.total_shards, initial=run.done_shards, desc=job, unit="shard", disable=not progress)
+    # Prefect's exponential backoff (first, 2x, 4x, ...) with jitter up to 50 % more, so shards that
+    # failed together (a store outage) do not all retry at the same instant
     task = shard_task.with_options(retries=cfg.retries, retry_condition_fn=retry_unless_bad_item,
-                                   retry_delay_seconds=retry_delays(cfg.retries, cfg.retry_delay_seconds))
+                                   retry_delay_seconds=exponential_backoff(cfg.retry_delay_seconds),
+                                   retry_jitter_factor=0.5)
     remaining = [len(s.pending) for s in run.splits]
     computed: list[dict[int, dict[str, Any]]] = [{} for _ in run.splits]
     failures: list[tuple[str, BaseException]] = []

@@ -58,10 +58,6 @@ def merge_task(runner: BaseRunner, shards: list[tuple[int, str, bool]]) -> Any:
     return runner.merge(results)
 
 
-def retry_delays(retries: int, first: float) -> list[float]:
-    """Exponential backoff: ``first, 2·first, 4·first, ...``."""
-    return [first * (2 ** i) for i in range(max(0, retries))]
-
 
 def retry_unless_bad_item(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect ``retry_condition_fn`` of shard tasks: a bad item (``ItemError`` under
