@@ -8,7 +8,10 @@ PYTHON ?= python3
 # EXTRAS=dev,gpu CONSTRAINTS=constraints-gpu.txt: the same with dask-cuda (parallel.env=local_gpu).
 EXTRAS ?= dev
 CONSTRAINTS ?= constraints.txt
-VENV_KEY := $(shell cat $(CONSTRAINTS) pyproject.toml | { cat; echo "$(CURDIR) $(EXTRAS)"; } | sha256sum | cut -c1-12)
+# (the key reads pyproject.toml's dependency lists only: other edits reinstall in place)
+VENV_KEY := $(shell { cat $(CONSTRAINTS); \
+  sed -n '/^dependencies = \[/,/^\]/p;/^\[project.optional-dependencies\]/,/^\[tool/p' pyproject.toml; \
+  echo "$(CURDIR) $(EXTRAS)"; } | sha256sum | cut -c1-12)
 VENV ?= $(HOME)/.cache/espnet3-flows/venv-$(VENV_KEY)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
@@ -31,12 +34,15 @@ python-venv:
 
 # A venv is trusted only with its completion stamp: the stamp is removed before any install
 # step and written after the last, and a venv without it is deleted and built again, so an
-# interrupted or failed first install is never reused half-made.
-$(VENV)/.installed: $(CONSTRAINTS) pyproject.toml | python-venv
-	@rm -f $@
-	@if [ -e $(VENV) ]; then echo "install: $(VENV) has no completion stamp: building it again" >&2; \
+# interrupted or failed install is never reused half-made. A venv whose stamp is only older
+# than pyproject.toml / the pins is updated in place. The interpreter is checked only when a
+# venv is created.
+$(VENV)/.installed: $(CONSTRAINTS) pyproject.toml
+	@if [ -e $(VENV) ] && [ ! -f $@ ]; then \
+	  echo "install: $(VENV) has no completion stamp (an unfinished install): building it again" >&2; \
 	  rm -rf $(VENV); fi
-	$(PYTHON) -m venv $(VENV)
+	@rm -f $@
+	@test -x $(PY) || { $(MAKE) --no-print-directory python-venv && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $@

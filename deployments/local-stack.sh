@@ -21,11 +21,16 @@ mkdir -p "$DIR"
 say() { echo "[stack] $*" >&2; }
 die() { echo "error: $*" >&2; exit 1; }
 
-alive() {  # alive NAME: the recorded process runs
+alive() {  # alive NAME: the recorded process runs and is still ours (a pid file that outlived a
+    # reboot may name another program now: it is dropped, never signalled)
     local pid
     [[ -s "$DIR/$1.pid" ]] || return 1
     pid="$(cat "$DIR/$1.pid")"
-    kill -0 "$pid" 2>/dev/null
+    if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "prefect.* $1 "; then
+        return 0
+    fi
+    rm -f "$DIR/$1.pid"
+    return 1
 }
 
 healthy() {

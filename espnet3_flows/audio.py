@@ -133,10 +133,10 @@ def _check_local_file(path: str) -> str:
     local = fsspec.core.strip_protocol(path) if path.startswith("file://") else path
     try:
         mode = os.stat(local).st_mode
-    except FileNotFoundError:
-        raise  # reported as "audio file not found"
-    except OSError as exc:
-        raise AudioError(f"cannot stat audio file: {exc.strerror or exc}") from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(path) from None  # reported as "audio file not found"
+    # any other OSError (EIO, ESTALE, EACCES on a flaky mount) propagates: an I/O failure of the
+    # shard, retried, never a bad item
     if not stat.S_ISREG(mode):
         kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
                 "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)

@@ -7,8 +7,8 @@ engine on the driver and from Dask (~150 lines around the one line that says wha
 :func:`quiet_console` keeps on the console only
 
 - records logged by this package (progress, per-split summaries),
-- warnings and errors of everything else, except the state reports of Prefect's flow and task
-  engines (``Finished in state Failed(...)`` once per failed shard and again for the flow: the
+- warnings and errors of everything else (a model's own, through ``get_run_logger`` too), except
+  the state reports of Prefect's flow and task engines (``Finished in state Failed(...)`` once per failed shard and again for the flow: the
   CLI prints the outcome itself, once, as ``error: ...``) and Dask's warnings about failed
   computations (the same failure again),
 
@@ -24,6 +24,7 @@ machine: jobs on a scheduler (SLURM) keep full logs in their own log files.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 from pathlib import Path
@@ -31,6 +32,17 @@ from pathlib import Path
 QUIET_ENV = "ESPNET3_FLOWS_QUIET"
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
 _ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+
+
+@functools.lru_cache(maxsize=256)
+def _source(pathname: str) -> str:
+    """``ours``, ``prefect`` or ``other``: where a record was logged from (symlinks resolved)."""
+    real = os.path.realpath(pathname)
+    if real.startswith(_PACKAGE_DIR):
+        return "ours"
+    import prefect
+
+    return "prefect" if real.startswith(os.path.dirname(os.path.realpath(prefect.__file__)) + os.sep) else "other"
 
 
 class _QuietFilter(logging.Filter):
@@ -41,12 +53,15 @@ class _QuietFilter(logging.Filter):
         self.run_links = run_links
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.pathname.startswith(_PACKAGE_DIR):
+        source = _source(record.pathname)
+        if source == "ours" or record.name.startswith("espnet3_flows"):
             return True
         if record.name.startswith(_ENGINE_LOGGERS):
-            # run states and failures: the CLI reports the outcome itself; the link to the run in
-            # the UI only where a server outlives the run
-            return self.run_links and record.getMessage().startswith("View at ")
+            if source == "prefect":
+                # the engines' run states and failures: the CLI reports the outcome itself; the
+                # link to the run in the UI only where a server outlives the run
+                return self.run_links and record.getMessage().startswith("View at ")
+            return record.levelno >= logging.WARNING  # user code (a model) through get_run_logger
         if record.name.startswith("distributed"):
             return record.levelno >= logging.ERROR
         return record.levelno >= logging.WARNING

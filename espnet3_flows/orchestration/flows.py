@@ -307,8 +307,6 @@ def _run_shards(job: str, run: JobRun, t0: float, progress: bool, logger: Any) -
         logger.info("%s %s: %s utterances, %s shard(s) computed, %s cached, %s skipped", job, split.split,
                     summary.get("utterances"), summary.get("shards_computed"), summary.get("shards_cached"),
                     summary.get("skipped"))
-        for warning in summary.get("warnings", []):
-            logger.warning(warning)
     if failures:
         names = ", ".join(n for n, _ in failures[:20]) + (" ..." if len(failures) > 20 else "")
         raise ShardFailure(f"{len(failures)} shard(s) failed ({names}); finished shards are published and a rerun "

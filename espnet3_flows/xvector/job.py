@@ -154,7 +154,7 @@ def demo_settings(cfg: XVectorJobConfig) -> dict[str, Any] | None:
     from espnet3_flows.xvector.model import HPARAMS_FILE
     from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
 
-    manifests = demo_manifests(cfg.output_dir, 120)
+    manifests = demo_manifests(cfg.output_dir, 300)  # collect-stats' demo corpus: the same files
     model = demo_root(cfg.output_dir) / "ecapa-random-weights"
     if not (model / HPARAMS_FILE).is_file():
         build_random_ecapa_dir(model)
@@ -299,11 +299,17 @@ class XVectorRunner(UtteranceRunner):
 
 
 def _model_fingerprint(source: str) -> str:
-    """Sizes and mtimes of a local model directory's files (a changed checkpoint recomputes all)."""
-    root = Path(source).expanduser()
-    if not root.is_dir():
-        return "hub"
-    h = hashlib.sha256()
+    """Sizes and mtimes of the model directory's files (a changed checkpoint recomputes all); for
+    a hub id, of its cached snapshot, whose directory is named by the commit (a newer revision
+    downloaded later recomputes all)."""
+    from espnet3_flows.xvector.model import XVectorModelError, resolve_model_source
+
+    try:
+        root = resolve_model_source(source)
+    except XVectorModelError:
+        return "unresolved:" + source  # the preflight reports it before any shard runs
+    hub = not Path(source).expanduser().is_dir()
+    h = hashlib.sha256(f"{source}@{root.name}".encode() if hub else b"")  # snapshot dirs are commit hashes
     for p in sorted(root.rglob("*")):
         if p.is_file():
             st = p.stat()

@@ -89,7 +89,11 @@ def resolve_model_source(source: str | Path) -> Path:
         return local.resolve()
     from huggingface_hub import try_to_load_from_cache
 
-    cached = try_to_load_from_cache(source_str, HPARAMS_FILE)
+    try:
+        cached = try_to_load_from_cache(source_str, HPARAMS_FILE)
+    except ValueError as exc:  # huggingface_hub's HFValidationError: not a repo id at all
+        raise XVectorModelError(f"{source_str!r} is neither a local model directory nor a valid hub id "
+                                f"({exc})") from None
     if not isinstance(cached, str):
         raise XVectorModelError(
             f"{source_str!r} is neither a local model directory nor a hub id in the local Hugging Face "

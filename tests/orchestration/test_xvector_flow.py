@@ -113,6 +113,11 @@ def test_cached_hub_id_runs_with_no_network_attempt(ecapa_dir, demo_corpus, tmp_
     env = _cli_env(tmp_path)
     env.update(HF_HUB_CACHE=str(cache), NETAUDIT_LOG=str(audit),
                PYTHONPATH=f"{ROOT / 'tests' / 'support' / 'netaudit'}{os.pathsep}{ROOT}")
+    # the audit is really on in processes started this way: a lookup of a non-loopback name is seen
+    probe = subprocess.run([sys.executable, "-c", "import socket\ntry: socket.getaddrinfo('huggingface.co', 443)\n"
+                            "except OSError: pass"], env=env, capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0 and "huggingface.co" in audit.read_text(), probe.stderr
+    audit.unlink()
     proc = subprocess.run([sys.executable, "flows/extract_xvectors.py", "xvector.pretrained_model=espnet3-tests/ecapa-random",
                            f"xvector.manifest_paths.valid={demo_corpus['valid']}", "xvector.splits=[valid]",
                            f"xvector.save_path={tmp_path / 'out'}", "shard_size=6", "parallel.env=local",
@@ -150,3 +155,20 @@ def test_xvector_demo_runs_with_no_arguments_and_says_its_model_is_random(tmp_pa
         assert len(kaldiio.load_scp(str(out / "xvector" / split / "xvector.scp"))) > 0
     again = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "nothing to compute" in again.stdout, again.stdout + again.stderr[-2000:]
+
+
+def test_a_newer_cached_revision_of_a_hub_model_changes_the_shard_hashes(ecapa_dir, tmp_path, monkeypatch):
+    from espnet3_flows.xvector.job import _model_fingerprint
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    _cache_as_hub_model(ecapa_dir, cache, "espnet3-tests/ecapa-random")
+    before = _model_fingerprint("espnet3-tests/ecapa-random")
+    repo = cache / "models--espnet3-tests--ecapa-random"
+    newer = "fedcba9876543210fedcba9876543210fedcba98"
+    (repo / "snapshots" / (repo / "refs" / "main").read_text()).rename(repo / "snapshots" / newer)
+    (repo / "refs" / "main").write_text(newer)
+    assert _model_fingerprint("espnet3-tests/ecapa-random") != before
