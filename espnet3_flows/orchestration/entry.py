@@ -19,7 +19,7 @@ from espnet3_flows.orchestration.job_run import JobRun, plan_job
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.task_runner import prestart_workers
-from espnet3_flows.storage import has_secrets, redact
+from espnet3_flows.storage import StorageError, has_secrets, redact
 
 # clusters whose workers run on this machine and print to the CLI's terminal
 LOCAL_ENVS = ("serial", "local", "local_gpu")
@@ -185,9 +185,13 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         quiet_local_workers(not verbose and cfg.parallel.env in LOCAL_ENVS)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        if verbose:
+            traceback.print_exc()
         return 2
     except Exception as exc:  # noqa: BLE001 - a manifest or storage error: one line
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if verbose:
+            traceback.print_exc()
         return 1
     planned: list[JobRun] = []
 
@@ -218,7 +222,8 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         if verbose:
             traceback.print_exc()
         else:
-            saved = _save_traceback(job, cfg)
+            # not onto a store that is itself failing (its retries would only delay the exit)
+            saved = None if isinstance(exc, (OSError, StorageError)) else _save_traceback(job, cfg)
             where = f"the traceback is in {saved}; " if saved else ""
             print(f"       ({where}--verbose prints it and every log line)", file=sys.stderr)
         return 1

@@ -236,7 +236,7 @@ def _run_shards(job: str, run: JobRun, t0: float, progress: bool, logger: Any) -
     t_ready = time.perf_counter()  # workers ready
     meter = ProgressArtifact(job, run.total_shards, done=run.done_shards)
     bar = tqdm(total=run.total_shards, initial=run.done_shards, desc=job, unit="shard", disable=not progress)
-    # Prefect's exponential backoff (first, 2x, 4x, ...) with jitter up to 50 % more, so shards that
+    # Prefect's exponential backoff (first, 2x, 4x, ...) jittered by up to 50 %, so shards that
     # failed together (a store outage) do not all retry at the same instant
     task = shard_task.with_options(retries=cfg.retries, retry_condition_fn=retry_unless_bad_item,
                                    retry_delay_seconds=exponential_backoff(cfg.retry_delay_seconds),

@@ -42,8 +42,8 @@ class CollectStatsConfig:
         collect_stats_kwargs: Extra keyword arguments for ``model.collect_feats``.
         on_error: ``fail`` stops at the first bad item; ``skip`` lists it in ``skipped.tsv``.
         retries: Retries of a failed shard task (Prefect).
-        retry_delay_seconds: First retry delay; doubles on each retry (Prefect's exponential backoff, plus up to
-            50 % random jitter so that shards failed together do not retry together).
+        retry_delay_seconds: First retry delay; doubles on each retry (Prefect's exponential backoff, each delay
+            jittered by up to 50 % so that shards failed together do not retry together).
         demo_utterances: Size of the generated demo corpus when ``manifests`` is empty.
         fingerprint: How input files are fingerprinted into shard hashes: ``stat`` (size and
             mtime of every audio file, or the object store's ETag: a file replaced in place is

@@ -77,8 +77,8 @@ class XVectorJobConfig:
         shard_size: Utterances per shard.
         on_error: ``fail`` or ``skip`` (listed in ``skipped.tsv``).
         retries: Retries of a failed shard task (Prefect).
-        retry_delay_seconds: First retry delay; doubles on each retry (Prefect's exponential backoff, plus up to
-            50 % random jitter so that shards failed together do not retry together).
+        retry_delay_seconds: First retry delay; doubles on each retry (Prefect's exponential backoff, each delay
+            jittered by up to 50 % so that shards failed together do not retry together).
         fingerprint: ``stat`` or ``manifest``: how input files are fingerprinted into shard
             hashes (as for collect-stats).
         parallel: Where shards run.
