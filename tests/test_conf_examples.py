@@ -4,13 +4,14 @@ here)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.support.servers import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "conf").glob("*.yaml"))
@@ -31,9 +32,7 @@ def ecapa_dir(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_example_config_plans_with_dry_run(example, tmp_path, demo_corpus, ecapa_dir, request):
     conf = yaml.safe_load(example.read_text())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_"))}
-    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT),
-               HF_HUB_OFFLINE="1")
+    env = cli_env(tmp_path / "home", drop=("AWS_",), HF_HUB_OFFLINE="1")
     manifest = demo_corpus["valid"]
     if "xvector" in conf:
         job = "extract_xvectors"
@@ -70,8 +69,7 @@ def test_example_config_plans_with_dry_run(example, tmp_path, demo_corpus, ecapa
 
 
 def test_a_target_that_does_not_import_is_a_config_error_before_work(tmp_path, demo_corpus):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT))
+    env = cli_env(tmp_path / "home")
     proc = subprocess.run([sys.executable, "flows/collect_stats.py", "--config", str(ROOT / "conf/stats_slurm_gpu.yaml"),
                            f"manifests.train={demo_corpus['valid']}", f"output_dir={tmp_path / 'out'}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

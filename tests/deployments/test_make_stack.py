@@ -5,7 +5,6 @@ real worker, real flow runs. A failed run's `--watch` output carries the one-lin
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.servers import free_port
+from tests.support.servers import cli_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
@@ -22,9 +21,7 @@ pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
 def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
     venv = Path(sys.executable).parent.parent
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), ESPNET3_STACK_DIR=str(tmp_path / "stack"),
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", HF_HUB_OFFLINE="1")
+    env = cli_env(tmp_path / "prefect-home", ESPNET3_STACK_DIR=str(tmp_path / "stack"), HF_HUB_OFFLINE="1")
     # this suite's venv, taken as installed (never rebuilt or removed by make from here)
     make = ["make", "-s", f"VENV={venv}", f"--assume-old={venv}/.installed", f"PREFECT_PORT={port}"]
 

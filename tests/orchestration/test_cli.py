@@ -16,16 +16,14 @@ import psutil
 import pytest
 
 from espnet3_flows.orchestration.flows import run_job
+from tests.support.servers import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.prefect, pytest.mark.dask, pytest.mark.slow]
 
 
 def _clean_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    return env
+    return cli_env(tmp_path / "prefect-home")
 
 
 def _wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:

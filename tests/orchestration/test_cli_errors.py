@@ -4,21 +4,20 @@ line naming the place (file:line, key or path) and the cause, in at most 10 line
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.servers import cli_env
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.prefect, pytest.mark.dask]
 
 
 def _cli(tmp_path: Path, *args: str) -> tuple[int, list[str], str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1")
     proc = subprocess.run([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     text = proc.stdout + proc.stderr

@@ -15,6 +15,7 @@ import torch
 
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
+from tests.support.servers import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.prefect, pytest.mark.dask]
@@ -42,9 +43,7 @@ def test_xvector_flow_on_local_cluster(prefect_harness, ecapa_dir, demo_corpus, 
 
 
 def test_extract_xvectors_command_line(ecapa_dir, demo_corpus, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    env = cli_env(tmp_path / "home", HF_HUB_OFFLINE="1")
     proc = subprocess.run([sys.executable, "flows/extract_xvectors.py", f"xvector.pretrained_model={ecapa_dir}",
                            f"xvector.manifest_paths.valid={demo_corpus['valid']}", "xvector.splits=[valid]",
                            f"xvector.save_path={tmp_path / 'out'}", "shard_size=6", "parallel.env=serial"],
@@ -88,9 +87,7 @@ def test_xvector_flow_to_s3_equals_the_local_outputs(prefect_harness, ecapa_dir,
 
 
 def _cli_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "HF_"))}
-    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT))
-    return env
+    return cli_env(tmp_path / "home", drop=("HF_",))
 
 
 def _cache_as_hub_model(model_dir: Path, cache: Path, repo_id: str) -> None:

@@ -71,6 +71,20 @@ def _clean_env(base: Mapping[str, str] | None, drop_prefixes: Sequence[str]) -> 
     return env
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli_env(home: Path, *, drop: Sequence[str] = (), **settings: str) -> dict[str, str]:
+    """The environment of a command a user runs from this checkout with no Prefect server
+    configured: no inherited ``PREFECT_*`` (nor other ``drop`` prefixes), its own ``PREFECT_HOME``,
+    analytics off, the checkout importable, unbuffered output; ``settings`` added last."""
+    env = _clean_env(None, ("PREFECT_", *drop))
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT),
+               PYTHONUNBUFFERED="1")
+    env.update(settings)
+    return env
+
+
 class ManagedProcess:
     """One child process in its own session, with a log file and whole-family teardown."""
 
