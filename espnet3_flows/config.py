@@ -202,4 +202,3 @@ def _attribute_docs(cls: type) -> dict[str, str]:
         elif current and line.strip():
             docs[current] += " " + line.strip()
     return docs
-

@@ -30,7 +30,11 @@ def synth_utterance(rng: np.random.Generator, seconds: float, sr: int, f0: float
     return (0.5 * signal).astype(np.float32)
 
 
-def make_demo_corpus(out_dir: str | Path, n_utts: int = 300, n_speakers: int = 6, sampling_rate: int = 16000,
+#: Utterances of the generated demo corpus (both jobs' demos use the same files).
+DEMO_UTTERANCES = 300
+
+
+def make_demo_corpus(out_dir: str | Path, n_utts: int = DEMO_UTTERANCES, n_speakers: int = 6, sampling_rate: int = 16000,
                      min_seconds: float = 1.0, max_seconds: float = 4.0, seed: int = 0,
                      splits: dict[str, float] | None = None) -> dict[str, Path]:
     """Write WAV files and one TSV manifest per split (``utt_id<TAB>wav_path<TAB>text<TAB>speaker_id``).

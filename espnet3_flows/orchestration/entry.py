@@ -183,16 +183,8 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
             return _dry_run(job, cfg)
         # workers on this machine print to this terminal: the same quiet rules there
         quiet_local_workers(not verbose and cfg.parallel.env in LOCAL_ENVS)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if verbose:
-            traceback.print_exc()
-        return 2
-    except Exception as exc:  # noqa: BLE001 - a manifest or storage error: one line
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        if verbose:
-            traceback.print_exc()
-        return 1
+    except Exception as exc:  # noqa: BLE001 - a config, manifest or storage error: one line
+        return _report(exc, verbose)
     planned: list[JobRun] = []
 
     def plan_now() -> bool:  # overlaps the private API server's start
@@ -214,21 +206,26 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
                 if not verbose:
                     quiet_console(run_links)  # handlers configured since (Dask's, on import)
                 summaries = run_job(job, planned=run)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except Exception as exc:  # noqa: BLE001 - the CLI prints one line; the traceback is in the logs
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        if verbose:
-            traceback.print_exc()
-        else:
+        status = _report(exc, verbose)
+        if status == 1 and not verbose:
             # not onto a store that is itself failing (its retries would only delay the exit)
             saved = None if isinstance(exc, (OSError, StorageError)) else _save_traceback(job, cfg)
             where = f"the traceback is in {saved}; " if saved else ""
             print(f"       ({where}--verbose prints it and every log line)", file=sys.stderr)
-        return 1
+        return status
     _print_summary(job, summaries, cfg)
     return 0
+
+
+def _report(exc: BaseException, verbose: bool) -> int:
+    """Print the one ``error:`` line (with ``--verbose`` also the traceback); the exit status:
+    2 for a config error, 1 for any other."""
+    config = isinstance(exc, ConfigError)
+    print(f"error: {exc}" if config else f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    if verbose:
+        traceback.print_exc()
+    return 2 if config else 1
 
 
 def _redacted(plain: dict[str, Any]) -> dict[str, Any]:

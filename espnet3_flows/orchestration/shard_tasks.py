@@ -58,7 +58,6 @@ def merge_task(runner: BaseRunner, shards: list[tuple[int, str, bool]]) -> Any:
     return runner.merge(results)
 
 
-
 def retry_unless_bad_item(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect ``retry_condition_fn`` of shard tasks: a bad item (``ItemError`` under
     ``on_error: fail``: a missing or corrupt file, a manifest line) fails the same way on every

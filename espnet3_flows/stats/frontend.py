@@ -49,9 +49,9 @@ class FrontendConfig:
     def __post_init__(self) -> None:
         if self.type not in FRONTEND_TYPES:
             raise ConfigError(f"frontend.type must be one of {FRONTEND_TYPES}, got {self.type!r}")
-        if self.type == "model" and "_target_" not in self.model:
-            raise ConfigError("frontend.type=model needs frontend.model._target_ (a class path)")
         if self.type == "model":
+            if "_target_" not in self.model:
+                raise ConfigError("frontend.type=model needs frontend.model._target_ (a class path)")
             check_targets(self.model, "frontend.model")
         if self.num_mel_bins <= 0:
             raise ConfigError(f"frontend.num_mel_bins must be positive, got {self.num_mel_bins}")

@@ -11,6 +11,7 @@ import numpy as np
 
 from espnet3_flows.audio import AudioConfig, audio_header, load_audio
 from espnet3_flows.config import ConfigError, to_plain
+from espnet3_flows.demo import DEMO_UTTERANCES
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
@@ -64,7 +65,7 @@ class CollectStatsConfig:
     on_error: str = "fail"
     retries: int = 2
     retry_delay_seconds: float = 2.0
-    demo_utterances: int = 300
+    demo_utterances: int = DEMO_UTTERANCES
     fingerprint: str = "stat"
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 

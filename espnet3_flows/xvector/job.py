@@ -102,9 +102,9 @@ class XVectorJobConfig:
             return  # filled in by demo_settings before the run
         if xv.toolkit == "speechbrain" and not xv.pretrained_model:
             raise ConfigError("xvector.pretrained_model is required (a local speechbrain model directory)")
-        if xv.toolkit == "custom" and "_target_" not in xv.model:
-            raise ConfigError("xvector.toolkit=custom needs xvector.model._target_")
         if xv.toolkit == "custom":
+            if "_target_" not in xv.model:
+                raise ConfigError("xvector.toolkit=custom needs xvector.model._target_")
             check_targets(xv.model, "xvector.model")
         if not xv.manifest_paths:
             raise ConfigError("xvector.manifest_paths is empty: give at least one split's manifest")
@@ -150,11 +150,11 @@ def demo_settings(cfg: XVectorJobConfig) -> dict[str, Any] | None:
         return None
     import sys
 
-    from espnet3_flows.demo import demo_manifests, demo_root
+    from espnet3_flows.demo import DEMO_UTTERANCES, demo_manifests, demo_root
     from espnet3_flows.xvector.model import HPARAMS_FILE
     from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
 
-    manifests = demo_manifests(cfg.output_dir, 300)  # collect-stats' demo corpus: the same files
+    manifests = demo_manifests(cfg.output_dir, DEMO_UTTERANCES)  # collect-stats' demo corpus: the same files
     model = demo_root(cfg.output_dir) / "ecapa-random-weights"
     if not (model / HPARAMS_FILE).is_file():
         build_random_ecapa_dir(model)
