@@ -1,20 +1,25 @@
-"""Audio loading for jobs: soundfile decoding through fsspec, channel choice, resampling, checks."""
+"""Audio loading for jobs: soundfile decoding through fsspec, Kaldi archives and commands,
+segments of longer recordings, channel choice, resampling, checks."""
 
 from __future__ import annotations
 
 import io
 import math
 import os
+import signal
 import stat
+import struct
+import subprocess
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import fsspec
 import numpy as np
 import soundfile as sf
 
 from espnet3_flows.errors import BadItemError
-from espnet3_flows.manifest import Utterance
+from espnet3_flows.manifest import Utterance, entry_kind
 
 
 class AudioError(BadItemError):
@@ -38,34 +43,113 @@ class AudioConfig:
     Attributes:
         sampling_rate: Target rate in Hz; other rates are resampled (polyphase, exact ratio).
         channel: Channel index to keep from multi-channel audio, or ``None`` for the mean.
-        max_duration: Longest accepted recording in seconds (checked from the header,
-            before decoding, so a 2-hour file is refused without loading it); ``None`` = no limit.
+        max_duration: Longest accepted utterance in seconds (checked from the header, before
+            decoding, so a 2-hour file is refused without loading it; for a segment, the
+            segment's length); ``None`` = no limit.
+        allow_pipes: Whether an audio entry ``command |`` may run (its standard output is the
+            audio); see :mod:`espnet3_flows.kaldi_dir`.
+        pipe_timeout: Seconds a command may run before it is killed (the shard then fails and
+            is retried).
     """
 
     sampling_rate: int = 16000
     channel: int | None = None
     max_duration: float | None = 3600.0
+    allow_pipes: bool = False
+    pipe_timeout: float = 600.0
 
 
-def read_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None) -> np.ndarray:
+#: How far a segment may end past its recording before it is a bad item (Kaldi's
+#: ``extract-segments --max-overshoot`` default); up to this it is cut at the end
+MAX_SEGMENT_OVERSHOOT = 0.5
+
+
+class RecordingCache:
+    """Decoded recordings of one shard's segments, so each recording is decoded once for all its
+    segments in the shard.
+
+    A recording is dropped once all its segments in the shard were read (``uses``), and the
+    least recently used ones beyond ``max_bytes`` (a segment read again later then decodes
+    its recording again).
+
+    Args:
+        uses: Recording key (:func:`recording_key`) → number of the shard's segments in it.
+        cwd: Directory commands (``cmd |`` entries) run in; the current one when empty.
+        max_bytes: Most bytes of decoded audio kept.
+    """
+
+    def __init__(self, uses: Mapping[str, int] | None = None, cwd: str = "", max_bytes: int = 2 << 30):
+        self.uses = dict(uses or {})
+        self.cwd = cwd
+        self.max_bytes = max_bytes
+        self.decodes = 0
+        self._data: OrderedDict[str, tuple[np.ndarray, int]] = OrderedDict()
+        self._headers: dict[str, tuple[int, int]] = {}
+        self._bytes = 0
+
+    def get(self, key: str, decode: Callable[[], tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
+        """The recording ``(channels × samples, rate)`` of ``key``, decoded now if not kept."""
+        if key in self._data:
+            self._data.move_to_end(key)
+            return self._data[key]
+        samples, rate = decode()
+        self.decodes += 1
+        self._headers[key] = (samples.shape[-1], rate)
+        self._data[key] = (samples, rate)
+        self._bytes += samples.nbytes
+        while self._bytes > self.max_bytes and len(self._data) > 1:
+            _, (old, _) = self._data.popitem(last=False)
+            self._bytes -= old.nbytes
+        return samples, rate
+
+    def header(self, key: str, read: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+        """``(frames, rate)`` of a recording, read once."""
+        if key not in self._headers:
+            self._headers[key] = read()
+        return self._headers[key]
+
+    def done(self, key: str) -> None:
+        """One segment of ``key`` was read; the recording is dropped after its last."""
+        left = self.uses.get(key, 0) - 1
+        self.uses[key] = left
+        if left <= 0 and key in self._data:
+            self._bytes -= self._data.pop(key)[0].nbytes
+
+
+def recording_key(utt: Utterance) -> str:
+    """The key of an utterance's recording in a :class:`RecordingCache`."""
+    return f"{utt.recording}\0{utt.path}"
+
+
+def read_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None,
+               cache: RecordingCache | None = None) -> np.ndarray:
     """Load an utterance as float32 mono samples at ``config.sampling_rate`` (see :func:`load_audio`)."""
-    return load_audio(utt, config, storage_options)[0]
+    return load_audio(utt, config, storage_options, cache)[0]
 
 
-def load_audio(utt: Utterance, config: AudioConfig,
-               storage_options: Mapping[str, Any] | None = None) -> tuple[np.ndarray, int]:
+def load_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None,
+               cache: RecordingCache | None = None) -> tuple[np.ndarray, int]:
     """An utterance as float32 mono samples at ``config.sampling_rate``, and the rate it was
     recorded at (before resampling).
 
+    ``utt.path`` is an audio file (path or URL), a Kaldi archive entry ``ark:file:offset``, or a
+    command ``cmd |`` (only with ``config.allow_pipes``). A segment (``utt.recording``) is cut
+    from its recording, which ``cache`` keeps for the shard's other segments.
+
     Raises:
-        AudioError: missing or unreadable file, zero-length audio, too long, a missing
-            channel, or NaN/Inf samples; the message names the utterance.
+        AudioError: missing or unreadable file, a failed command, zero-length audio, too long, a
+            segment past the end of its recording, a missing channel, or NaN/Inf samples; the
+            message names the utterance.
+        TimeoutError: a command ran longer than ``config.pipe_timeout`` (an I/O failure: the
+            shard is retried).
     """
     try:
         if utt.cut is not None:
             samples, rate = _read_lhotse(utt, config)
+        elif utt.recording:
+            samples, rate = _read_segment(utt, config, storage_options, cache)
         else:
-            samples, rate = _read_soundfile(utt.path, config, storage_options)
+            samples, rate = _read_entry(utt.path, config, storage_options, cache.cwd if cache else "")
     except AudioError as exc:
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
     except FileNotFoundError:
@@ -87,18 +171,21 @@ def load_audio(utt: Utterance, config: AudioConfig,
     return mono, int(rate)
 
 
-def audio_length(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None) -> int:
+def audio_length(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None,
+                 cache: RecordingCache | None = None) -> int:
     """Length in samples at ``config.sampling_rate``, from the header alone (see :func:`audio_header`)."""
-    return audio_header(utt, config, storage_options)[0]
+    return audio_header(utt, config, storage_options, cache)[0]
 
 
-def audio_header(utt: Utterance, config: AudioConfig,
-                 storage_options: Mapping[str, Any] | None = None) -> tuple[int, int]:
+def audio_header(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None,
+                 cache: RecordingCache | None = None) -> tuple[int, int]:
     """Length in samples at ``config.sampling_rate`` and the native rate, from the header alone
-    (nothing is decoded; a lhotse cut's from the manifest).
+    (nothing is decoded for audio files; a lhotse cut's from the manifest). Archive entries and
+    commands have no header to read apart from their audio: they are decoded.
 
     Raises:
-        AudioError: missing file, unreadable header, zero-length or too long audio.
+        AudioError: missing file, unreadable header, zero-length or too long audio, a segment
+            past the end of its recording.
     """
     try:
         if utt.cut is not None:
@@ -106,15 +193,23 @@ def audio_header(utt: Utterance, config: AudioConfig,
             _check_duration(seconds, config)
             native = (utt.cut.get("recording") or {}).get("sampling_rate") or utt.cut.get("sampling_rate")
             return int(round(seconds * config.sampling_rate)), int(native or config.sampling_rate)
-        protocol = fsspec.core.split_protocol(utt.path)[0]
-        if protocol in (None, "file"):
-            with sf.SoundFile(_check_local_file(utt.path)) as f:
-                _check_header(f)
-                frames, rate = f.frames, f.samplerate
+        if utt.recording:
+            key = recording_key(utt)
+            cache = cache if cache is not None else RecordingCache()
+            if entry_kind(utt.path) == "file":
+                total, rate = cache.header(key, lambda: _file_header(utt.path, storage_options))
+            else:
+                samples, rate = cache.get(key, lambda: _read_entry(utt.path, config, storage_options, cache.cwd,
+                                                                   check_duration=False))
+                total = samples.shape[-1]
+                cache.done(key)
+            first, stop = _segment_bounds(utt, total, rate)
+            frames = stop - first
+        elif entry_kind(utt.path) != "file":
+            samples, rate = _read_entry(utt.path, config, storage_options, cache.cwd if cache else "")
+            frames = samples.shape[-1]
         else:
-            with fsspec.open(utt.path, "rb", **dict(storage_options or {})) as raw, sf.SoundFile(raw) as f:
-                _check_header(f)
-                frames, rate = f.frames, f.samplerate
+            frames, rate = _file_header(utt.path, storage_options)
         if frames <= 0:
             raise AudioError("zero-length audio")
         _check_duration(frames / rate, config)
@@ -125,6 +220,18 @@ def audio_header(utt: Utterance, config: AudioConfig,
     except (RuntimeError, sf.SoundFileError) as exc:
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): cannot read audio header: {exc}") from None
     return int(math.ceil(frames * config.sampling_rate / rate)), int(rate)
+
+
+def _file_header(path: str, storage_options: Mapping[str, Any] | None) -> tuple[int, int]:
+    """``(frames, rate)`` of an audio file from its header."""
+    protocol = fsspec.core.split_protocol(path)[0]
+    if protocol in (None, "file"):
+        with sf.SoundFile(_check_local_file(path)) as f:
+            _check_header(f)
+            return f.frames, f.samplerate
+    with fsspec.open(path, "rb", **dict(storage_options or {})) as raw, sf.SoundFile(raw) as f:
+        _check_header(f)
+        return f.frames, f.samplerate
 
 
 def _check_local_file(path: str) -> str:
@@ -170,19 +277,153 @@ def resample(x: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
     return resample_poly(x.astype(np.float64), up, down).astype(np.float32)
 
 
-def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str, Any] | None):
+def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str, Any] | None,
+                    check_duration: bool = True):
     protocol = fsspec.core.split_protocol(path)[0]
     if protocol in (None, "file"):
         source: Any = _check_local_file(path)  # missing: FileNotFoundError (libsndfile says "System error.")
     else:
         with fsspec.open(path, "rb", **(storage_options or {})) as f:
             source = io.BytesIO(f.read())
+    return _decode(source, config, check_duration)
+
+
+def _decode(source: Any, config: AudioConfig, check_duration: bool = True) -> tuple[np.ndarray, int]:
     with sf.SoundFile(source) as f:  # one open: the header is checked before anything is decoded
         _check_header(f)
-        _check_duration(f.frames / f.samplerate, config)
+        if check_duration:
+            _check_duration(f.frames / f.samplerate, config)
         data = f.read(dtype="float32", always_2d=True)
         rate = f.samplerate
     return data.T, int(rate)  # (channels, samples)
+
+
+def _read_entry(entry: str, config: AudioConfig, storage_options: Mapping[str, Any] | None, cwd: str,
+                check_duration: bool = True) -> tuple[np.ndarray, int]:
+    """``(channels × samples, rate)`` of an audio file, archive entry or command."""
+    kind = entry_kind(entry)
+    if kind == "pipe":
+        return _decode(io.BytesIO(_streamed_wav_sizes(run_pipe(entry, config, cwd))), config, check_duration)
+    if kind == "ark":
+        return _read_ark(entry[len("ark:"):], config, storage_options, check_duration)
+    return _read_soundfile(entry, config, storage_options, check_duration)
+
+
+#: Archive payloads that are audio; anything else (a Kaldi matrix, a numpy array, and above all
+#: a pickle, which kaldiio would unpickle: code execution from a data file) is refused
+_ARK_AUDIO_FLAGS = (b"RIFF", b"fLaC")
+
+
+def _read_ark(spec: str, config: AudioConfig, storage_options: Mapping[str, Any] | None,
+              check_duration: bool) -> tuple[np.ndarray, int]:
+    """A WAV or FLAC stored in a Kaldi archive at ``file:offset`` (as kaldiio writes them)."""
+    if "[" in spec:
+        raise AudioError("ranges ('[...]') on archive entries are not supported for audio")
+    path, _, offset = spec.rpartition(":")
+    if not path or not offset.isdigit():
+        raise AudioError(f"archive entry {spec!r} is not 'file.ark:offset'")
+    if fsspec.core.split_protocol(path)[0] in (None, "file"):
+        path = _check_local_file(path)
+    with fsspec.open(path, "rb", **dict(storage_options or {})) as f:
+        f.seek(int(offset))
+        head = f.read(5)
+        if head[:4] not in _ARK_AUDIO_FLAGS:
+            what = "a Kaldi matrix" if head[:2] == b"\0B" else "a pickle" if head[:3] == b"PKL" else repr(head)
+            raise AudioError(f"archive entry {spec!r} holds {what}, not audio (WAV or FLAC)")
+        f.seek(int(offset))
+        if head[:4] == b"RIFF":
+            f.read(4)
+            size = struct.unpack("<I", f.read(4))[0]
+            f.seek(int(offset))
+            data = f.read(size + 8)
+        else:
+            data = f.read()  # a FLAC stream in an archive carries no length: soundfile stops at its end
+    return _decode(io.BytesIO(data), config, check_duration)
+
+
+def run_pipe(command: str, config: AudioConfig, cwd: str = "") -> bytes:
+    """The standard output of an audio command (``cmd |``), run by the shell in ``cwd``.
+
+    Raises:
+        AudioError: commands are not allowed, the command is not ``cmd |``, it failed, or it
+            wrote nothing (its standard error is in the message).
+        TimeoutError: it ran longer than ``config.pipe_timeout`` (it is killed with its children).
+    """
+    if not config.allow_pipes:
+        raise AudioError("the audio entry is a command and allow_pipes is false")
+    cmd = command.strip()
+    if cmd.startswith("|") or not cmd.endswith("|"):
+        raise AudioError(f"a command entry must be 'command |' (got {command!r})")
+    cmd = cmd[:-1].strip()
+    with subprocess.Popen(cmd, shell=True, cwd=cwd or None, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=config.pipe_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate()
+            raise TimeoutError(f"command {cmd!r} ran longer than pipe_timeout={config.pipe_timeout:g} s"
+                               + _stderr_tail(err)) from None
+    if proc.returncode != 0:
+        raise AudioError(f"command {cmd!r} failed with exit status {proc.returncode}" + _stderr_tail(err))
+    if not out:
+        raise AudioError(f"command {cmd!r} wrote no audio" + _stderr_tail(err))
+    return out
+
+
+def _stderr_tail(err: bytes | None) -> str:
+    text = (err or b"").decode("utf-8", "replace").strip()
+    return f"; stderr: {text[-500:]}" if text else ""
+
+
+def _streamed_wav_sizes(data: bytes) -> bytes:
+    """A WAV written to a pipe cannot seek back to fill in its sizes (sox and sph2pipe leave 0 or
+    0xFFFFFFFF): set the RIFF and data sizes from the bytes received; other data is unchanged."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return data
+    pos = 12
+    while pos + 8 <= len(data):
+        cid, size = data[pos:pos + 4], struct.unpack("<I", data[pos + 4:pos + 8])[0]
+        if cid == b"data":
+            real = len(data) - pos - 8
+            if size in (0, 0xFFFFFFFF) or size > real:
+                fixed = bytearray(data)
+                fixed[pos + 4:pos + 8] = struct.pack("<I", real)
+                fixed[4:8] = struct.pack("<I", len(data) - 8)
+                return bytes(fixed)
+            return data
+        pos += 8 + size + (size & 1)
+    return data
+
+
+def _segment_bounds(utt: Utterance, total: int, rate: int) -> tuple[int, int]:
+    """First and stop sample of a segment in a recording of ``total`` samples at ``rate``."""
+    first = int(round(utt.start * rate))
+    stop = total if utt.end is None else int(round(utt.end * rate))
+    if first >= total:
+        raise AudioError(f"segment starts at {utt.start:g} s, after the end of recording {utt.recording!r} "
+                         f"({total / rate:.3f} s)")
+    if stop > total:
+        if (stop - total) / rate > MAX_SEGMENT_OVERSHOOT:
+            raise AudioError(f"segment ends at {utt.end:g} s, past the end of recording {utt.recording!r} "
+                             f"({total / rate:.3f} s)")
+        stop = total
+    return first, stop
+
+
+def _read_segment(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None,
+                  cache: RecordingCache | None) -> tuple[np.ndarray, int]:
+    """A segment cut from its recording (decoded once per shard through ``cache``)."""
+    key = recording_key(utt)
+    cache = cache if cache is not None else RecordingCache()
+    samples, rate = cache.get(key, lambda: _read_entry(utt.path, config, storage_options, cache.cwd,
+                                                       check_duration=False))
+    try:
+        first, stop = _segment_bounds(utt, samples.shape[-1], rate)
+        _check_duration((stop - first) / rate, config)
+        return np.array(samples[:, first:stop]), rate
+    finally:
+        cache.done(key)
 
 
 def _read_lhotse(utt: Utterance, config: AudioConfig):

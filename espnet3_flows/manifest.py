@@ -1,4 +1,5 @@
-"""Input manifests: utterance records from TSV files or lhotse CutSets, validated line by line."""
+"""Input manifests: utterance records from TSV files, lhotse CutSets or Kaldi data directories
+(joined by :mod:`espnet3_flows.kaldi_dir`), validated line by line."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import hashlib
 import json
 import re
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterator, Mapping
 
 import fsspec
 
 ON_ERROR_POLICIES = ("fail", "skip")
+#: Line formats of the files workers read: a TSV manifest, a lhotse CutSet's JSON lines, or the
+#: joined lines of a Kaldi data directory (see :mod:`espnet3_flows.kaldi_dir`)
+MANIFEST_FORMATS = ("tsv", "lhotse", "kaldi")
 _UNSAFE_CHARS = {"/", "\\", "\0", "\n", "\r", "\t", " "}
 #: ids made only of these, not starting with "-" or ".", without "..": safe at once
 _SAFE_ID = re.compile(r"(?!-)(?!\.)(?!.*\.\.)[A-Za-z0-9_.:+=@,%-]+")
@@ -29,11 +33,19 @@ class Utterance:
 
     Attributes:
         utt_id: Unique id; safe to use as a file name (see :func:`validate_utt_id`).
-        path: Local path or fsspec URL of the audio file.
+        path: The audio: a local path or fsspec URL, a Kaldi ark entry ``ark:file:offset``,
+            or a command ending in ``|`` whose standard output is the audio (run only with
+            ``allow_pipes``; see :mod:`espnet3_flows.audio`).
         text: Transcript (may be empty).
         speaker: Speaker id (may be empty).
         line: 1-based line in the manifest (0 for lhotse cuts without lines).
         cut: For lhotse manifests, the cut as a dict; audio is then loaded through lhotse.
+        start: Start of the utterance in its recording, in seconds (Kaldi ``segments``).
+        end: End in seconds, or ``None`` for the end of the recording.
+        recording: Recording id when the utterance is a segment of a longer recording (its
+            recording is then decoded once for all its segments in a shard); empty otherwise.
+        origin: The file ``line`` counts in, when it is not the manifest itself (a data
+            directory's ``segments`` or ``wav.scp``).
     """
 
     utt_id: str
@@ -42,6 +54,10 @@ class Utterance:
     speaker: str = ""
     line: int = 0
     cut: Mapping[str, Any] | None = field(default=None, compare=False)
+    start: float = 0.0
+    end: float | None = None
+    recording: str = ""
+    origin: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict."""
@@ -53,10 +69,11 @@ class Utterance:
         return cls(**dict(d))
 
     def where(self, split: str = "") -> str:
-        """Human-readable location: ``split train, line 12, utt 'u1' (/data/u1.wav)``."""
+        """Human-readable location: ``split train, line 12, utt 'u1' (/data/u1.wav)``
+        (``data/train/segments:12`` in place of ``line 12`` for a data directory's utterance)."""
         parts = [f"split {split}"] if split else []
         if self.line:
-            parts.append(f"line {self.line}")
+            parts.append(f"{self.origin}:{self.line}" if self.origin else f"line {self.line}")
         parts.append(f"utt {self.utt_id!r} ({self.path})")
         return ", ".join(parts)
 
@@ -123,6 +140,31 @@ def is_lhotse_manifest(path: str) -> bool:
     return path.endswith(".jsonl") or path.endswith(".jsonl.gz")
 
 
+def entry_kind(entry: str) -> str:
+    """How an audio entry (:attr:`Utterance.path`) is read: ``pipe`` (``command |``), ``ark``
+    (``ark:file:offset``, a Kaldi archive) or ``file`` (a path or URL)."""
+    stripped = entry.strip()
+    if stripped.endswith("|") or stripped.startswith("|"):
+        return "pipe"
+    if stripped.startswith("ark:"):
+        return "ark"
+    return "file"
+
+
+def manifest_format(path: str) -> str:
+    """The line format of a manifest file by its name: ``lhotse`` or ``tsv`` (data directories
+    are joined into ``kaldi`` lines first)."""
+    return "lhotse" if is_lhotse_manifest(path) else "tsv"
+
+
+def source_format(source: Mapping[str, Any]) -> str:
+    """The line format of a planned shard source (older plans carry only a ``lhotse`` flag)."""
+    fmt = source.get("format")
+    if fmt is None:
+        fmt = "lhotse" if source.get("lhotse", is_lhotse_manifest(str(source["path"]))) else "tsv"
+    return str(fmt)
+
+
 BOM = b"\xef\xbb\xbf"
 
 
@@ -171,14 +213,16 @@ class ManifestLineError(ValueError):
         self.utt_id = utt_id
 
 
-def parse_manifest_line(bline: bytes, lineno: int, lhotse: bool) -> Utterance | None:
-    """Parse one raw manifest line; ``None`` for a blank or ``#`` comment line.
+def parse_manifest_line(bline: bytes, lineno: int, fmt: str = "tsv") -> Utterance | None:
+    """Parse one raw manifest line of format ``fmt`` (see :data:`MANIFEST_FORMATS`); ``None`` for
+    a blank or ``#`` comment line.
 
     A UTF-8 byte-order mark at the start of line 1 is dropped.
 
     Raises:
         ManifestLineError: undecodable bytes, a malformed line or an unsafe id.
     """
+    lhotse = fmt == "lhotse"
     if lineno == 1 and bline.startswith(BOM):
         bline = bline[len(BOM):]
     try:
@@ -189,14 +233,19 @@ def parse_manifest_line(bline: bytes, lineno: int, lhotse: bool) -> Utterance | 
     if not line.strip() or line.startswith("#"):
         return None
     try:
-        utt = _parse_lhotse_line(line, lineno) if lhotse else _parse_tsv_line(line, lineno)
+        if fmt == "kaldi":
+            from espnet3_flows.kaldi_dir import parse_joined_line
+
+            utt = parse_joined_line(line)
+        else:
+            utt = _parse_lhotse_line(line, lineno) if lhotse else _parse_tsv_line(line, lineno)
         validate_utt_id(utt.utt_id)
     except ValueError as exc:
         raise ManifestLineError(str(exc), "" if lhotse else line.split("\t", 1)[0]) from None
     return utt
 
 
-def planning_fields(bline: bytes, lineno: int, lhotse: bool) -> tuple[str, str] | None:
+def planning_fields(bline: bytes, lineno: int, fmt: str = "tsv") -> tuple[str, str] | None:
     """``(utt_id, audio path)`` of a manifest line for planning; ``None`` for blank or comment lines.
 
     The common TSV line takes one split and one regex match; anything else goes through
@@ -205,14 +254,18 @@ def planning_fields(bline: bytes, lineno: int, lhotse: bool) -> tuple[str, str] 
     Raises:
         ManifestLineError: as :func:`parse_manifest_line`.
     """
-    if not lhotse and (lineno > 1 or not bline.startswith(BOM)):
+    if fmt == "tsv" and (lineno > 1 or not bline.startswith(BOM)):
         try:
             cells = bline.decode("utf-8").rstrip("\r\n").split("\t")
         except UnicodeDecodeError:
             cells = []
         if 2 <= len(cells) <= 4 and cells[1] and len(cells[0]) <= 63 and _SAFE_ID.fullmatch(cells[0]):
             return cells[0], cells[1]
-    utt = parse_manifest_line(bline, lineno, lhotse)
+    elif fmt == "kaldi":  # joined lines: ids were checked when the data directory was joined
+        cells = bline.decode("utf-8").rstrip("\r\n").split("\t", 7)
+        if len(cells) == 8:
+            return cells[0], cells[7]
+    utt = parse_manifest_line(bline, lineno, fmt)
     return None if utt is None else (utt.utt_id, utt.path)
 
 
@@ -240,13 +293,13 @@ def read_manifest(
     """
     if on_error not in ON_ERROR_POLICIES:
         raise ValueError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
-    lhotse = is_lhotse_manifest(path)
+    fmt = manifest_format(path)
     utts: list[Utterance] = []
     skipped: list[SkippedItem] = []
     seen: dict[str, int] = {}
     for lineno, _, bline in iter_manifest_lines(path, split, storage_options):
         try:
-            utt = parse_manifest_line(bline, lineno, lhotse)
+            utt = parse_manifest_line(bline, lineno, fmt)
             if utt is None:
                 continue
             if utt.utt_id in seen:
@@ -269,10 +322,11 @@ def read_manifest_slice(source: Mapping[str, Any], split: str = "",
     """The utterances of one shard: a byte range of a manifest (what a worker reads, nothing more).
 
     Args:
-        source: ``{"path", "start", "end", "line", "skip", "sha256"}`` as planned by
-            :func:`espnet3_flows.manifest_plan.plan_manifest`: bytes ``[start, end)`` of the
-            (decompressed) manifest, the number of their first line, lines left out (skipped
-            or duplicate), and the digest of the bytes.
+        source: ``{"path", "start", "end", "line", "skip", "sha256", "format", "origin"}`` as
+            planned by :func:`espnet3_flows.manifest_plan.plan_manifest`: bytes ``[start, end)``
+            of the (decompressed or joined) manifest, the number of their first line, lines left
+            out (skipped or duplicate), the digest of the bytes, the line format, and for a data
+            directory the file its utterances' line numbers count in.
 
     Raises:
         ManifestError: the bytes changed since planning (the manifest was edited: rerun).
@@ -287,7 +341,8 @@ def read_manifest_slice(source: Mapping[str, Any], split: str = "",
         raise ManifestError(f"split {split!r}: manifest {path} changed since the run was planned "
                             f"(bytes {start}-{end}); rerun to plan it again")
     skip = set(source.get("skip") or ())
-    lhotse = bool(source.get("lhotse", is_lhotse_manifest(path)))
+    fmt = source_format(source)
+    origin = str(source.get("origin") or "")
     utts = []
     lines = data.split(b"\n")  # as a file iterates: on "\n" only (bytes.splitlines would split on "\r")
     if lines and not lines[-1]:
@@ -296,11 +351,11 @@ def read_manifest_slice(source: Mapping[str, Any], split: str = "",
         if lineno in skip:
             continue
         try:
-            utt = parse_manifest_line(bline, lineno, lhotse)
+            utt = parse_manifest_line(bline, lineno, fmt)
         except ManifestLineError as exc:
             raise ManifestError(line_error(split, path, lineno, exc)) from None
         if utt is not None:
-            utts.append(utt)
+            utts.append(replace(utt, origin=origin) if origin else utt)
     return utts
 
 

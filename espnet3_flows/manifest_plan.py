@@ -6,7 +6,8 @@ byte range of its lines (plus the few lines to leave out). Duplicate ids are fou
 id hashes (8 bytes an utterance) and confirmed by a second look at the colliding ids only.
 Workers then read just their shard's bytes (:func:`~espnet3_flows.manifest.read_manifest_slice`).
 A gzip-compressed manifest is decompressed once into a plain spool file beside the outputs,
-which the workers read by byte range instead.
+which the workers read by byte range instead; a Kaldi data directory is joined into one such
+file (:mod:`espnet3_flows.kaldi_dir`).
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from espnet3_flows import kaldi_dir
 from espnet3_flows.fingerprints import MISSING, Fingerprinter, fingerprint_files
 from espnet3_flows.manifest import (
     ManifestError,
     ManifestLineError,
     SkippedItem,
-    is_lhotse_manifest,
+    entry_kind,
     iter_manifest_lines,
     line_error,
+    manifest_format,
     parse_manifest_line,
     planning_fields,
 )
@@ -72,6 +75,7 @@ def plan_manifest(
     spool: Storage | None = None,
     spool_rel: str = "",
     salt: str | None = None,
+    allow_pipes: bool = False,
 ) -> SplitPlan:
     """Plan one split from its manifest in a single streaming pass.
 
@@ -80,7 +84,7 @@ def plan_manifest(
     (see :class:`~espnet3_flows.sharding.ShardCutter`).
 
     Args:
-        manifest: TSV or lhotse ``.jsonl[.gz]`` manifest, path or URL.
+        manifest: TSV or lhotse ``.jsonl[.gz]`` manifest, or a Kaldi data directory; path or URL.
         split: Split name (for messages).
         shard_size: Mean utterances per shard.
         config: The job config that affects outputs.
@@ -88,15 +92,21 @@ def plan_manifest(
             bad lines and repeated ids out and lists them.
         fingerprint: ``stat`` or ``manifest`` (see :mod:`espnet3_flows.fingerprints`).
         storage_options: fsspec options for a remote manifest and remote audio.
-        spool: Storage where a compressed manifest is decompressed for the workers.
+        spool: Storage where a compressed manifest is decompressed, or a data directory joined,
+            for the workers.
         spool_rel: Directory below ``spool`` for that file.
         salt: Code-version salt (:func:`~espnet3_flows.sharding.code_salt` by default).
+        allow_pipes: Whether commands (``cmd |``) may stand for audio; otherwise a data
+            directory's first command entry is an error.
 
     Raises:
         ManifestError: a bad line under ``fail``, a repeated id under ``fail``, an unreadable
-            manifest, or a manifest with no usable line.
+            manifest, a refused command, or a manifest with no usable line.
     """
     manifest = _local_abspath(manifest)
+    if kaldi_dir.is_data_dir(manifest, storage_options):
+        return _plan_data_dir(manifest, split, shard_size, config, on_error, fingerprint, storage_options, spool,
+                              spool_rel, salt, allow_pipes)
     source_path, writer_target = manifest, None
     if manifest.endswith(".gz"):
         if spool is None:
@@ -104,15 +114,17 @@ def plan_manifest(
                                 "to decompress it into")
         source_path, writer_target = _spool_target(manifest, split, spool, spool_rel, storage_options)
     salt = code_salt() if salt is None else salt
+    fmt = manifest_format(manifest)
     excluded: dict[int, str] = {}
     with Fingerprinter(fingerprint, storage_options) as fingerprinter:
         while True:
             writer = _SpoolWriter(source_path, writer_target) if writer_target is not None else None
             read_from = manifest if writer is not None else source_path  # the spool once it is written
-            plan, skipped, id_hashes = _plan_pass(manifest, source_path, split, shard_size, config, on_error,
-                                                  fingerprinter, storage_options, salt, excluded, writer, read_from)
+            plan, skipped, id_hashes = _plan_pass(manifest, _Source(source_path, fmt), split, shard_size, config,
+                                                  on_error, fingerprinter, storage_options, salt, excluded, writer,
+                                                  read_from, allow_pipes)
             writer_target = None  # the spool is written by the first pass only
-            repeated = _repeated_ids(source_path, split, id_hashes, storage_options, excluded)
+            repeated = _repeated_ids(source_path, fmt, split, id_hashes, storage_options, excluded)
             if not repeated:
                 break
             if on_error == "fail":
@@ -124,6 +136,37 @@ def plan_manifest(
     if not plan.shards:
         raise ManifestError(f"split {split!r}: manifest {manifest} has no usable utterance")
     return SplitPlan(plan, skipped, source_path)
+
+
+def _plan_data_dir(data_dir: str, split: str, shard_size: int, config: Mapping[str, Any], on_error: str,
+                   fingerprint: str, storage_options: Mapping[str, Any] | None, spool: Storage | None,
+                   spool_rel: str, salt: str | None, allow_pipes: bool) -> SplitPlan:
+    """Join a Kaldi data directory (or reuse its join) and plan the joined lines; its ids are
+    unique and its lines valid by construction, so one pass does."""
+    if spool is None:
+        raise ManifestError(f"split {split!r}: a data directory ({data_dir}) needs an output location to join "
+                            "its files into")
+    joined = kaldi_dir.prepare_joined(data_dir, split, spool, spool_rel, on_error=on_error,
+                                      storage_options=storage_options)
+    if not allow_pipes:
+        kaldi_dir.refuse_pipes(joined, split)
+    source = _Source(joined.path, "kaldi", origin=joined.join.origin, cwd=joined.join.cwd)
+    with Fingerprinter(fingerprint, storage_options) as fingerprinter:
+        plan, skipped, _ = _plan_pass(joined.path, source, split, shard_size, config, "fail", fingerprinter,
+                                      storage_options, code_salt() if salt is None else salt, {}, None, joined.path,
+                                      allow_pipes=True)  # refused above, naming the wav.scp line
+    return SplitPlan(plan, joined.join.skipped + skipped, joined.path)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The file workers read and how: its line format, and for a joined data directory the file
+    line numbers count in and the directory commands run in."""
+
+    path: str
+    format: str
+    origin: str = ""
+    cwd: str = ""
 
 
 def _spool_target(manifest: str, split: str, spool: Storage, rel: str,
@@ -169,9 +212,8 @@ class _SpoolWriter:
 class _PassState:
     """The shard being cut during one planning pass."""
 
-    def __init__(self, manifest: str, source_path: str, shard_size: int, config_hash: str, salt: str):
-        self.lhotse = is_lhotse_manifest(manifest)
-        self.source_path = source_path
+    def __init__(self, source: _Source, shard_size: int, config_hash: str, salt: str):
+        self.source = source
         self.cutter = ShardCutter(shard_size, config_hash, salt)
         self.shards: list[Shard] = []
         self.id_hashes = array("Q")
@@ -184,6 +226,7 @@ class _PassState:
     def add_block(self, block: list[tuple[int, int, bytes, str | None, str | bool]], prints: list[str]) -> None:
         """Add a block of lines: ``(line, end offset, raw, utt id or None, path or left-out flag)``."""
         fp = iter(prints)
+        joined_payload = kaldi_dir.joined_hash_payload if self.source.format == "kaldi" else None
         cutter, tail, bytes_hash, append_hash = self.cutter, self.tail, self.bytes, self.id_hashes.append
         for lineno, end, raw, utt_id, path in block:
             if utt_id is None:  # blank, comment, or left out: in the next shard's range if an item follows
@@ -199,15 +242,19 @@ class _PassState:
             h = id_hash64(utt_id)  # the same hash _repeated_ids checks candidates with
             append_hash(h)
             self.last = (lineno, end)
-            if cutter.add(h, raw.rstrip(b"\r\n") + b"\t" + next(fp).encode()):
+            payload = joined_payload(raw) if joined_payload else raw.rstrip(b"\r\n")
+            if cutter.add(h, payload + b"\t" + next(fp).encode()):
                 self.close()
                 bytes_hash = self.bytes
 
     def close(self) -> None:
         shard_hash, n = self.cutter.close()
         lineno, end = self.last
-        source: dict[str, Any] = {"path": self.source_path, "start": self.start, "end": end, "line": self.line,
-                                  "sha256": self.bytes.hexdigest(), "lhotse": self.lhotse}
+        src = self.source
+        source: dict[str, Any] = {"path": src.path, "start": self.start, "end": end, "line": self.line,
+                                  "sha256": self.bytes.hexdigest(), "format": src.format}
+        if src.origin:
+            source["origin"], source["cwd"] = src.origin, src.cwd
         if self.skip:
             source["skip"] = list(self.skip)
         self.shards.append(Shard(len(self.shards), self.items, self.items + n, shard_hash, source))
@@ -216,13 +263,15 @@ class _PassState:
         self.skip = []
 
 
-def _plan_pass(manifest: str, source_path: str, split: str, shard_size: int, config: Mapping[str, Any],
+def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, config: Mapping[str, Any],
                on_error: str, fingerprinter: Fingerprinter, storage_options: Mapping[str, Any] | None, salt: str,
-               excluded: Mapping[int, str], spool_writer: _SpoolWriter | None, read_from: str
-               ) -> tuple[ShardPlan, list[SkippedItem], array]:
-    """One streaming pass: shards, skipped lines and every kept id's 64-bit hash (in order)."""
-    st = _PassState(manifest, source_path, shard_size, digest(config), salt)
-    lhotse = st.lhotse
+               excluded: Mapping[int, str], spool_writer: _SpoolWriter | None, read_from: str,
+               allow_pipes: bool = False) -> tuple[ShardPlan, list[SkippedItem], array]:
+    """One streaming pass: shards, skipped lines and every kept id's 64-bit hash (in order).
+    A command entry (``cmd |``) without ``allow_pipes`` is an error under any ``on_error``."""
+    st = _PassState(source, shard_size, digest(config), salt)
+    fmt = source.format
+    target = kaldi_dir.fingerprint_target if fmt == "kaldi" else None
     skipped: list[SkippedItem] = []
     block: list[tuple[int, int, bytes, str | None, str | bool]] = []
     paths: list[str] = []
@@ -231,7 +280,7 @@ def _plan_pass(manifest: str, source_path: str, split: str, shard_size: int, con
             if spool_writer is not None:
                 spool_writer.write(raw)
             try:
-                fields = planning_fields(raw, lineno, lhotse)
+                fields = planning_fields(raw, lineno, fmt)
                 if fields is not None and lineno in excluded:
                     raise ManifestLineError(excluded[lineno], fields[0])
             except ManifestLineError as exc:
@@ -243,8 +292,12 @@ def _plan_pass(manifest: str, source_path: str, split: str, shard_size: int, con
             if fields is None:
                 block.append((lineno, end, raw, None, False))
                 continue
+            if not allow_pipes and "|" in fields[1] and entry_kind(fields[1]) == "pipe":
+                raise ManifestError(line_error(split, manifest, lineno, ManifestLineError(
+                    f"the audio entry {fields[1]!r} is a command; commands run only with allow_pipes=true",
+                    fields[0])))
             block.append((lineno, end, raw, fields[0], fields[1]))
-            paths.append(fields[1])
+            paths.append(target(fields[1]) if target else fields[1])
             if len(paths) >= _BLOCK:
                 st.add_block(block, fingerprinter.fingerprints(paths))
                 block, paths = [], []
@@ -258,7 +311,7 @@ def _plan_pass(manifest: str, source_path: str, split: str, shard_size: int, con
             spool_writer.abort()
         raise
     return ShardPlan(tuple(st.shards), shard_size, digest(config), salt), skipped, st.id_hashes
-def _repeated_ids(manifest: str, split: str, id_hashes: array, storage_options: Mapping[str, Any] | None,
+def _repeated_ids(manifest: str, fmt: str, split: str, id_hashes: array, storage_options: Mapping[str, Any] | None,
                   excluded: Mapping[int, str]) -> dict[int, tuple[str, int]]:
     """Lines whose id repeats an earlier line's: ``{line: (id, first line)}`` (empty when none).
 
@@ -273,14 +326,13 @@ def _repeated_ids(manifest: str, split: str, id_hashes: array, storage_options: 
     del arr, srt
     if not candidates:
         return {}
-    lhotse = is_lhotse_manifest(manifest)
     first: dict[str, int] = {}
     repeated: dict[int, tuple[str, int]] = {}
     for lineno, _, raw in iter_manifest_lines(manifest, split, storage_options):
         if lineno in excluded:
             continue
         try:
-            utt = parse_manifest_line(raw, lineno, lhotse)
+            utt = parse_manifest_line(raw, lineno, fmt)
         except ManifestLineError:
             continue
         if utt is None or id_hash64(utt.utt_id) not in candidates:

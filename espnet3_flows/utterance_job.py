@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import posixpath
+from collections import Counter
 from typing import Any, Mapping, Sequence
 
+from espnet3_flows.audio import RecordingCache, recording_key
 from espnet3_flows.config import ConfigError
 from espnet3_flows.fingerprints import FINGERPRINT_MODES
 from espnet3_flows.manifest import ON_ERROR_POLICIES, SkippedItem, Utterance, read_manifest_slice
@@ -17,8 +19,10 @@ _SPLIT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 
 
 def check_common(on_error: str, shard_size: int, batch_size: int, manifests: Mapping[str, str],
-                 fingerprint: str = "stat") -> None:
+                 fingerprint: str = "stat", pipe_timeout: float = 600.0) -> None:
     """Checks shared by the jobs' configs (raise :class:`ConfigError`)."""
+    if not pipe_timeout > 0:
+        raise ConfigError(f"pipe_timeout must be a positive number of seconds, got {pipe_timeout}")
     if on_error not in ON_ERROR_POLICIES:
         raise ConfigError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
     if shard_size < 1:
@@ -33,12 +37,19 @@ def check_common(on_error: str, shard_size: int, batch_size: int, manifests: Map
 
 
 class ShardDataset:
-    """One shard's utterances, indexed by their positions in the split (what ``forward`` receives)."""
+    """One shard's utterances, indexed by their positions in the split (what ``forward`` receives).
 
-    def __init__(self, split: str, utts: list[Utterance], start: int):
+    Attributes:
+        audio_cache: The shard's :class:`~espnet3_flows.audio.RecordingCache`: pass it to
+            :func:`~espnet3_flows.audio.load_audio` so that segments of one recording decode it once.
+    """
+
+    def __init__(self, split: str, utts: list[Utterance], start: int, cwd: str = ""):
         self.split = split
         self.utts = utts
         self.start = start
+        uses = Counter(recording_key(u) for u in utts if u.recording)
+        self.audio_cache = RecordingCache(uses, cwd)
 
     def __len__(self) -> int:
         return len(self.utts)
@@ -55,7 +66,7 @@ class UtteranceRunner(BaseRunner):
     named errors, skips.
 
     Subclasses set ``self.split``, ``self.manifest``, ``self.input_options`` (fsspec options of
-    the inputs) and ``self.fingerprint`` before calling ``BaseRunner.__init__``. ``forward``
+    the inputs), ``self.fingerprint`` and ``self.allow_pipes`` before calling ``BaseRunner.__init__``. ``forward``
     receives ``dataset``: the shard's utterances (:class:`ShardDataset`), read on the worker
     from the shard's byte range of the manifest.
     """
@@ -64,6 +75,7 @@ class UtteranceRunner(BaseRunner):
     manifest: str
     input_options: Mapping[str, Any]
     fingerprint: str = "stat"
+    allow_pipes: bool = False
     _manifest_skipped: list[SkippedItem] | None = None
 
     @property
@@ -81,7 +93,7 @@ class UtteranceRunner(BaseRunner):
         store = self.storage
         planned = plan_manifest(self.manifest, self.split, self.shard_size, self.hash_config(), on_error=self.on_error,
                                 fingerprint=self.fingerprint, storage_options=self.input_options, spool=store,
-                                spool_rel=posixpath.join(self.shard_subdir, "inputs"))
+                                spool_rel=posixpath.join(self.shard_subdir, "inputs"), allow_pipes=self.allow_pipes)
         self._manifest_skipped = planned.skipped
         return planned.plan
 
@@ -92,11 +104,12 @@ class UtteranceRunner(BaseRunner):
         return list(self._manifest_skipped)
 
     def shard_env(self, shard: Shard, env: Mapping[str, Any]) -> Mapping[str, Any]:
-        utts = read_manifest_slice(shard.source or {}, self.split, self.input_options)
+        source = shard.source or {}
+        utts = read_manifest_slice(source, self.split, self.input_options)
         if len(utts) != shard.num_items:
             raise RuntimeError(f"split {self.split!r}, {shard.name}: read {len(utts)} utterances where the plan "
                                f"has {shard.num_items}")
-        return {**env, "dataset": ShardDataset(self.split, utts, shard.start)}
+        return {**env, "dataset": ShardDataset(self.split, utts, shard.start, str(source.get("cwd") or ""))}
 
     def shard_env_keys(self) -> tuple[str, ...]:
         return ("dataset",)

@@ -85,7 +85,7 @@ class BatchConfig:
         if self.uneven not in ("borrow", "drop"):
             raise BatchConfigError(f"uneven must be 'borrow' or 'drop', got {self.uneven!r}")
         if self.is_descending not in (True, False, None):
-            raise BatchConfigError(f"is_descending must be True, False or None")
+            raise BatchConfigError(f"is_descending must be True, False or None, got {self.is_descending!r}")
 
     @property
     def budget_name(self) -> str:

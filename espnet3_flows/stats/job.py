@@ -28,8 +28,10 @@ class CollectStatsConfig:
     """Configuration of collect-stats (``python flows/collect_stats.py`` takes these keys).
 
     Attributes:
-        manifests: Split name → manifest (TSV or lhotse ``.jsonl[.gz]``), path or URL. Empty
-            means: generate the demo corpus and use its splits.
+        manifests: Split name → manifest, path or URL: a TSV (``utt_id, wav_path[, text[,
+            speaker]]``), a lhotse ``.jsonl[.gz]`` CutSet, or a Kaldi data directory (``wav.scp``
+            with optional ``segments``, ``utt2spk``, ``text``; see :mod:`espnet3_flows.kaldi_dir`).
+            Empty means: generate the demo corpus and use its splits.
         output_dir: Where outputs go (path or fsspec URL such as ``s3://bucket/stats``).
         storage_options: fsspec options for ``output_dir`` and remote inputs (credentials,
             ``client_kwargs.endpoint_url``); never written to outputs or logs.
@@ -52,6 +54,13 @@ class CollectStatsConfig:
             its manifest lines only, so a file replaced under the same path is not noticed; for
             file systems where a stat per file is too slow).
         parallel: Where shards run (see :class:`ParallelConfig`).
+        allow_pipes: Whether audio entries that are commands (``sph2pipe -f wav X.sph |`` in a
+            data directory's ``wav.scp``, or a manifest path ending in ``|``) may run, on every
+            worker, through the shell. Off by default: a manifest from storage or a UI parameter
+            must not execute commands; with it off, the first command entry is an error naming
+            its file and line.
+        pipe_timeout: Seconds one audio command may run before it is killed (the shard then
+            fails and is retried).
     """
 
     manifests: dict[str, str] = field(default_factory=dict)
@@ -68,9 +77,12 @@ class CollectStatsConfig:
     demo_utterances: int = DEMO_UTTERANCES
     fingerprint: str = "stat"
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    allow_pipes: bool = False
+    pipe_timeout: float = 600.0
 
     def __post_init__(self) -> None:
-        check_common(self.on_error, self.shard_size, self.batch_size, self.manifests, self.fingerprint)
+        check_common(self.on_error, self.shard_size, self.batch_size, self.manifests, self.fingerprint,
+                     self.pipe_timeout)
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
 
@@ -82,7 +94,7 @@ def _build_env(cfg: CollectStatsConfig, split: str) -> dict[str, Any]:
     fe = cfg.frontend
     return {
         "frontend": build_frontend(fe),
-        "audio": AudioConfig(fe.sampling_rate, fe.channel, fe.max_duration),
+        "audio": AudioConfig(fe.sampling_rate, fe.channel, fe.max_duration, cfg.allow_pipes, cfg.pipe_timeout),
         "storage_options": dict(cfg.storage_options),
         "collect_stats_kwargs": dict(cfg.collect_stats_kwargs),
     }
@@ -109,6 +121,7 @@ class CollectStatsRunner(UtteranceRunner):
         self.manifest = cfg.manifests[split]
         self.input_options = cfg.storage_options
         self.fingerprint = cfg.fingerprint
+        self.allow_pipes = cfg.allow_pipes
         super().__init__(CollectStatsProvider(cfg, {"split": split}),
                          batch_size=cfg.batch_size, output_dir=cfg.output_dir, shard_subdir=f"{split}/shards",
                          shard_size=cfg.shard_size, storage_options=cfg.storage_options, on_error=cfg.on_error,
@@ -132,10 +145,10 @@ class CollectStatsRunner(UtteranceRunner):
         ids = idx if isinstance(idx, list) else [idx]
         utts = [dataset[i] for i in ids]
         if frontend is None:
-            headers = [audio_header(u, audio, storage_options) for u in utts]
+            headers = [audio_header(u, audio, storage_options, dataset.audio_cache) for u in utts]
             return [{"utt_id": u.utt_id, "speech_len": n, "rate": rate, "feats": None}
                     for u, (n, rate) in zip(utts, headers)]
-        loaded = [load_audio(u, audio, storage_options) for u in utts]
+        loaded = [load_audio(u, audio, storage_options, dataset.audio_cache) for u in utts]
         waves = [w for w, _ in loaded]
         feats = frontend(waves, collect_stats_kwargs)
         out = []

@@ -46,7 +46,9 @@ class XVectorConfig:
         sampling_rate: The model's rate; other audio is resampled.
         channel: Channel of multi-channel audio; ``null`` averages.
         max_duration: Longest accepted recording in seconds (checked from the header).
-        manifest_paths: Split → manifest TSV (``utt_id, wav_path, text, speaker_id``).
+        manifest_paths: Split → manifest: a TSV (``utt_id, wav_path, text, speaker_id``), a
+            lhotse ``.jsonl[.gz]`` CutSet, or a Kaldi data directory (``wav.scp`` with optional
+            ``segments``, ``text``; speakers from ``utt2spk``).
         splits: Splits to process; empty means every split in ``manifest_paths``.
         savedir: Where speechbrain links the model files (a temporary directory by default).
     """
@@ -82,6 +84,13 @@ class XVectorJobConfig:
         fingerprint: ``stat`` or ``manifest``: how input files are fingerprinted into shard
             hashes (as for collect-stats).
         parallel: Where shards run.
+        allow_pipes: Whether audio entries that are commands (``sph2pipe -f wav X.sph |`` in a
+            data directory's ``wav.scp``, or a manifest path ending in ``|``) may run, on every
+            worker, through the shell. Off by default: a manifest from storage or a UI parameter
+            must not execute commands; with it off, the first command entry is an error naming
+            its file and line.
+        pipe_timeout: Seconds one audio command may run before it is killed (the shard then
+            fails and is retried).
     """
 
     xvector: XVectorConfig = field(default_factory=XVectorConfig)
@@ -92,10 +101,13 @@ class XVectorJobConfig:
     retry_delay_seconds: float = 2.0
     fingerprint: str = "stat"
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    allow_pipes: bool = False
+    pipe_timeout: float = 600.0
 
     def __post_init__(self) -> None:
         xv = self.xvector
-        check_common(self.on_error, self.shard_size, xv.batch_size, xv.manifest_paths, self.fingerprint)
+        check_common(self.on_error, self.shard_size, xv.batch_size, xv.manifest_paths, self.fingerprint,
+                     self.pipe_timeout)
         if xv.toolkit not in TOOLKITS:
             raise ConfigError(f"xvector.toolkit must be one of {TOOLKITS}, got {xv.toolkit!r}")
         if self.is_demo:
@@ -192,7 +204,7 @@ def _build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
     xv = cfg.xvector
     batch = xv.batch_size or (16 if xv.device.startswith("cuda") else 1)
     return {"embedder": build_embedder(xv),
-            "audio": AudioConfig(xv.sampling_rate, xv.channel, xv.max_duration),
+            "audio": AudioConfig(xv.sampling_rate, xv.channel, xv.max_duration, cfg.allow_pipes, cfg.pipe_timeout),
             "storage_options": dict(cfg.storage_options),
             "model_batch": (batch, xv.max_padded_samples)}
 
@@ -220,6 +232,7 @@ class XVectorRunner(UtteranceRunner):
         self.manifest = cfg.xvector.manifest_paths[split]
         self.input_options = cfg.storage_options
         self.fingerprint = cfg.fingerprint
+        self.allow_pipes = cfg.allow_pipes
         # forward receives the whole shard, so utterances are length-sorted across it
         super().__init__(XVectorProvider(cfg, {"split": split}),
                          batch_size=cfg.shard_size, output_dir=cfg.output_dir,
@@ -247,7 +260,7 @@ class XVectorRunner(UtteranceRunner):
 
         ids = idx if isinstance(idx, list) else [idx]
         utts = [dataset[i] for i in ids]
-        waves = [read_audio(u, audio, storage_options) for u in utts]
+        waves = [read_audio(u, audio, storage_options, dataset.audio_cache) for u in utts]
         emb = embed_waveforms(embedder, waves, model_batch[0], model_batch[1], ids=[u.utt_id for u in utts])
         if not np.isfinite(emb).all():
             bad = [u.utt_id for u, e in zip(utts, emb) if not np.isfinite(e).all()]
