@@ -54,8 +54,6 @@ JOINED_VERSION = "kaldi-join/1"
 #: Lines sorted in memory at a time when a file is out of order
 _SORT_CHUNK = 500_000
 _ARK_OFFSET = re.compile(r".+:\d+(\[[^\]]*\])?")
-_AUDIO_EXTENSIONS = (".wav", ".flac", ".sph", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".wv", ".shn", ".aif",
-                     ".aiff", ".au", ".amr", ".webm", ".mp4")
 
 
 def normalize_entry(rest: str, cwd: str) -> str:
@@ -80,24 +78,6 @@ def _absolute(path: str, cwd: str) -> str:
     if "://" in path or os.path.isabs(path):
         return path
     return os.path.normpath(os.path.join(cwd, path))
-
-
-def fingerprint_target(entry: str) -> str:
-    """The file whose size and mtime stand for an entry in shard hashes: the audio file, the
-    archive, or for a command the last argument that looks like a file (a path or an audio
-    file name; empty when none does: the command's text alone is then hashed)."""
-    kind = entry_kind(entry)
-    if kind == "file":
-        return entry
-    if kind == "ark":
-        spec = entry[len("ark:"):]
-        return spec.split("[", 1)[0].rsplit(":", 1)[0]
-    words = entry.strip().strip("|").split()[1:]
-    for word in reversed(words):
-        w = word.strip("'\"")
-        if "/" in w or w.lower().endswith(_AUDIO_EXTENSIONS):
-            return w
-    return ""
 
 
 def is_data_dir(path: str, storage_options: Mapping[str, Any] | None = None) -> bool:
@@ -488,6 +468,5 @@ def refuse_pipes(joined: JoinedDataDir, split: str) -> None:
                             "directories you trust: the command runs on every worker)")
 
 
-__all__ = ["DATA_DIR_FILES", "JoinResult", "JoinedDataDir", "data_dir_files", "fingerprint_target",
-           "is_data_dir", "join_data_dir", "joined_hash_payload", "normalize_entry", "parse_joined_line",
-           "prepare_joined", "refuse_pipes"]
+__all__ = ["DATA_DIR_FILES", "JoinResult", "JoinedDataDir", "data_dir_files", "is_data_dir", "join_data_dir",
+           "joined_hash_payload", "normalize_entry", "parse_joined_line", "prepare_joined", "refuse_pipes"]

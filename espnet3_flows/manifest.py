@@ -21,6 +21,9 @@ MANIFEST_FORMATS = ("tsv", "lhotse", "kaldi")
 _UNSAFE_CHARS = {"/", "\\", "\0", "\n", "\r", "\t", " "}
 #: ids made only of these, not starting with "-" or ".", without "..": safe at once
 _SAFE_ID = re.compile(r"(?!-)(?!\.)(?!.*\.\.)[A-Za-z0-9_.:+=@,%-]+")
+#: endings of the file names among a command's arguments (see :func:`fingerprint_target`)
+_AUDIO_EXTENSIONS = (".wav", ".flac", ".sph", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".wv", ".shn", ".aif",
+                     ".aiff", ".au", ".amr", ".webm", ".mp4")
 
 
 class ManifestError(ValueError):
@@ -149,6 +152,24 @@ def entry_kind(entry: str) -> str:
     if stripped.startswith("ark:"):
         return "ark"
     return "file"
+
+
+def fingerprint_target(entry: str) -> str:
+    """The file whose size and mtime stand for an entry in shard hashes: the audio file, the
+    archive, or for a command the last argument that looks like a file (a path or an audio
+    file name; empty when none does: the command's text alone is then hashed)."""
+    kind = entry_kind(entry)
+    if kind == "file":
+        return entry
+    if kind == "ark":
+        spec = entry[len("ark:"):]
+        return spec.split("[", 1)[0].rsplit(":", 1)[0]
+    words = entry.strip().strip("|").split()[1:]
+    for word in reversed(words):
+        w = word.strip("'\"")
+        if "/" in w or w.lower().endswith(_AUDIO_EXTENSIONS):
+            return w
+    return ""
 
 
 def manifest_format(path: str) -> str:

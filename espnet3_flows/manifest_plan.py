@@ -29,6 +29,7 @@ from espnet3_flows.manifest import (
     ManifestLineError,
     SkippedItem,
     entry_kind,
+    fingerprint_target,
     iter_manifest_lines,
     line_error,
     manifest_format,
@@ -271,7 +272,7 @@ def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, conf
     A command entry (``cmd |``) without ``allow_pipes`` is an error under any ``on_error``."""
     st = _PassState(source, shard_size, digest(config), salt)
     fmt = source.format
-    target = kaldi_dir.fingerprint_target if fmt == "kaldi" else None
+    joined = fmt == "kaldi"
     skipped: list[SkippedItem] = []
     block: list[tuple[int, int, bytes, str | None, str | bool]] = []
     paths: list[str] = []
@@ -297,7 +298,10 @@ def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, conf
                     f"the audio entry {fields[1]!r} is a command; commands run only with allow_pipes=true",
                     fields[0])))
             block.append((lineno, end, raw, fields[0], fields[1]))
-            paths.append(target(fields[1]) if target else fields[1])
+            path = fields[1]
+            if joined or path.startswith("ark:") or "|" in path:  # the file an archive entry or command reads
+                path = fingerprint_target(path)
+            paths.append(path)
             if len(paths) >= _BLOCK:
                 st.add_block(block, fingerprinter.fingerprints(paths))
                 block, paths = [], []

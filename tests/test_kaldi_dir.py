@@ -15,7 +15,7 @@ import soundfile as sf
 from espnet3_flows import kaldi_dir
 from espnet3_flows.audio import AudioConfig, AudioError, RecordingCache, load_audio, run_pipe
 from espnet3_flows.config import ConfigError, load_config
-from espnet3_flows.manifest import ManifestError, Utterance, read_manifest_slice
+from espnet3_flows.manifest import ManifestError, Utterance, fingerprint_target, read_manifest_slice
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
 from espnet3_flows.stats.frontend import FbankFrontend, FrontendConfig
 from espnet3_flows.storage import Storage
@@ -295,10 +295,10 @@ def test_entries_and_fingerprint_targets(tmp_path):
     assert kaldi_dir.normalize_entry("downloads/a.wav", cwd) == f"{tmp_path}/downloads/a.wav"
     assert kaldi_dir.normalize_entry("s3://b/a.wav", cwd) == "s3://b/a.wav"
     assert kaldi_dir.normalize_entry("sph2pipe -f wav x.sph |", cwd) == "sph2pipe -f wav x.sph |"
-    assert kaldi_dir.fingerprint_target("ark:/x/a.ark:12") == "/x/a.ark"
-    assert kaldi_dir.fingerprint_target("sph2pipe -f wav /d/x.sph |") == "/d/x.sph"
-    assert kaldi_dir.fingerprint_target("sox X.flac -t wav - |") == "X.flac"
-    assert kaldi_dir.fingerprint_target("gen-noise --seconds 3 |") == ""
+    assert fingerprint_target("ark:/x/a.ark:12") == "/x/a.ark"
+    assert fingerprint_target("sph2pipe -f wav /d/x.sph |") == "/d/x.sph"
+    assert fingerprint_target("sox X.flac -t wav - |") == "X.flac"
+    assert fingerprint_target("gen-noise --seconds 3 |") == ""
 
 
 def test_recording_cache_decodes_once_and_drops_after_last_use():
