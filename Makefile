@@ -5,8 +5,9 @@ PYTHON ?= python3
 # this checkout's path: it holds an editable install of *this* checkout, so two clones never
 # share one (the second would import the first's code). CI (.ci/run) passes VENV= to build a
 # fresh one every run. `make -s python` prints its interpreter.
-# EXTRAS=dev,gpu CONSTRAINTS=constraints-gpu.txt: the same with dask-cuda (parallel.env=local_gpu).
-EXTRAS ?= dev
+# EXTRAS=dev,espnet,gpu CONSTRAINTS=constraints-gpu.txt: the same with dask-cuda (parallel.env=local_gpu).
+# The espnet extra (frontend.type=espnet2, and its parity tests) also installs ESPnet with --no-deps.
+EXTRAS ?= dev,espnet
 CONSTRAINTS ?= constraints.txt
 # (the key reads pyproject.toml's dependency lists only: other edits reinstall in place)
 VENV_KEY := $(shell { cat $(CONSTRAINTS); \
@@ -45,6 +46,7 @@ $(VENV)/.installed: $(CONSTRAINTS) pyproject.toml
 	@test -x $(PY) || { $(MAKE) --no-print-directory python-venv && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	@if [[ ",$(EXTRAS)," == *,espnet,* ]]; then $(PY) -m pip install -q --no-deps -c $(CONSTRAINTS) espnet; fi
 	touch $@
 
 install: $(VENV)/.installed  ## Python environment with every test dependency

@@ -70,7 +70,12 @@ def test_example_config_plans_with_dry_run(example, tmp_path, demo_corpus, ecapa
 
 def test_a_target_that_does_not_import_is_a_config_error_before_work(tmp_path, demo_corpus):
     env = cli_env(tmp_path / "home")
-    proc = subprocess.run([sys.executable, "flows/collect_stats.py", "--config", str(ROOT / "conf/stats_slurm_gpu.yaml"),
+    # the GPU example with its frontend section replaced by your own module, as its comment says
+    conf = yaml.safe_load((ROOT / "conf/stats_slurm_gpu.yaml").read_text())
+    conf["frontend"] = {"type": "model", "model": {"_target_": "my_pkg.frontends.SSLFrontend"}, "device": "cuda"}
+    config = tmp_path / "stats_slurm_gpu_model.yaml"
+    config.write_text(yaml.safe_dump(conf))
+    proc = subprocess.run([sys.executable, "flows/collect_stats.py", "--config", str(config),
                            f"manifests.train={demo_corpus['valid']}", f"output_dir={tmp_path / 'out'}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]

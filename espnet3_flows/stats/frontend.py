@@ -1,19 +1,23 @@
-"""Feature frontends for collect-stats: lhotse fbank, lengths only, or any model with ``collect_feats``."""
+"""Feature frontends for collect-stats: lhotse fbank, lengths only, any model with ``collect_feats``,
+or an ESPnet2 frontend by name; model frontends on CPU or a GPU."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from espnet3_flows.audio import check_audio_settings
-from espnet3_flows.config import ConfigError, check_targets, instantiate
+from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
 
-FRONTEND_TYPES = ("fbank", "none", "model")
+FRONTEND_TYPES = ("fbank", "none", "model", "espnet2")
 #: Version of the fbank computation, hashed into collect-stats shards: features that differ even
 #: in float32 rounding are recomputed rather than merged with older shards
 FBANK_IMPLEMENTATION = "espnet3_flows.stats.fbank/1"
+#: Version of how model and ESPnet2 frontends are run (one utterance per call unless batched)
+TORCH_FRONTEND_IMPLEMENTATION = "espnet3_flows.stats.frontend.TorchFrontend/1"
 
 
 @dataclass
@@ -34,6 +38,22 @@ class FrontendConfig:
         channel: Channel of multi-channel audio to use; ``null`` averages the channels.
         max_duration: Longest accepted recording in seconds (refused from its header).
         model: For ``type: model``: ``{_target_: package.Class, arg: value, ...}``.
+        name: For ``type: espnet2``: an ``asr.yaml``'s ``frontend`` (``default``, ``s3prl``,
+            ``fused``, ...); empty: the ``espnet_config``'s, else ``default``.
+        conf: For ``type: espnet2``: an ``asr.yaml``'s ``frontend_conf`` (``n_fft``,
+            ``hop_length``, ``n_mels``, ``fs``, ...); its keys override the ``espnet_config``'s.
+            An ``fs`` sets ``sampling_rate``.
+        espnet_config: For ``type: espnet2``: a trained ESPnet2 model's ``config.yaml`` (path
+            or URL) to read ``frontend`` and ``frontend_conf`` from.
+        device: For ``model`` and ``espnet2``: ``cpu``, ``cuda`` or ``cuda:N`` (with
+            ``parallel.env: local_gpu``, or SLURM with a GPU per job, ``cuda`` is the worker's
+            own GPU). The model is loaded once per worker onto it.
+        max_batch_samples: For ``model`` and ``espnet2``: 0 runs the model on one utterance at
+            a time, so features never depend on padding (ESPnet2's padded batches shift the last
+            frames of ``center=True`` STFTs); above 0, utterances are length-sorted within each
+            ``forward`` call and padded into batches of at most this many samples (batch x
+            longest): faster on a GPU, features of the shorter utterances of a batch may differ
+            in their last frames.
     """
 
     type: str = "fbank"
@@ -45,6 +65,11 @@ class FrontendConfig:
     channel: int | None = None
     max_duration: float | None = 3600.0
     model: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    conf: dict[str, Any] = field(default_factory=dict)
+    espnet_config: str = ""
+    device: str = "cpu"
+    max_batch_samples: int = 0
 
     def __post_init__(self) -> None:
         if self.type not in FRONTEND_TYPES:
@@ -53,12 +78,58 @@ class FrontendConfig:
             if "_target_" not in self.model:
                 raise ConfigError("frontend.type=model needs frontend.model._target_ (a class path)")
             check_targets(self.model, "frontend.model")
+        if self.type == "espnet2":
+            self._resolve_espnet2()
+        elif self.name or self.conf or self.espnet_config:
+            raise ConfigError(f"frontend.name, frontend.conf and frontend.espnet_config are for type=espnet2, "
+                              f"not type={self.type}")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"frontend.device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.device != "cpu" and self.type not in ("model", "espnet2"):
+            raise ConfigError(f"frontend.device={self.device} is for type=model or espnet2 (type={self.type} "
+                              "runs on the CPU)")
+        if self.max_batch_samples < 0:
+            raise ConfigError(f"frontend.max_batch_samples must be >= 0, got {self.max_batch_samples}")
         if self.num_mel_bins <= 0:
             raise ConfigError(f"frontend.num_mel_bins must be positive, got {self.num_mel_bins}")
         try:
             check_audio_settings("frontend.", self.sampling_rate, self.channel, self.max_duration)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def _resolve_espnet2(self) -> None:
+        """Fill ``name`` and ``conf`` from ``espnet_config``; ``fs`` sets ``sampling_rate``."""
+        from espnet3_flows.stats import espnet_frontend
+
+        espnet_frontend.check_espnet_installed()
+        base_name, base_conf = "", {}
+        if self.espnet_config:
+            base_name, base_conf = espnet_frontend.read_espnet_config(self.espnet_config)
+        if self.name and base_name and self.name != base_name:
+            raise ConfigError(f"frontend.name={self.name} but {self.espnet_config} says frontend: {base_name}")
+        self.name = self.name or base_name or "default"
+        espnet_frontend.check_name(self.name)
+        self.conf = {**base_conf, **to_plain(self.conf)}
+        if "fs" in self.conf:
+            self.sampling_rate = espnet_frontend.parse_fs(self.conf["fs"])
+
+    def hashed(self) -> dict[str, Any]:
+        """What of this section decides the features (the shard hashes' part): the keys of its
+        type only, so that keys of other types (and ``device``) never recompute a shard."""
+        base = {"type": self.type, "sampling_rate": self.sampling_rate, "channel": self.channel,
+                "max_duration": self.max_duration}
+        if self.type == "none":
+            return {"type": "none", "sampling_rate": self.sampling_rate, "max_duration": self.max_duration}
+        if self.type == "fbank":
+            return {**base, "num_mel_bins": self.num_mel_bins, "frame_shift": self.frame_shift,
+                    "frame_length": self.frame_length, "dither": self.dither, "model": to_plain(self.model),
+                    "implementation": FBANK_IMPLEMENTATION}
+        batching = {"max_batch_samples": self.max_batch_samples, "implementation": TORCH_FRONTEND_IMPLEMENTATION}
+        if self.type == "model":
+            return {**base, "model": to_plain(self.model), **batching}
+        from espnet3_flows.stats.espnet_frontend import espnet_version
+
+        return {**base, "name": self.name, "conf": to_plain(self.conf), "espnet": espnet_version(), **batching}
 
 
 class Frontend(Protocol):
@@ -87,28 +158,80 @@ class FbankFrontend:
         return [self.fbank(w) for w in waves]
 
 
-class ModelFrontend:
-    """Any torch module with ESPnet's ``collect_feats(speech, speech_lengths, **kwargs)``."""
+class TorchFrontend:
+    """A torch feature extractor on each utterance, or on length-sorted padded batches.
 
-    def __init__(self, model: Any):
-        if not hasattr(model, "collect_feats"):
-            raise ConfigError(f"{type(model).__name__} has no collect_feats(speech, speech_lengths, **kwargs)")
-        self.model = model
+    Args:
+        extract: ``(speech [B,T], speech_lengths [B], kwargs) -> (feats [B,T',D], lengths [B] or None)``.
+        module: The torch module behind ``extract`` (moved to ``device``).
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        max_batch_samples: 0: one utterance per call (features independent of padding);
+            otherwise the most ``batch x longest`` samples per padded call.
+    """
+
+    def __init__(self, extract: Callable[[Any, Any, Mapping[str, Any]], tuple[Any, Any]], module: Any,
+                 device: str = "cpu", max_batch_samples: int = 0):
+        import torch
+
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"frontend.device={device} but this worker sees no CUDA GPU (run it with "
+                               "parallel.env=local_gpu, or SLURM with a GPU per job)")
+        self.extract, self.device, self.max_batch_samples = extract, torch.device(device), max_batch_samples
+        if hasattr(module, "to"):
+            module.to(self.device)
+        if hasattr(module, "eval"):
+            module.eval()
+
+    def batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Positions grouped into calls: alone, or length-sorted up to ``max_batch_samples``."""
+        if self.max_batch_samples <= 0:
+            return [[i] for i in range(len(lengths))]
+        groups: list[list[int]] = []
+        for i in sorted(range(len(lengths)), key=lambda k: lengths[k]):
+            if groups and (len(groups[-1]) + 1) * lengths[i] <= self.max_batch_samples:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return groups
 
     def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
         import torch
 
-        lengths = torch.tensor([len(w) for w in waves], dtype=torch.long)
-        speech = torch.zeros(len(waves), int(lengths.max()), dtype=torch.float32)
-        for i, w in enumerate(waves):
-            speech[i, : len(w)] = torch.from_numpy(np.asarray(w, dtype=np.float32))
-        with torch.inference_mode():
-            out = self.model.collect_feats(speech=speech, speech_lengths=lengths, **dict(kwargs))
-        feats, flens = out["feats"], out.get("feats_lengths")
-        feats = feats.detach().cpu().numpy()
-        if flens is None:
-            return [feats[i] for i in range(len(waves))]
-        return [feats[i, : int(n)] for i, n in enumerate(flens.detach().cpu().tolist())]
+        out: list[np.ndarray] = [np.empty(0)] * len(waves)
+        for group in self.batches([len(w) for w in waves]):
+            lengths = torch.tensor([len(waves[i]) for i in group], dtype=torch.long)
+            speech = torch.zeros(len(group), int(lengths.max()), dtype=torch.float32)
+            for row, i in enumerate(group):
+                speech[row, : len(waves[i])] = torch.from_numpy(np.asarray(waves[i], dtype=np.float32))
+            with torch.inference_mode():
+                feats, flens = self.extract(speech.to(self.device), lengths.to(self.device), kwargs)
+            feats = feats.detach().float().cpu().numpy()
+            flens_list = None if flens is None else flens.detach().cpu().tolist()
+            for row, i in enumerate(group):
+                out[i] = feats[row] if flens_list is None else feats[row, : int(flens_list[row])]
+        return out
+
+
+def model_frontend(model: Any, device: str = "cpu", max_batch_samples: int = 0) -> TorchFrontend:
+    """A frontend from any torch module with ESPnet's ``collect_feats(speech, speech_lengths, **kwargs)``."""
+    if not hasattr(model, "collect_feats"):
+        raise ConfigError(f"{type(model).__name__} has no collect_feats(speech, speech_lengths, **kwargs)")
+
+    def extract(speech: Any, lengths: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Any]:
+        out = model.collect_feats(speech=speech, speech_lengths=lengths, **dict(kwargs))
+        return out["feats"], out.get("feats_lengths")
+
+    return TorchFrontend(extract, model, device, max_batch_samples)
+
+
+def espnet2_frontend(frontend: Any, device: str = "cpu", max_batch_samples: int = 0) -> TorchFrontend:
+    """A frontend from an ESPnet2 frontend module (``forward(speech, lengths) -> (feats, lengths)``),
+    run as ESPnet2's ``collect_feats`` runs it."""
+
+    def extract(speech: Any, lengths: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Any]:
+        return frontend(speech, lengths)
+
+    return TorchFrontend(extract, frontend, device, max_batch_samples)
 
 
 def build_frontend(cfg: FrontendConfig) -> Frontend | None:
@@ -116,8 +239,9 @@ def build_frontend(cfg: FrontendConfig) -> Frontend | None:
     if cfg.type == "fbank":
         return FbankFrontend(cfg)
     if cfg.type == "model":
-        model = instantiate(cfg.model)
-        if hasattr(model, "eval"):
-            model.eval()
-        return ModelFrontend(model)
+        return model_frontend(instantiate(cfg.model), cfg.device, cfg.max_batch_samples)
+    if cfg.type == "espnet2":
+        from espnet3_flows.stats.espnet_frontend import build_espnet2_frontend
+
+        return espnet2_frontend(build_espnet2_frontend(cfg.name, cfg.conf), cfg.device, cfg.max_batch_samples)
     return None

@@ -18,7 +18,7 @@ from espnet3_flows.parallel.provider import EnvironmentProvider
 from espnet3_flows.parallel.runner import ShardResult
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
-from espnet3_flows.stats.frontend import FBANK_IMPLEMENTATION, FrontendConfig, build_frontend
+from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
 from espnet3_flows.utterance_job import ShardDataset, UtteranceRunner, check_common
 
 from espnet3_flows.stats.outputs import SHAPES
@@ -128,11 +128,7 @@ class CollectStatsRunner(UtteranceRunner):
                          **kwargs)
 
     def hash_config(self) -> Mapping[str, Any]:
-        fe = to_plain(self.cfg.frontend)
-        if self.cfg.frontend.type == "none":
-            fe = {"type": "none", "sampling_rate": fe["sampling_rate"], "max_duration": fe["max_duration"]}
-        elif self.cfg.frontend.type == "fbank":
-            fe["implementation"] = FBANK_IMPLEMENTATION
+        fe = self.cfg.frontend.hashed()
         return {"job": "collect_stats/1", "split": self.split, "frontend": fe,
                 "write_collected_feats": self.cfg.write_collected_feats,
                 "collect_stats_kwargs": to_plain(self.cfg.collect_stats_kwargs), "on_error": self.cfg.on_error}

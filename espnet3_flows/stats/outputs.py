@@ -96,6 +96,7 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
     stage = Path(tempfile.mkdtemp(prefix=f"espnet3-merge-{split}-"))
     try:
         files: list[str] = []
+        frame_lengths = [0, 0, 0]  # utterances, sum and sum of squares of their frame counts (exact ints)
         with open(stage / "speech_shape", "w", encoding="utf-8") as speech_shape, \
                 open(stage / "feats_shape", "w", encoding="utf-8") as feats_shape:
             for r in results:
@@ -105,16 +106,25 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
                     speech_shape.write(f"{utt} {n}\n")
                     if shape:
                         feats_shape.write(f"{utt} {shape}\n")
-                        lengths.append(int(shape.split(",", 1)[0]))
+                        n_frames = int(shape.split(",", 1)[0])
+                        lengths.append(n_frames)
+                        frame_lengths[0] += 1
+                        frame_lengths[1] += n_frames
+                        frame_lengths[2] += n_frames * n_frames
                     else:
                         lengths.append(int(n) / sr)
                 if lengths:
                     hist += np.histogram(np.asarray(lengths, dtype=np.float64), bins=edges)[0]
         if acc.count:
             np.savez(stage / "feats_stats.npz", **acc.to_espnet())
+            # ESPnet2's collect_stats sums every output of collect_feats, feats_lengths too
+            # (aggregate_stats_dirs.py reads each key of stats_keys): the same file, exact
+            count, total, squares = frame_lengths
+            np.savez(stage / "feats_lengths_stats.npz", count=np.int64(count), sum=np.int64(total),
+                     sum_square=np.int64(squares))
             _write_lhotse_mvn(stage / "lhotse_global_mvn.pt", acc)
-            files += ["feats_stats.npz", "lhotse_global_mvn.pt", "feats_shape"]
-        (stage / "stats_keys").write_text("feats\n" if acc.count else "")
+            files += ["feats_stats.npz", "feats_lengths_stats.npz", "lhotse_global_mvn.pt", "feats_shape"]
+        (stage / "stats_keys").write_text("feats\nfeats_lengths\n" if acc.count else "")
         (stage / "batch_keys").write_text("speech\n")
         (stage / "skipped.tsv").write_text(write_skipped_tsv(skipped))
         files += ["speech_shape", "stats_keys", "batch_keys", "skipped.tsv"]

@@ -140,7 +140,11 @@ def test_espnet2_outputs_and_exact_normalisation(main_run, corpus):
     assert [u for u, _ in speech_shape] == manifest_order
     frames_by_path = {u: sf.info(p).frames for u, p in rows}
     assert {u: int(n) for u, n in speech_shape} == frames_by_path
-    assert (out / "train" / "stats_keys").read_text() == "feats\n"
+    assert (out / "train" / "stats_keys").read_text() == "feats\nfeats_lengths\n"  # as ESPnet2 writes them
+    lengths = _npz(out / "train" / "feats_lengths_stats.npz")
+    frames = [feats[u].shape[0] for u in manifest_order]
+    assert {k: int(v) for k, v in lengths.items()} == {"count": len(frames), "sum": sum(frames),
+                                                       "sum_square": sum(f * f for f in frames)}
     assert (out / "train" / "batch_keys").read_text() == "speech\n"
     assert "_lengths" not in (out / "train" / "batch_keys").read_text()
 
