@@ -63,11 +63,11 @@ def parse_fs(fs: Any) -> int:
     return int(value)
 
 
-def read_espnet_config(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-    """``(frontend, frontend_conf)`` of a trained ESPnet2 model's ``config.yaml``.
+def load_espnet_config(path: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A trained ESPnet2 model's ``config.yaml`` as a dict.
 
     Raises:
-        ConfigError: the file is missing or not YAML, or its model has no frontend.
+        ConfigError: the file is missing or not a YAML mapping.
     """
     import fsspec
     import yaml
@@ -81,6 +81,16 @@ def read_espnet_config(path: str, storage_options: Mapping[str, Any] | None = No
         raise ConfigError(f"frontend.espnet_config: {path} is not YAML: {exc}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"frontend.espnet_config: {path} is not an ESPnet2 config (a YAML mapping)")
+    return cfg
+
+
+def read_espnet_config(path: str, storage_options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """``(frontend, frontend_conf)`` of a trained ESPnet2 model's ``config.yaml``.
+
+    Raises:
+        ConfigError: the file is missing or not YAML, or its model has no frontend.
+    """
+    cfg = load_espnet_config(path, storage_options)
     name = cfg.get("frontend")
     if not name:
         raise ConfigError(f"frontend.espnet_config: {path} has no frontend (`frontend: {name}`): its model reads "

@@ -19,6 +19,7 @@ from espnet3_flows.parallel.runner import ShardResult
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
+from espnet3_flows.stats.tokens import TokenConfig
 from espnet3_flows.utterance_job import ShardDataset, UtteranceRunner, check_common
 
 from espnet3_flows.stats.outputs import SHAPES
@@ -54,6 +55,9 @@ class CollectStatsConfig:
             its manifest lines only, so a file replaced under the same path is not noticed; for
             file systems where a stat per file is too slow).
         parallel: Where shards run (see :class:`ParallelConfig`).
+        tokens: Token counts of the transcripts for ESPnet2's ``text_shape`` (see
+            :class:`~espnet3_flows.stats.tokens.TokenConfig`); read from ``frontend.espnet_config``
+            when that names a model with a ``token_type``.
         allow_pipes: Whether audio entries that are commands (``sph2pipe -f wav X.sph |`` in a
             data directory's ``wav.scp``, or a manifest path ending in ``|``) may run, on every
             worker, through the shell. Off by default: a manifest from storage or a UI parameter
@@ -79,10 +83,15 @@ class CollectStatsConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     allow_pipes: bool = False
     pipe_timeout: float = 600.0
+    tokens: TokenConfig = field(default_factory=TokenConfig)
 
     def __post_init__(self) -> None:
         check_common(self.on_error, self.shard_size, self.batch_size, self.manifests, self.fingerprint,
                      self.pipe_timeout)
+        if self.frontend.espnet_config and not self.tokens.enabled:
+            from espnet3_flows.stats.espnet_frontend import load_espnet_config
+
+            self.tokens.fill_from_espnet_config(load_espnet_config(self.frontend.espnet_config))
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
 
@@ -97,12 +106,21 @@ def _build_env(cfg: CollectStatsConfig, split: str) -> dict[str, Any]:
         "audio": AudioConfig(fe.sampling_rate, fe.channel, fe.max_duration, cfg.allow_pipes, cfg.pipe_timeout),
         "storage_options": dict(cfg.storage_options),
         "collect_stats_kwargs": dict(cfg.collect_stats_kwargs),
+        "tokens": _token_counter(cfg.tokens),
     }
 
 
+def _token_counter(tokens: TokenConfig) -> Any:
+    if not tokens.enabled:
+        return None
+    from espnet3_flows.stats.tokens import TokenCounter
+
+    return TokenCounter(tokens)
+
+
 class CollectStatsProvider(EnvironmentProvider):
-    """Builds ``frontend``, ``audio``, ``storage_options`` and ``collect_stats_kwargs`` once per
-    worker (``dataset``, a shard's utterances, comes with each shard). ``params["split"]`` names the split."""
+    """Builds ``frontend``, ``audio``, ``storage_options``, ``collect_stats_kwargs`` and ``tokens``
+    (a :class:`~espnet3_flows.stats.tokens.TokenCounter` or ``None``) once per worker (``dataset``, a shard's utterances, comes with each shard). ``params["split"]`` names the split."""
 
     def build_env_local(self) -> dict[str, Any]:
         return _build_env(self.config, self.params["split"])
@@ -129,35 +147,40 @@ class CollectStatsRunner(UtteranceRunner):
 
     def hash_config(self) -> Mapping[str, Any]:
         fe = self.cfg.frontend.hashed()
-        return {"job": "collect_stats/1", "split": self.split, "frontend": fe,
-                "write_collected_feats": self.cfg.write_collected_feats,
-                "collect_stats_kwargs": to_plain(self.cfg.collect_stats_kwargs), "on_error": self.cfg.on_error}
+        hashed = {"job": "collect_stats/1", "split": self.split, "frontend": fe,
+                  "write_collected_feats": self.cfg.write_collected_feats,
+                  "collect_stats_kwargs": to_plain(self.cfg.collect_stats_kwargs), "on_error": self.cfg.on_error}
+        if self.cfg.tokens.enabled:  # absent otherwise: runs without token counts keep their hashes
+            hashed["tokens"] = self.cfg.tokens.hashed()
+        return hashed
 
     # -- worker side --
     @staticmethod
     def forward(idx: Any, dataset: ShardDataset, frontend: Any, audio: AudioConfig,
-                storage_options: Mapping[str, Any], collect_stats_kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Load the utterances of ``idx`` and return ``{utt_id, speech_len, feats}`` for each."""
+                storage_options: Mapping[str, Any], collect_stats_kwargs: Mapping[str, Any],
+                tokens: Any = None) -> list[dict[str, Any]]:
+        """Load the utterances of ``idx`` and return ``{utt_id, speech_len, feats, tokens}`` for each."""
         ids = idx if isinstance(idx, list) else [idx]
         utts = [dataset[i] for i in ids]
+        counts = [_count_tokens(u, tokens) for u in utts]
         if frontend is None:
             headers = [audio_header(u, audio, storage_options, dataset.audio_cache) for u in utts]
-            return [{"utt_id": u.utt_id, "speech_len": n, "rate": rate, "feats": None}
-                    for u, (n, rate) in zip(utts, headers)]
+            return [{"utt_id": u.utt_id, "speech_len": n, "rate": rate, "feats": None, "tokens": c}
+                    for u, (n, rate), c in zip(utts, headers, counts)]
         loaded = [load_audio(u, audio, storage_options, dataset.audio_cache) for u in utts]
         waves = [w for w, _ in loaded]
         feats = frontend(waves, collect_stats_kwargs)
         out = []
-        for u, (w, rate), f in zip(utts, loaded, feats):
+        for u, (w, rate), f, c in zip(utts, loaded, feats, counts):
             if f.ndim != 2 or f.shape[0] == 0:
                 raise BadItemError(f"utt {u.utt_id!r}: the frontend returned features of shape {tuple(f.shape)}")
             if not np.isfinite(f).all():
                 raise BadItemError(f"utt {u.utt_id!r}: features contain NaN or Inf")
-            out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f})
+            out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f, "tokens": c})
         return out
 
     def open_writers(self, staging_dir: Path) -> dict[str, Any]:
-        """``shapes.tsv`` (one ``utt_id, samples, frames,dim`` row per utterance, in manifest order)
+        """``shapes.tsv`` (one ``utt_id, samples, frames,dim[, tokens]`` row per utterance, in manifest order)
         and, with ``write_collected_feats``, a Kaldi ark/scp of the features."""
         writers: dict[str, Any] = {"shapes": open(staging_dir / SHAPES, "w", encoding="utf-8"), "feats": None}
         if self.cfg.write_collected_feats:
@@ -170,7 +193,8 @@ class CollectStatsRunner(UtteranceRunner):
         for r in result:
             f = r["feats"]
             shape = "" if f is None else f"{f.shape[0]},{f.shape[1]}"
-            writers["shapes"].write(f"{r['utt_id']}\t{r['speech_len']}\t{shape}\n")
+            tokens = "" if r.get("tokens") is None else f"\t{r['tokens']}"
+            writers["shapes"].write(f"{r['utt_id']}\t{r['speech_len']}\t{shape}{tokens}\n")
             if writers["feats"] is not None:
                 writers["feats"](r["utt_id"], np.asarray(f, dtype=np.float32))
 
@@ -210,6 +234,15 @@ class CollectStatsRunner(UtteranceRunner):
         from espnet3_flows.stats.outputs import publish_split
 
         return publish_split(self, results)
+
+
+def _count_tokens(utt: Any, tokens: Any) -> int | None:
+    """The token count of an utterance's transcript (``None`` without token settings)."""
+    if tokens is None:
+        return None
+    if not utt.text.strip():
+        raise BadItemError(f"utt {utt.utt_id!r}: no transcript to count tokens of (text is empty or missing)")
+    return tokens.count(utt.text)
 
 
 def _extend(total_min_max: list[Any], value: int) -> None:

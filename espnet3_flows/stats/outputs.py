@@ -15,6 +15,7 @@ import numpy as np
 from espnet3_flows.manifest import SkippedItem, write_skipped_tsv
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.stats.accumulator import StatsAccumulator
+from espnet3_flows.stats.tokens import vocabulary_size
 
 _LOG = logging.getLogger(__name__)
 
@@ -97,13 +98,20 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
     try:
         files: list[str] = []
         frame_lengths = [0, 0, 0]  # utterances, sum and sum of squares of their frame counts (exact ints)
+        tokens = cfg.tokens
+        vocabulary = vocabulary_size(tokens) if tokens.enabled else 0
         with open(stage / "speech_shape", "w", encoding="utf-8") as speech_shape, \
-                open(stage / "feats_shape", "w", encoding="utf-8") as feats_shape:
+                open(stage / "feats_shape", "w", encoding="utf-8") as feats_shape, \
+                open(stage / "text_shape", "w", encoding="utf-8") as text_shape, \
+                open(stage / f"text_shape.{tokens.token_type or 'none'}", "w", encoding="utf-8") as typed_shape:
             for r in results:
                 lengths = []
                 for row in _shard_rows(store, r):
-                    utt, n, shape = row.split("\t")
+                    utt, n, shape, *count = row.split("\t")
                     speech_shape.write(f"{utt} {n}\n")
+                    if count and tokens.enabled:
+                        text_shape.write(f"{utt} {count[0]}\n")
+                        typed_shape.write(f"{utt} {count[0]},{vocabulary}\n")  # as asr.sh derives it
                     if shape:
                         feats_shape.write(f"{utt} {shape}\n")
                         n_frames = int(shape.split(",", 1)[0])
@@ -125,7 +133,9 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
             _write_lhotse_mvn(stage / "lhotse_global_mvn.pt", acc)
             files += ["feats_stats.npz", "feats_lengths_stats.npz", "lhotse_global_mvn.pt", "feats_shape"]
         (stage / "stats_keys").write_text("feats\nfeats_lengths\n" if acc.count else "")
-        (stage / "batch_keys").write_text("speech\n")
+        (stage / "batch_keys").write_text("speech\ntext\n" if tokens.enabled else "speech\n")
+        if tokens.enabled:
+            files += ["text_shape", f"text_shape.{tokens.token_type}"]
         (stage / "skipped.tsv").write_text(write_skipped_tsv(skipped))
         files += ["speech_shape", "stats_keys", "batch_keys", "skipped.tsv"]
         if n_utts and _plot(stage / "stats.png", acc, hist, edges, in_frames):
