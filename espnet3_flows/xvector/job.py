@@ -38,7 +38,9 @@ class XVectorConfig:
             ``(wavs [B,T] float32, wav_lens [B] relative) -> [B, D]`` embeddings.
         device: ``cpu``, ``cuda`` or ``cuda:N``. On ``parallel.env: local_gpu`` each worker
             sees only its own GPU, so ``cuda`` is that worker's GPU.
-        spk_embed_tag: Directory name of the embeddings: ``{save_path}/{tag}/{split}/``.
+        spk_embed_tag: Names the outputs as ESPnet2's ``extract_xvectors.py`` does: they go to
+            ``{save_path}/{tag}/{split}/`` as ``{tag}.{ark,scp}`` and ``spk_{tag}.{ark,scp}``
+            (the default keeps ``xvector.scp`` and ``spk_xvector.scp``).
         save_path: Output location (path or URL).
         batch_size: Utterances per model call, length-sorted within a shard; 0 picks 1 on CPU
             (batching does not pay there: measured 0.7x) and 16 on CUDA.
@@ -123,8 +125,9 @@ class XVectorJobConfig:
         unknown = [s for s in xv.splits if s not in xv.manifest_paths]
         if unknown:
             raise ConfigError(f"xvector.splits {unknown} have no entry in xvector.manifest_paths")
-        if not xv.spk_embed_tag or "/" in xv.spk_embed_tag or xv.spk_embed_tag.startswith("."):
-            raise ConfigError(f"xvector.spk_embed_tag {xv.spk_embed_tag!r} must be a plain directory name")
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", xv.spk_embed_tag):
+            raise ConfigError(f"xvector.spk_embed_tag {xv.spk_embed_tag!r} must be a plain name (letters, digits, "
+                              "'_', '-', '.'): it names a directory and files")
         try:
             check_audio_settings("xvector.", xv.sampling_rate, xv.channel, xv.max_duration)
         except ValueError as exc:
@@ -224,7 +227,7 @@ class XVectorProvider(EnvironmentProvider):
 
 class XVectorRunner(UtteranceRunner):
     """Per shard: one embedding per utterance as ``.pt`` files and a Kaldi ark; merge adds
-    ``xvector.{ark,scp}`` and per-speaker means ``spk_xvector.{ark,scp}``."""
+    ``{tag}.{ark,scp}`` and per-speaker means ``spk_{tag}.{ark,scp}``."""
 
     def __init__(self, cfg: XVectorJobConfig, split: str, **kwargs: Any):
         self.cfg = cfg

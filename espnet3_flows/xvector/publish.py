@@ -1,4 +1,5 @@
-"""Merged x-vector outputs: ``xvector.{ark,scp}``, speaker means ``spk_xvector.{ark,scp}``, summary."""
+"""Merged x-vector outputs: ``{tag}.{ark,scp}``, speaker means ``spk_{tag}.{ark,scp}``, summary
+(``tag`` is ``xvector.spk_embed_tag``, ``xvector`` by default: ESPnet2's names)."""
 
 from __future__ import annotations
 
@@ -53,21 +54,24 @@ def publish_split(runner: "XVectorRunner", results: list[ShardResult]) -> dict[s
     """Write and publish one split's merged outputs; ``summary.json`` is published last.
 
     Shard by shard (manifest order): each shard's embeddings are appended to the split's
-    ``xvector.ark`` and folded into running speaker means, so memory is per shard and per
-    speaker, never per utterance.
+    ``{tag}.ark`` and folded into running speaker means, so memory is per shard and per
+    speaker, never per utterance. Files are named after ``xvector.spk_embed_tag`` as ESPnet2's
+    ``extract_xvectors.py`` names them: ``{tag}.{ark,scp}`` and ``spk_{tag}.{ark,scp}``.
     """
     import kaldiio
 
     store = runner.storage
     assert store is not None, "x-vector extraction needs a save_path"
     rel, split = runner.outputs_rel, runner.split
+    tag = runner.cfg.xvector.spk_embed_tag
+    utt_ark, utt_scp, spk_ark, spk_scp_name = f"{tag}.ark", f"{tag}.scp", f"spk_{tag}.ark", f"spk_{tag}.scp"
     skipped = [*runner.manifest_skipped(), *(SkippedItem.from_dict(s) for r in results for s in r.skipped)]
     stage = Path(tempfile.mkdtemp(prefix=f"espnet3-xvector-merge-{split}-"))
     try:
         (stage / "utt").mkdir()
         means = SpeakerMeans()
         n_utts = n_samples = without_speaker = 0
-        with kaldiio.WriteHelper(f"ark,scp:{stage / 'utt' / 'xvector.ark'},{stage / 'utt' / 'xvector.scp'}") as ark, \
+        with kaldiio.WriteHelper(f"ark,scp:{stage / 'utt' / utt_ark},{stage / 'utt' / utt_scp}") as ark, \
                 open(stage / "utt2spk", "w", encoding="utf-8") as utt2spk:
             for r in results:
                 embeddings = _shard_embeddings(store, r, stage)
@@ -84,16 +88,16 @@ def publish_split(runner: "XVectorRunner", results: list[ShardResult]) -> dict[s
                         without_speaker += 1
         files: list[str] = []
         if n_utts:
-            relocate_scp(stage / "utt" / "xvector.scp", store.uri(rel, "xvector.ark"))
-            files += ["xvector.ark", "xvector.scp"]
+            relocate_scp(stage / "utt" / utt_scp, store.uri(rel, utt_ark))
+            files += [utt_ark, utt_scp]
         speakers = means.means()
         if speakers:
-            _, spk_scp = write_speaker_xvector_ark_scp(stage / "spk", speakers, name="spk_xvector")
-            relocate_scp(spk_scp, store.uri(rel, "spk_xvector.ark"))
-            files += ["spk_xvector.ark", "spk_xvector.scp"]
+            _, spk_scp = write_speaker_xvector_ark_scp(stage / "spk", speakers, name=f"spk_{tag}")
+            relocate_scp(spk_scp, store.uri(rel, spk_ark))
+            files += [spk_ark, spk_scp_name]
         (stage / "skipped.tsv").write_text(write_skipped_tsv(skipped))
         files += ["utt2spk", "skipped.tsv"]
-        sources = {"xvector.ark": "utt", "xvector.scp": "utt", "spk_xvector.ark": "spk", "spk_xvector.scp": "spk"}
+        sources = {utt_ark: "utt", utt_scp: "utt", spk_ark: "spk", spk_scp_name: "spk"}
         for name in files:  # arks before their scps: a published scp never points at a missing ark
             store.publish_file(stage / sources.get(name, "") / name, posixpath.join(rel, name))
         dims = {int(r.result["dim"]) for r in results if r.result.get("dim")}

@@ -122,3 +122,16 @@ def test_config_errors_before_work(ecapa_dir, demo_corpus, tmp_path):
         _cfg(ecapa_dir, demo_corpus["valid"], tmp_path, "xvector.device=gpu0")
     with pytest.raises(ConfigError, match="spk_embed_tag"):
         _cfg(ecapa_dir, demo_corpus["valid"], tmp_path, "xvector.spk_embed_tag=../x")
+
+
+def test_files_are_named_after_the_tag_as_espnet2_names_them(ecapa_dir, demo_corpus, tmp_path):
+    out = tmp_path / "xv"
+    summary = _run(_cfg(ecapa_dir, demo_corpus["valid"], out, "xvector.spk_embed_tag=espnet_spk")).merged
+    split = out / "espnet_spk" / "valid"
+    assert {"espnet_spk.ark", "espnet_spk.scp", "spk_espnet_spk.ark", "spk_espnet_spk.scp"} <= set(summary["files"])
+    assert not (split / "xvector.scp").exists() and not (split / "spk_xvector.scp").exists()
+    utt = kaldiio.load_scp(str(split / "espnet_spk.scp"))
+    spk = kaldiio.load_scp(str(split / "spk_espnet_spk.scp"))
+    assert len(utt) == summary["utterances"] and len(spk) == summary["speakers"]
+    with pytest.raises(ConfigError, match="must be a plain name"):
+        _cfg(ecapa_dir, demo_corpus["valid"], tmp_path, "xvector.spk_embed_tag=x y")
