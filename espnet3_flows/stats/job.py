@@ -42,7 +42,10 @@ class CollectStatsConfig:
             the engine's without Prefect. Lower it when there are more workers than shards.
         batch_size: Utterances per ``forward`` call.
         frontend: Feature extraction (see :class:`FrontendConfig`).
-        write_collected_feats: Also write the features as Kaldi ark/scp (``collect_feats/``).
+        write_collected_feats: Also write the features (``collect_feats/feats.scp``).
+        collected_feats_format: ``ark`` (Kaldi ark/scp, one ark per shard) or ``npy`` (one
+            ``collect_feats/data_feats/<utt>.npy`` per utterance and an scp of their paths, as
+            ESPnet2's ``collect_stats --write_collected_feats true`` writes them).
         collect_stats_kwargs: Extra keyword arguments for ``model.collect_feats``.
         on_error: ``fail`` stops at the first bad item; ``skip`` lists it in ``skipped.tsv``.
         retries: Retries of a failed shard task (Prefect).
@@ -74,6 +77,7 @@ class CollectStatsConfig:
     batch_size: int = 16
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     write_collected_feats: bool = False
+    collected_feats_format: str = "ark"
     collect_stats_kwargs: dict[str, Any] = field(default_factory=dict)
     on_error: str = "fail"
     retries: int = 2
@@ -94,6 +98,8 @@ class CollectStatsConfig:
             self.tokens.fill_from_espnet_config(load_espnet_config(self.frontend.espnet_config))
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.collected_feats_format not in ("ark", "npy"):
+            raise ConfigError(f"collected_feats_format must be 'ark' or 'npy', got {self.collected_feats_format!r}")
 
 
 def _build_env(cfg: CollectStatsConfig, split: str) -> dict[str, Any]:
@@ -152,6 +158,8 @@ class CollectStatsRunner(UtteranceRunner):
                   "collect_stats_kwargs": to_plain(self.cfg.collect_stats_kwargs), "on_error": self.cfg.on_error}
         if self.cfg.tokens.enabled:  # absent otherwise: runs without token counts keep their hashes
             hashed["tokens"] = self.cfg.tokens.hashed()
+        if self.cfg.write_collected_feats and self.cfg.collected_feats_format != "ark":
+            hashed["collected_feats_format"] = self.cfg.collected_feats_format
         return hashed
 
     # -- worker side --
@@ -181,9 +189,12 @@ class CollectStatsRunner(UtteranceRunner):
 
     def open_writers(self, staging_dir: Path) -> dict[str, Any]:
         """``shapes.tsv`` (one ``utt_id, samples, frames,dim[, tokens]`` row per utterance, in manifest order)
-        and, with ``write_collected_feats``, a Kaldi ark/scp of the features."""
+        and, with ``write_collected_feats``, the features: a Kaldi ark/scp, or one ``.npy`` each."""
         writers: dict[str, Any] = {"shapes": open(staging_dir / SHAPES, "w", encoding="utf-8"), "feats": None}
-        if self.cfg.write_collected_feats:
+        if self.cfg.write_collected_feats and self.cfg.collected_feats_format == "npy":
+            (staging_dir / "npy").mkdir()
+            writers["feats"] = lambda utt, f: np.save(staging_dir / "npy" / f"{utt}.npy", f)
+        elif self.cfg.write_collected_feats:
             import kaldiio
 
             writers["feats"] = kaldiio.WriteHelper(f"ark,scp:{staging_dir / 'feats.ark'},{staging_dir / 'feats.scp'}")
@@ -200,7 +211,7 @@ class CollectStatsRunner(UtteranceRunner):
 
     def close_writers(self, writers: dict[str, Any]) -> None:
         writers["shapes"].close()
-        if writers["feats"] is not None:
+        if writers["feats"] is not None and hasattr(writers["feats"], "close"):
             writers["feats"].close()
 
     def init_state(self) -> dict[str, Any]:
@@ -224,7 +235,12 @@ class CollectStatsRunner(UtteranceRunner):
         return {"stats": state["acc"].to_dict(), "utterances": state["utterances"],
                 "samples": state["samples"], "frames": state["frames"], "native_rates": state["rates"]}
 
+    def lists_published(self, rel: str) -> bool:
+        return not rel.endswith(".npy")  # one per utterance: counted, not listed
+
     def publish_rel(self, shard: Shard, name: str) -> str:
+        if name.startswith("npy/"):  # per-utterance features go straight to their final place
+            return posixpath.join(self.split, "collect_feats", "data_feats", name[len("npy/"):])
         if name in ("feats.ark", "feats.scp"):
             stem, ext = name.split(".")
             return posixpath.join(self.split, "collect_feats", f"{stem}.{shard.name}.{ext}")

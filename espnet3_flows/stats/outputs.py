@@ -192,12 +192,17 @@ def _write_lhotse_mvn(path: Path, acc: StatsAccumulator) -> None:
 
 
 def _merge_scp(runner: "CollectStatsRunner", results: list[ShardResult], dest: Path) -> None:
-    """One scp for the split whose lines point at the published shard arks (absolute path or URL),
-    in manifest order, written shard by shard."""
+    """One scp for the split whose lines point at the published shard arks, or at the utterances'
+    ``.npy`` files (absolute path or URL), in manifest order, written shard by shard."""
     store = runner.storage
     assert store is not None
     with open(dest, "w", encoding="utf-8") as out:
         for r in results:
+            if runner.cfg.collected_feats_format == "npy":  # ESPnet2's NpyScpWriter layout
+                for row in _shard_rows(store, r):
+                    utt = row.split("\t", 1)[0]
+                    out.write(f"{utt} {store.uri(runner.split, 'collect_feats', 'data_feats', utt + '.npy')}\n")
+                continue
             scp_rel = next((f for f in r.files if f.endswith(".scp")), None)
             ark_rel = next((f for f in r.files if f.endswith(".ark")), None)
             if scp_rel is None or ark_rel is None:

@@ -281,3 +281,22 @@ def test_espnet2_and_model_frontends_on_gpu_equal_cpu(data_dir, tmp_path):
     model_gpu = model_frontend(TinyHubert(), "cuda", max_batch_samples=400_000)(waves, {})
     for a, b in zip(model_cpu, model_gpu):
         assert a.shape == b.shape
+
+
+def test_collected_feats_as_espnet2_npy(data_dir, tmp_path):
+    """``collected_feats_format=npy``: the layout of ESPnet2's NpyScpWriter, read by its NpyScpReader."""
+    from espnet2.fileio.npy_scp import NpyScpReader
+
+    _ours(data_dir, tmp_path / "ark", "shard_size=15")
+    outcome = _ours(data_dir, tmp_path / "npy", "shard_size=15", "collected_feats_format=npy")
+    assert outcome.merged["utterances"] == 40
+    scp = tmp_path / "npy/train/collect_feats/feats.scp"
+    npy = NpyScpReader(str(scp))
+    ark = dict(kaldiio.load_scp(str(tmp_path / "ark/train/collect_feats/feats.scp")))
+    assert sorted(npy.keys()) == sorted(ark)
+    for utt in ark:
+        np.testing.assert_array_equal(npy[utt], ark[utt])
+    assert len(list((tmp_path / "npy/train/collect_feats/data_feats").glob("*.npy"))) == 40
+    assert not list((tmp_path / "npy/train/collect_feats").glob("*.ark"))
+    with pytest.raises(ConfigError, match="collected_feats_format must be 'ark' or 'npy'"):
+        load_config(CollectStatsConfig, overrides=["collected_feats_format=hdf5"])
