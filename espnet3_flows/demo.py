@@ -8,7 +8,7 @@ import numpy as np
 import soundfile as sf
 
 from espnet3_flows.config import ConfigError
-from espnet3_flows.storage import Storage
+from espnet3_flows.storage import Storage, replace_atomically
 
 
 def synth_utterance(rng: np.random.Generator, seconds: float, sr: int, f0: float, formants: tuple[float, ...]) -> np.ndarray:
@@ -76,10 +76,9 @@ def make_demo_corpus(out_dir: str | Path, n_utts: int = DEMO_UTTERANCES, n_speak
             utt_rng = np.random.default_rng([seed, k])
             wav = out / "wav" / f"{utt_id}.wav"
             if not wav.exists():
-                tmp = wav.with_suffix(".tmp.wav")
-                sf.write(tmp, synth_utterance(utt_rng, seconds, sampling_rate, f0, formants), sampling_rate,
-                         subtype="PCM_16")
-                tmp.replace(wav)
+                audio = synth_utterance(utt_rng, seconds, sampling_rate, f0, formants)
+                replace_atomically(wav, lambda f, a=audio: sf.write(f, a, sampling_rate, format="WAV",
+                                                                     subtype="PCM_16"), fsync=False)
             lines.append(f"{utt_id}\t{wav.resolve()}\tdemo utterance {k}\t{spk}")
             k += 1
         manifest = out / f"{split}.tsv"

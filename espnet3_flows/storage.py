@@ -138,7 +138,7 @@ class Storage:
         dest = self.path(rel)
         try:
             if self.is_local:
-                _replace_atomically(dest, lambda f: f.write(data))
+                replace_atomically(dest, lambda f: f.write(data))
             else:
                 self.fs.pipe_file(dest, data)
         except OSError as exc:
@@ -161,7 +161,7 @@ class Storage:
         dest = self.path(rel)
         try:
             if self.is_local:
-                _replace_atomically(dest, lambda f: _copy_into(str(local_path), f))
+                replace_atomically(dest, lambda f: _copy_into(str(local_path), f))
             else:
                 self.fs.put_file(str(local_path), dest)
         except Exception as exc:  # noqa: BLE001
@@ -202,15 +202,19 @@ class Storage:
         self.remove(probe)
 
 
-def _replace_atomically(dest: str, write: Callable[[BinaryIO], Any]) -> None:
-    """Write through a temporary file beside ``dest``, fsync, then rename over ``dest``."""
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
+def replace_atomically(dest: str | os.PathLike[str], write: Callable[[BinaryIO], Any], *, fsync: bool = True) -> None:
+    """Write a local file through a uniquely named temporary file beside ``dest`` (concurrent
+    writers never share one), fsync it (``fsync=False`` for scratch files), then rename it over
+    ``dest``: a reader sees the old file or the whole new one, never a part."""
+    dest = os.fspath(dest)
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
     try:
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):

@@ -189,3 +189,47 @@ def test_storage_pickles_by_url_and_options(tmp_path):
     store = Storage(tmp_path, {"auto_mkdir": True})
     back = pickle.loads(pickle.dumps(store))
     assert (back.url, back.storage_options, back.root) == (store.url, store.storage_options, store.root)
+
+
+def _write_with_storage_helper(dest, data: bytes) -> None:
+    from espnet3_flows.storage import replace_atomically
+
+    replace_atomically(dest, lambda f: [f.write(data[i:i + 4096]) for i in range(0, len(data), 4096)])
+
+
+def _write_xvector_text(dest, data: bytes) -> None:
+    from espnet3_flows.xvector.outputs import _atomic_write_text
+
+    _atomic_write_text(dest, data.decode())
+
+
+@pytest.mark.parametrize("write", [_write_with_storage_helper, _write_xvector_text], ids=["storage", "xvector"])
+def test_atomic_writes_with_concurrent_writers(tmp_path, write):
+    """Writers of one file never share a temporary name (the old copies used a fixed '.tmp' and
+    collided): every read sees one writer's whole file."""
+    import threading
+
+    dest = tmp_path / "sub" / "plan.txt"
+    dest.parent.mkdir()
+    payloads = [bytes([65 + i]) * 200_000 for i in range(4)]
+    errors: list[BaseException] = []
+
+    def writer(data: bytes) -> None:
+        try:
+            for _ in range(20):
+                write(dest, data)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(p,)) for p in payloads]
+    for t in threads:
+        t.start()
+    seen = set()
+    while any(t.is_alive() for t in threads):
+        if dest.exists():
+            seen.add(dest.read_bytes())
+    for t in threads:
+        t.join()
+    assert not errors
+    assert seen and seen <= set(payloads)
+    assert dest.read_bytes() in payloads and [p.name for p in dest.parent.iterdir()] == ["plan.txt"]

@@ -15,6 +15,7 @@ from espnet3_flows.batching.config import BatchConfig
 from espnet3_flows.batching.lengths import ColumnSource, LengthTable, read_path_list
 from espnet3_flows.batching.plan import build_batch_plan
 from espnet3_flows.batching.report import BatchReport, summarize_plan
+from espnet3_flows.storage import replace_atomically
 
 PathLike = Union[str, "os.PathLike[str]"]
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -51,9 +52,8 @@ def export_batches(
     folder = Path(output_dir) / "batches"
     plan.write_text(folder / f"{split}.txt")
     record = {"report": report.to_dict(), "sources": table.column_names}
-    staging = folder / f".{split}.json.tmp"
-    staging.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    os.replace(staging, folder / f"{split}.json")
+    text = json.dumps(record, indent=2) + "\n"
+    replace_atomically(folder / f"{split}.json", lambda f: f.write(text.encode("utf-8")))
     return report
 
 

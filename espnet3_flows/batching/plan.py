@@ -12,6 +12,7 @@ import numpy as np
 
 from espnet3_flows.batching.config import BatchConfig, BatchConfigError
 from espnet3_flows.batching.lengths import LengthTable
+from espnet3_flows.storage import replace_atomically
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -69,12 +70,8 @@ class BatchPlan:
         The file is written beside its final name and renamed, so a reader never sees
         half of it.
         """
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = target.with_name(f".{target.name}.tmp")
         lines = "".join(" ".join(batch) + "\n" for batch in self.id_batches())
-        staging.write_text(lines, encoding="utf-8")
-        os.replace(staging, target)
+        replace_atomically(path, lambda f: f.write(lines.encode("utf-8")))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form."""

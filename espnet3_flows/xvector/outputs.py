@@ -14,7 +14,6 @@ whoever moves or publishes the pair calls `relocate_scp` with the ark's final pa
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Mapping
@@ -22,6 +21,7 @@ from typing import Mapping
 import numpy as np
 
 from espnet3_flows.manifest import validate_utt_id
+from espnet3_flows.storage import replace_atomically
 
 _SCP_VALUE_RE = re.compile(r"^(?P<path>.+):(?P<offset>[0-9]+)(?P<slice>\[[^\]]*\])?$")
 
@@ -50,9 +50,7 @@ def _validate_key(key: object, kind: str) -> str:
 
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    replace_atomically(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def write_utterance_tensors(out_dir: str | Path, embeddings: Mapping[str, np.ndarray]) -> list[Path]:
@@ -73,9 +71,10 @@ def write_utterance_tensors(out_dir: str | Path, embeddings: Mapping[str, np.nda
     paths = []
     for utt_id in sorted(checked):
         path = out / f"{utt_id}.pt"
-        tmp = out / f".{utt_id}.pt.tmp"
-        torch.save(torch.from_numpy(checked[utt_id].copy()), tmp)
-        os.replace(tmp, path)
+        tensor = torch.from_numpy(checked[utt_id].copy())
+        # one file per utterance into a shard's staging directory: renamed, not fsync-ed (the
+        # shard's done record is written after they are published)
+        replace_atomically(path, lambda f, t=tensor: torch.save(t, f), fsync=False)
         paths.append(path)
     return paths
 
