@@ -309,14 +309,12 @@ def _read_entry(entry: str, config: AudioConfig, storage_options: Mapping[str, A
     return _read_soundfile(entry, config, storage_options, check_duration)
 
 
-#: Archive payloads that are audio; anything else (a Kaldi matrix, a numpy array, and above all
-#: a pickle, which kaldiio would unpickle: code execution from a data file) is refused
-_ARK_AUDIO_FLAGS = (b"RIFF", b"fLaC")
-
-
 def _read_ark(spec: str, config: AudioConfig, storage_options: Mapping[str, Any] | None,
               check_duration: bool) -> tuple[np.ndarray, int]:
-    """A WAV or FLAC stored in a Kaldi archive at ``file:offset`` (as kaldiio writes them)."""
+    """The audio stored in a Kaldi archive at ``file:offset``, as kaldiio writes it: a WAV, or
+    kaldiio's ``AUDIO`` record (a length, then a WAV or FLAC: ESPnet's ``flac.ark``). Only the
+    entry's own bytes are read. Anything else (a Kaldi matrix, a numpy array, and above all a
+    pickle, which kaldiio would unpickle: code execution from a data file) is refused."""
     if "[" in spec:
         raise AudioError("ranges ('[...]') on archive entries are not supported for audio")
     path, _, offset = spec.rpartition(":")
@@ -327,18 +325,30 @@ def _read_ark(spec: str, config: AudioConfig, storage_options: Mapping[str, Any]
     with fsspec.open(path, "rb", **dict(storage_options or {})) as f:
         f.seek(int(offset))
         head = f.read(5)
-        if head[:4] not in _ARK_AUDIO_FLAGS:
-            what = "a Kaldi matrix" if head[:2] == b"\0B" else "a pickle" if head[:3] == b"PKL" else repr(head)
-            raise AudioError(f"archive entry {spec!r} holds {what}, not audio (WAV or FLAC)")
-        f.seek(int(offset))
         if head[:4] == b"RIFF":
-            f.read(4)
-            size = struct.unpack("<I", f.read(4))[0]
+            f.seek(int(offset) + 4)
+            size = _unpack_le(f.read(4), spec)  # the RIFF chunk: 8 bytes of header, then size bytes
             f.seek(int(offset))
             data = f.read(size + 8)
+        elif head == b"AUDIO":
+            width = f.read(1)
+            if len(width) != 1:
+                raise AudioError(f"archive entry {spec!r} is truncated")
+            size = int.from_bytes(f.read(width[0]), "little")
+            data = f.read(size)
         else:
-            data = f.read()  # a FLAC stream in an archive carries no length: soundfile stops at its end
+            what = "a Kaldi matrix" if head[:2] == b"\0B" else "a pickle" if head[:3] == b"PKL" else (
+                "a numpy array" if head[:3] == b"NPY" else repr(head))
+            raise AudioError(f"archive entry {spec!r} holds {what}, not audio (WAV, or kaldiio's AUDIO record)")
+    if len(data) < (size + 8 if head[:4] == b"RIFF" else size):
+        raise AudioError(f"archive entry {spec!r} is truncated ({len(data)} bytes where its header says more)")
     return _decode(io.BytesIO(data), config, check_duration)
+
+
+def _unpack_le(raw: bytes, spec: str) -> int:
+    if len(raw) != 4:
+        raise AudioError(f"archive entry {spec!r} is truncated")
+    return struct.unpack("<I", raw)[0]
 
 
 def run_pipe(command: str, config: AudioConfig, cwd: str = "") -> bytes:
@@ -429,11 +439,24 @@ def _read_segment(utt: Utterance, config: AudioConfig, storage_options: Mapping[
 def _read_lhotse(utt: Utterance, config: AudioConfig):
     from lhotse import CutSet
 
+    if not config.allow_pipes and lhotse_runs_commands(utt.cut or {}):
+        raise AudioError("the cut's recording is read by a command (source type 'command') and allow_pipes is "
+                         "false")
+
     _check_duration(float((utt.cut or {}).get("duration") or 0.0), config)  # from the manifest, before decoding
 
     cut = CutSet.from_dicts([dict(utt.cut)])[0]  # type: ignore[arg-type]
     audio = cut.load_audio()
     return np.asarray(audio, dtype=np.float32).reshape(-1, audio.shape[-1]), int(cut.sampling_rate)
+
+
+def lhotse_runs_commands(cut: Mapping[str, Any]) -> bool:
+    """Whether loading a lhotse cut would run a shell command (any recording source of type
+    ``command``, in the cut or in the tracks of a mixed cut)."""
+    recordings = [cut.get("recording") or {}]
+    recordings += [(t.get("cut") or {}).get("recording") or {} for t in cut.get("tracks") or () if isinstance(t, dict)]
+    return any(isinstance(src, dict) and src.get("type") == "command"
+               for rec in recordings if isinstance(rec, dict) for src in rec.get("sources") or ())
 
 
 def _select_channel(samples: np.ndarray, channel: int | None) -> np.ndarray:

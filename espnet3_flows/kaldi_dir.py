@@ -167,7 +167,7 @@ def _sorted_on_disk(lines: Iterator[_Line], tmpdir: str) -> Iterator[_Line]:
     def spill() -> None:
         chunk.sort(key=lambda ln: (ln[0], ln[2]))
         fd, run = tempfile.mkstemp(dir=tmpdir, suffix=".run")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:  # no newline translation: a \r stays a \r
             f.writelines(f"{key}\t{lineno}\t{rest}\n" for key, rest, lineno in chunk)
         runs.append(run)
         chunk.clear()
@@ -180,7 +180,7 @@ def _sorted_on_disk(lines: Iterator[_Line], tmpdir: str) -> Iterator[_Line]:
         spill()
 
     def read(run: str) -> Iterator[_Line]:
-        with open(run, encoding="utf-8") as f:
+        with open(run, encoding="utf-8", newline="\n") as f:  # split on \n only, as written
             for row in f:
                 key, lineno, rest = row[:-1].split("\t", 2)
                 yield (key, rest, int(lineno))
@@ -202,7 +202,8 @@ class _Lookup:
         self.cur = next(self.lines, None)
         while self.cur is not None and prev is not None and self.cur[0] == prev[0]:
             self.bad(self.name, self.cur[2], self.cur[0],
-                     f"duplicate key {self.cur[0]!r} (first on line {prev[2]}); the first line is used")
+                     f"duplicate key {self.cur[0]!r} (first on line {prev[2]}): this line is ignored, the utterance "
+                     "is kept with the first line's value")
             self.cur = next(self.lines, None)
 
     def get(self, key: str) -> str:
@@ -345,8 +346,9 @@ def _join(files: Mapping[str, str], split: str, out: IO[bytes], on_error: str,
             result.first_pipe = {"file": files["wav.scp"], "line": pipe_line, "command": entry}
         speaker = speakers.get(utt)
         text = texts.get(utt)
-        if "\t" in text or "\t" in speaker:
-            speaker, text = speaker.replace("\t", " "), text.replace("\t", " ")
+        if "\t" in text or "\t" in speaker or "\r" in text or "\r" in speaker:  # the joined line's separators
+            speaker = speaker.replace("\t", " ").replace("\r", " ")
+            text = text.replace("\t", " ").replace("\r", " ")
         lines.append(f"{utt}\t{lineno}\t{rec}\t{times}\t{speaker}\t{text}\t{entry}\n")
         if len(lines) >= 4096:
             out.write("".join(lines).encode("utf-8"))

@@ -251,7 +251,7 @@ def parse_manifest_line(bline: bytes, lineno: int, fmt: str = "tsv") -> Utteranc
     except UnicodeDecodeError as exc:
         uid = "" if lhotse else bline.split(b"\t", 1)[0].decode("utf-8", "backslashreplace")
         raise ManifestLineError(f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})", uid) from None
-    if not line.strip() or line.startswith("#"):
+    if not line.strip() or line.startswith("#") and fmt != "kaldi":  # a joined line's id may start with '#'
         return None
     try:
         if fmt == "kaldi":

@@ -293,7 +293,8 @@ def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, conf
             if fields is None:
                 block.append((lineno, end, raw, None, False))
                 continue
-            if not allow_pipes and "|" in fields[1] and entry_kind(fields[1]) == "pipe":
+            if not allow_pipes and ("|" in fields[1] and entry_kind(fields[1]) == "pipe"
+                                    or fmt == "lhotse" and b'"command"' in raw and _lhotse_command(raw)):
                 raise ManifestError(line_error(split, manifest, lineno, ManifestLineError(
                     f"the audio entry {fields[1]!r} is a command; commands run only with allow_pipes=true",
                     fields[0])))
@@ -315,6 +316,19 @@ def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, conf
             spool_writer.abort()
         raise
     return ShardPlan(tuple(st.shards), shard_size, digest(config), salt), skipped, st.id_hashes
+def _lhotse_command(raw: bytes) -> bool:
+    """Whether a lhotse cut line's recording is read by a shell command."""
+    import json
+
+    from espnet3_flows.audio import lhotse_runs_commands
+
+    try:
+        cut = json.loads(raw)
+    except ValueError:
+        return False  # not JSON: reported as a bad line by the parser
+    return isinstance(cut, dict) and lhotse_runs_commands(cut)
+
+
 def _repeated_ids(manifest: str, fmt: str, split: str, id_hashes: array, storage_options: Mapping[str, Any] | None,
                   excluded: Mapping[int, str]) -> dict[int, tuple[str, int]]:
     """Lines whose id repeats an earlier line's: ``{line: (id, first line)}`` (empty when none).

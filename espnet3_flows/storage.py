@@ -208,7 +208,7 @@ def replace_atomically(dest: str | os.PathLike[str], write: Callable[[BinaryIO],
     ``dest``: a reader sees the old file or the whole new one, never a part."""
     dest = os.fspath(dest)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-    tmp = f"{dest}.tmp-{uuid.uuid4().hex}"
+    tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"  # short: ids near the 255-byte name limit still fit
     try:
         with open(tmp, "wb") as f:
             write(f)

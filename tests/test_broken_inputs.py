@@ -152,3 +152,24 @@ def test_impossible_xvector_values_are_config_errors(override):
     base = ["xvector.pretrained_model=/m", "xvector.manifest_paths.train=/m.tsv"]
     with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[-1]):
         load_config(XVectorJobConfig, overrides=[*base, override])
+
+
+def test_lhotse_command_sources_need_allow_pipes(tmp_path):
+    """A lhotse cut whose recording is read by a shell command is refused like a wav.scp command."""
+    import json
+
+    from espnet3_flows.audio import AudioConfig, AudioError, load_audio
+    from espnet3_flows.manifest import ManifestError, Utterance
+    from espnet3_flows.manifest_plan import plan_manifest
+
+    marker = tmp_path / "ran"
+    cut = {"id": "c1", "start": 0, "duration": 1.0, "channel": 0,
+           "recording": {"id": "r1", "sampling_rate": 16000, "num_samples": 16000, "duration": 1.0, "channel_ids": [0],
+                         "sources": [{"type": "command", "channels": [0], "source": f"touch {marker}; cat x.wav"}]}}
+    manifest = tmp_path / "cuts.jsonl"
+    manifest.write_text(json.dumps(cut) + "\n")
+    with pytest.raises(ManifestError, match=r"cuts\.jsonl:1: utt 'c1': .*is a command; .*allow_pipes=true"):
+        plan_manifest(str(manifest), "train", 10, {})
+    with pytest.raises(AudioError, match="source type 'command'.*allow_pipes is false"):
+        load_audio(Utterance("c1", "", cut=cut), AudioConfig())
+    assert not marker.exists()

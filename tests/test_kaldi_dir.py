@@ -365,3 +365,70 @@ def test_data_dir_and_audio_on_s3(tmp_path, recordings, s3_output, dask_client):
     again = CollectStatsRunner(cfg, "train").run(client=dask_client, progress=False)
     assert again.merged["utterances"] == 5
     assert len([p for p in fs.ls(f"{url}/train/shards/inputs") if p.endswith(".kaldi.tsv")]) == 2
+
+
+def test_unsorted_files_keep_carriage_returns_out_of_the_join(tmp_path, monkeypatch):
+    monkeypatch.setattr(kaldi_dir, "_SORT_CHUNK", 1)
+    d = tmp_path / "d"
+    d.mkdir()
+    wav = _write_wav(tmp_path / "a.wav", _tone(0.3, 1))
+    (d / "wav.scp").write_text(f"a {wav}\nb {wav}\n")
+    (d / "text").write_bytes(b"b hello\rworld\na hi\r\n")  # out of order, a \r inside and one at the end
+    utts = _join(d)
+    assert [(u.utt_id, u.text) for u in utts] == [("a", "hi"), ("b", "hello world")]
+
+
+def test_ids_starting_with_a_hash_are_utterances_on_both_sides(tmp_path):
+    """Kaldi files have no comments: '#u0' is an id. Planning and the worker must agree on it."""
+    d = tmp_path / "d"
+    d.mkdir()
+    wav = _write_wav(tmp_path / "a.wav", _tone(0.3, 1))
+    (d / "wav.scp").write_text(f"#u0 {wav}\nu1 {wav}\n")
+    out = tmp_path / "out"
+    outcome = _run(_stats_cfg(d, out, "frontend.type=none"))
+    assert outcome.merged["utterances"] == 2
+    assert sorted(line.split()[0] for line in (out / "train/speech_shape").read_text().splitlines()) == ["#u0", "u1"]
+
+
+def test_flac_and_wav_records_in_one_archive_read_only_their_bytes(tmp_path, monkeypatch):
+    """ESPnet's flac.ark: kaldiio AUDIO records (a length, then FLAC); each entry is read alone."""
+    x, y = _tone(0.4, 1), _tone(0.6, 2)
+    ark = tmp_path / "flac.ark"
+    kaldiio.save_ark(str(ark), {"a": (SR, x), "b": (SR, y)}, scp=str(tmp_path / "flac.scp"),
+                     write_function="soundfile", write_kwargs={"format": "flac"})
+    entries = dict(line.split() for line in (tmp_path / "flac.scp").read_text().splitlines())
+    reads = []
+    import contextlib
+
+    import espnet3_flows.audio as audio_module
+
+    real_open = audio_module.fsspec.open
+
+    class Recorded:
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            reads.append(n)
+            return self.f.read(n)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    @contextlib.contextmanager
+    def recording_open(*args, **kwargs):
+        with real_open(*args, **kwargs) as f:
+            yield Recorded(f)
+
+    monkeypatch.setattr(audio_module.fsspec, "open", recording_open)
+    for key, want in (("a", x), ("b", y)):
+        got, rate = load_audio(Utterance(key, "ark:" + entries[key]), AudioConfig())
+        np.testing.assert_array_equal(got, want.astype(np.float32) / 32768.0)
+    assert reads and -1 not in reads, "an archive entry was read to the end of the archive"
+    monkeypatch.setattr(audio_module.fsspec, "open", real_open)
+    truncated = tmp_path / "cut.ark"
+    kaldiio.save_ark(str(truncated), {"a": (SR, x)}, scp=str(tmp_path / "cut.scp"))
+    truncated.write_bytes(truncated.read_bytes()[:200])
+    offset = (tmp_path / "cut.scp").read_text().split()[1]
+    with pytest.raises(AudioError, match="truncated"):
+        load_audio(Utterance("a", "ark:" + offset), AudioConfig())

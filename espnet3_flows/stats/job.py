@@ -92,7 +92,7 @@ class CollectStatsConfig:
     def __post_init__(self) -> None:
         check_common(self.on_error, self.shard_size, self.batch_size, self.manifests, self.fingerprint,
                      self.pipe_timeout)
-        if self.frontend.espnet_config and not self.tokens.enabled:
+        if self.frontend.espnet_config and not self.tokens.token_type:
             from espnet3_flows.stats.espnet_frontend import load_espnet_config
 
             self.tokens.fill_from_espnet_config(load_espnet_config(self.frontend.espnet_config))
@@ -257,7 +257,9 @@ def _count_tokens(utt: Any, tokens: Any) -> int | None:
     if tokens is None:
         return None
     if not utt.text.strip():
-        raise BadItemError(f"utt {utt.utt_id!r}: no transcript to count tokens of (text is empty or missing)")
+        raise BadItemError(f"utt {utt.utt_id!r}: no transcript to count tokens of (text is empty or missing); "
+                           "token counts (text_shape) are on through tokens.token_type or frontend.espnet_config: "
+                           "tokens.token_type=none turns them off")
     return tokens.count(utt.text)
 
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from espnet3_flows.config import ConfigError
 
-TOKEN_TYPES = ("", "char", "word", "bpe", "phn")
+TOKEN_TYPES = ("", "none", "char", "word", "bpe", "phn")
 _CONFIG_KEYS = ("token_type", "token_list", "bpemodel", "non_linguistic_symbols", "cleaner", "g2p")
 
 
@@ -25,8 +25,8 @@ class TokenConfig:
     """The ``tokens:`` section: how transcripts are counted for ``text_shape``.
 
     Attributes:
-        token_type: ``char``, ``word``, ``bpe`` or ``phn`` as in ESPnet2; empty (default): no
-            ``text_shape`` (unless ``frontend.espnet_config`` names a model with one).
+        token_type: ``char``, ``word``, ``bpe`` or ``phn`` as in ESPnet2; ``none``: no
+            ``text_shape``; empty (default): ``frontend.espnet_config``'s, if it names one, else none.
         token_list: The token list: a file (one token a line, ESPnet2's ``tokens.txt``) or the
             list itself (a trained model's ``config.yaml`` holds it inline). Unknown tokens
             count as ``<unk>``, as in ESPnet2.
@@ -46,7 +46,7 @@ class TokenConfig:
     def __post_init__(self) -> None:
         if self.token_type not in TOKEN_TYPES:
             raise ConfigError(f"tokens.token_type must be one of {TOKEN_TYPES[1:]} or empty, got {self.token_type!r}")
-        if self.token_type and not self.token_list:
+        if self.enabled and not self.token_list:
             raise ConfigError(f"tokens.token_type={self.token_type} needs tokens.token_list (ESPnet2's tokens.txt)")
         if self.token_type == "bpe" and not self.bpemodel:
             raise ConfigError("tokens.token_type=bpe needs tokens.bpemodel (the sentencepiece model)")
@@ -54,7 +54,7 @@ class TokenConfig:
     @property
     def enabled(self) -> bool:
         """Whether transcripts are counted (``text_shape`` is written)."""
-        return bool(self.token_type)
+        return self.token_type not in ("", "none")
 
     def fill_from_espnet_config(self, config: Mapping[str, Any]) -> None:
         """Take the token settings of a trained model's ``config.yaml`` when none are set here."""

@@ -139,6 +139,9 @@ def test_bpe_text_shape_equals_espnet2s_and_comes_from_the_model_config(data_dir
         f"manifests.train={data_dir}", f"output_dir={out}", "parallel.env=serial", "frontend.type=espnet2",
         f"frontend.espnet_config={config}"])
     assert cfg.tokens.token_type == "bpe" and cfg.tokens.bpemodel == str(model)
+    off = load_config(CollectStatsConfig, overrides=["frontend.type=espnet2", f"frontend.espnet_config={config}",
+                                                     "tokens.token_type=none"])
+    assert not off.tokens.enabled  # a TSV without transcripts can still use the model's frontend
     CollectStatsRunner(cfg, "train").run(progress=False)
     assert _lines(out / "train/text_shape") == _lines(ref / "text_shape")
     assert (out / "train/text_shape.bpe").exists()
