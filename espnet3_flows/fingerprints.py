@@ -1,12 +1,18 @@
 """Input file fingerprints (size and mtime, or the object store's ETag), at the speed of the storage.
 
 Local files are stat-ed by a bounded thread pool (a cold NFS/Lustre stat takes 0.1-1 ms, so
-one at a time would take hours on 10 M files); object stores are listed one parent prefix per
-request, several prefixes at once, with a bounded cache of the listings' fingerprints.
+one at a time would take hours on 10 M files). Object stores are listed, several requests at
+once, into a bounded cache of the listings' fingerprints. On S3 the parents a batch of paths
+needs are read as a few ordered key streams (``list_objects_v2`` pages of 1,000 keys, jumping
+over key ranges no wanted parent holds) rather than one delimiter listing per parent: a corpus
+of 100 files per directory costs ~10x fewer requests, and no key outside the wanted
+directories' ranges is fetched except at the edges of a page. Other stores list each parent.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import os
 import posixpath
 import time
@@ -148,6 +154,64 @@ class Fingerprinter:
         return {fs._strip_protocol(e["name"]).rstrip("/"): entry_fingerprint(e)
                 for e in entries if e.get("type", "file") != "directory"}
 
+    def _list_many(self, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, str]]:
+        """Listings of the ``wanted`` parents: S3 buckets as grouped key streams, others one by one."""
+        jobs: list[tuple[Any, ...]] = []
+        by_bucket: dict[tuple[str, str], list[str]] = {}
+        for key in wanted:
+            protocol, parent = key
+            bucket, _, prefix = parent.partition("/")
+            if protocol in ("s3", "s3a") and prefix and hasattr(self._filesystem(protocol), "call_s3"):
+                by_bucket.setdefault((protocol, bucket), []).append(prefix)
+            else:
+                jobs.append((self._list, key))
+        for (protocol, bucket), prefixes in by_bucket.items():
+            for group in _stream_groups(sorted(p + "/" for p in prefixes), self.threads):
+                jobs.append((self._stream_s3, protocol, bucket, group))
+        out: dict[tuple[str, str], dict[str, str]] = {}
+
+        def run(job: tuple[Any, ...]) -> dict[tuple[str, str], dict[str, str]]:
+            fn, *args = job
+            return {args[0]: fn(args[0])} if fn == self._list else fn(*args)
+
+        parts = self._executor().map(run, jobs) if len(jobs) > 1 else map(run, jobs)
+        for part in parts:
+            out.update(part)
+        return out
+
+    def _stream_s3(self, protocol: str, bucket: str, ranges: list[str]) -> dict[tuple[str, str], dict[str, str]]:
+        """The files directly in each of ``ranges`` (sorted ``parent/`` key prefixes of one bucket),
+        read as ordered ``list_objects_v2`` pages that jump over keys of no wanted parent."""
+        fs = self._filesystem(protocol)
+        wanted = set(ranges)
+        listings: dict[str, dict[str, str]] = {r: {} for r in ranges}
+        common = os.path.commonprefix(ranges)
+        start_after = ranges[0]  # keys of a parent sort after "parent/" (a directory marker itself)
+        while True:
+            try:
+                page = fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=common, StartAfter=start_after,
+                                  MaxKeys=1000)
+            except (FileNotFoundError, PermissionError):
+                break
+            contents = page.get("Contents") or []
+            for obj in contents:
+                name = obj["Key"]
+                parent = name[:name.rfind("/") + 1]
+                if parent in wanted and name != parent:
+                    listings[parent][f"{bucket}/{name}"] = entry_fingerprint({"size": obj.get("Size"),
+                                                                              "ETag": obj.get("ETag")})
+            if not contents or not page.get("IsTruncated"):
+                break
+            last = contents[-1]["Key"]
+            i = bisect.bisect_right(ranges, last)
+            if any(last[:k + 1] in wanted for k in range(len(last)) if last[k] == "/"):
+                start_after = last  # inside a wanted parent's keys: the next page
+            elif i < len(ranges):
+                start_after = ranges[i]  # in a gap: jump to the next wanted parent
+            else:
+                break  # past the last wanted parent
+        return {(protocol, f"{bucket}/{r[:-1]}"): listing for r, listing in listings.items()}
+
     def _remote(self, paths: Sequence[str]) -> list[str]:
         keys = []
         for p in paths:
@@ -155,8 +219,7 @@ class Fingerprinter:
             keys.append((protocol, posixpath.dirname(fsspec.core.strip_protocol(p)).rstrip("/")))
         wanted = [k for k in dict.fromkeys(keys) if k not in self._listings]
         if wanted:
-            listed = self._executor().map(self._list, wanted) if len(wanted) > 1 else [self._list(wanted[0])]
-            for k, listing in zip(wanted, listed):
+            for k, listing in self._list_many(wanted).items():
                 self._remember(k, listing)
         out = []
         for p, k in zip(paths, keys):
@@ -174,6 +237,14 @@ class Fingerprinter:
         while self._cached > self.cache_entries and len(self._listings) > 1:
             _, dropped = self._listings.popitem(last=False)
             self._cached -= len(dropped)
+
+
+def _stream_groups(ranges: list[str], threads: int, min_group: int = 16) -> list[list[str]]:
+    """Sorted key prefixes cut into at most ``threads`` consecutive groups of at least ``min_group``
+    (one ordered key stream each: fewer, fuller pages than one stream per prefix)."""
+    n = max(1, min(threads, math.ceil(len(ranges) / min_group)))
+    size = math.ceil(len(ranges) / n)
+    return [ranges[i:i + size] for i in range(0, len(ranges), size)]
 
 
 def fingerprint_files(paths: Sequence[str], storage_options: Mapping[str, Any] | None = None) -> dict[str, str]:

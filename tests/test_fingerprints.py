@@ -86,3 +86,52 @@ def test_remote_listing_cache_is_bounded(tmp_path):
         assert [p.split(":")[0] for p in prints[:-1]] == [str(i) for _ in range(20) for i in range(50)]
         assert prints[-1] == "missing"
         assert fp._cached <= 120 + 50 and len(fp._listings) <= 3  # at most ~cache_entries kept
+
+
+def test_s3_key_streams_equal_per_directory_listings(moto_server):
+    """On a real S3 endpoint: the grouped key streams give what one listing per parent gives,
+    for nested wanted parents, a wanted parent's sub-directory, directory markers, missing files
+    and parents, and a 2,500-key directory between wanted ones, which the stream jumps over."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+
+    bucket = f"fp-{uuid.uuid4().hex[:12]}"
+    moto_server.make_bucket(bucket)
+    client = boto3.client("s3", endpoint_url=moto_server.endpoint_url, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    keys = [f"c/spk{d:03d}/u{i}.wav" for d in range(40) for i in range(30)]
+    keys += [f"c/spk005/sub/x{i}.wav" for i in range(5)]  # in a wanted parent's sub-directory
+    keys += [f"c/spk020-noise/n{i:05d}.wav" for i in range(2500)]  # between wanted parents
+    keys += ["c/spk007/", "c/a.wav", "c/zz.wav", "d/top.wav"]  # a directory marker; files beside
+
+    def put(key: str) -> None:
+        client.put_object(Bucket=bucket, Key=key, Body=b"" if key.endswith("/") else key.encode() * 2)
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, keys))
+    wanted = [f"s3://{bucket}/{k}" for k in keys if "noise" not in k and not k.endswith("/")]
+    wanted += [f"s3://{bucket}/c/spk003/gone.wav", f"s3://{bucket}/nodir/gone.wav"]
+    options = moto_server.storage_options()
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, use_listings_cache=False, **options)
+    expected = {}
+    for p in wanted:
+        parent = p.rsplit("/", 1)[0]
+        try:
+            entries = {e["name"]: e for e in fs.ls(parent, detail=True)}
+        except FileNotFoundError:
+            entries = {}
+        e = entries.get(p[len("s3://"):])
+        expected[p] = f"{e['size']}:{e['ETag'].strip(chr(34))}" if e and e["type"] == "file" else "missing"
+    assert sum(v == "missing" for v in expected.values()) == 2
+
+    with Fingerprinter("stat", options, threads=4) as fp:
+        calls = []
+        real = fp._filesystem("s3").call_s3
+        fp._filesystem("s3").call_s3 = lambda *a, **k: calls.append(k) or real(*a, **k)
+        got = dict(zip(wanted, fp.fingerprints(wanted)))
+    assert got == expected
+    # 43 wanted parents as key streams: ~1,200 wanted keys in pages of 1,000, plus a jump over
+    # the 2,500 keys of spk020-noise, instead of 43 listings
+    assert len(calls) <= 8, calls
+    assert all(k.get("MaxKeys") == 1000 for k in calls)
