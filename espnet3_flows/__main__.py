@@ -1,40 +1,46 @@
 """``python -m espnet3_flows JOB [--config FILE] [--dry-run] [--print-config] [--verbose] [key=value ...]``.
 
-The same command line as ``python flows/<job>.py`` and the ``espnet3-collect-stats`` /
-``espnet3-extract-xvectors`` console scripts, for an installed package without a checkout.
+The same command line as ``python flows/<job>.py`` and the ``espnet3-<job>`` console scripts
+(``espnet3-collect-stats``, ...), for an installed package without a checkout. The jobs are
+those of :mod:`espnet3_flows.job_registry`.
 """
 
 from __future__ import annotations
 
 import sys
-
-JOBS = ("collect_stats", "extract_xvectors")
+from typing import Callable
 
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatch to the job named by the first argument."""
+    from espnet3_flows.job_registry import available_jobs
+
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in JOBS:
-        print(f"usage: python -m espnet3_flows {{{','.join(JOBS)}}} [--help | --config FILE | --dry-run | "
-              "--print-config | --verbose | key=value ...]", file=sys.stderr)
+    jobs = available_jobs()
+    if not args or args[0] not in jobs:
+        listing = "\n".join(f"  {name:18s} {spec.description}" for name, spec in jobs.items())
+        print(f"usage: python -m espnet3_flows {{{','.join(jobs)}}} [--help | --config FILE | --dry-run | "
+              f"--print-config | --verbose | key=value ...]\n\njobs:\n{listing}",
+              file=sys.stderr)
         return 0 if args and args[0] in ("-h", "--help") else 2
     from espnet3_flows.orchestration.entry import main as run
 
     return run(args[0], args[1:])
 
 
-def collect_stats() -> int:
-    """Console script ``espnet3-collect-stats``."""
-    from espnet3_flows.orchestration.entry import main as run
+def __getattr__(name: str) -> Callable[[], int]:
+    """``espnet3_flows.__main__:<job>``: the console-script entry of a registered job."""
+    from espnet3_flows.job_registry import available_jobs
 
-    return run("collect_stats")
+    if name not in available_jobs():
+        raise AttributeError(name)
 
+    def script() -> int:
+        from espnet3_flows.orchestration.entry import main as run
 
-def extract_xvectors() -> int:
-    """Console script ``espnet3-extract-xvectors``."""
-    from espnet3_flows.orchestration.entry import main as run
+        return run(name)
 
-    return run("extract_xvectors")
+    return script
 
 
 if __name__ == "__main__":

@@ -11,10 +11,12 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from espnet3_flows.errors import Espnet3FlowsError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(Espnet3FlowsError, ValueError):
     """A configuration value, key or file is invalid; raised before any work starts."""
 
 
@@ -166,7 +168,9 @@ def describe_keys(schema: type) -> dict[str, str]:
     taken from the ``Attributes:`` section of each dataclass's docstring ("" if undocumented)."""
     import typing
 
-    own = _attribute_docs(schema)
+    own: dict[str, str] = {}
+    for klass in reversed(schema.__mro__):  # a base's docs, unless a subclass documents the key again
+        own.update(_attribute_docs(klass))
     hints = typing.get_type_hints(schema)
     docs: dict[str, str] = {}
     for f in dataclasses.fields(schema):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -101,3 +102,11 @@ def demo_manifests(output_dir: str, n_utts: int) -> dict[str, str]:
     """Generate the demo corpus beside a local ``output_dir`` and return its manifests."""
     root = demo_root(output_dir)
     return {k: str(v) for k, v in make_demo_corpus(root, n_utts=n_utts).items()}
+
+
+def demo_manifest_settings(cfg: Any) -> dict[str, Any] | None:
+    """For a job config whose ``manifests`` is empty: the generated demo corpus's manifests (as
+    config settings); ``None`` when the config names its inputs."""
+    if cfg.manifests:
+        return None
+    return {"manifests": demo_manifests(cfg.output_dir, cfg.demo_utterances)}

@@ -1,16 +1,25 @@
-"""The one error type that means "this input item is bad", as opposed to a bug or an outage.
+"""The package's errors: one root, and the one type that means "this input item is bad".
 
-Under ``on_error: skip`` only a :class:`BadItemError` raised by ``forward`` makes an item a
-skipped one (listed in ``skipped.tsv``); under ``on_error: fail`` it fails the run at once,
-without retries (the item fails the same way every time). Any other exception, a ``ValueError``
-from numpy or torch inside a model included, is a failure of the shard: retried, then reported,
-never silently turned into skipped items. Raise it (or a subclass) from ``forward`` or from what
-``forward`` calls for inputs that cannot be processed: missing or corrupt files, audio too short
-for the frontend, features that come out NaN for this input.
+:class:`Espnet3FlowsError` is the root of every error this package raises on purpose (config,
+manifest, storage, provider, bad item, failed shards). :class:`BadItemError` is the only one
+``on_error`` applies to: under ``on_error: skip`` only a :class:`BadItemError` raised by
+``forward`` makes an item a skipped one (listed in ``skipped.tsv``); under ``on_error: fail``
+it fails the run at once, without retries (the item fails the same way every time). Any other
+exception, a ``ValueError`` from numpy or torch inside a model included, is a failure of the
+shard: retried (storage, network, a lost worker), then reported, never silently turned into
+skipped items. Raise it (or a subclass) from ``forward`` or from what ``forward`` calls for
+inputs that cannot be processed: missing or corrupt files, audio too short for the frontend,
+features that come out NaN for this input.
 """
 
 from __future__ import annotations
 
 
-class BadItemError(ValueError):
+class Espnet3FlowsError(Exception):
+    """The root of this package's errors: ``except Espnet3FlowsError`` catches every error the
+    package raises on purpose (config, manifest, storage, bad item, failed shards), and nothing
+    that is a bug."""
+
+
+class BadItemError(Espnet3FlowsError, ValueError):
     """An input item that cannot be processed (the message names why); never a code bug."""

@@ -40,8 +40,8 @@ from espnet3_flows.fingerprints import fingerprint_files
 from espnet3_flows.manifest import (
     ManifestError,
     SkippedItem,
-    Utterance,
     entry_kind,
+    parse_joined_line,
     validate_utt_id,
 )
 from espnet3_flows.sharding import digest
@@ -378,16 +378,6 @@ def _parse_segment(rest: str) -> tuple[str, float, float | None]:
     if not end > start or end == float("inf"):
         raise ValueError(f"end {fields[2]} must be after start {fields[1]} (or -1 for the end of the recording)")
     return rec, start, end
-
-
-def parse_joined_line(line: str) -> Utterance:
-    """An :class:`~espnet3_flows.manifest.Utterance` from one joined line (see the module doc)."""
-    cells = line.split("\t", 7)
-    if len(cells) != 8:
-        raise ValueError(f"not a joined data-directory line ({len(cells)} fields)")
-    utt, lineno, rec, start, end, speaker, text, entry = cells
-    return Utterance(utt, entry, text, speaker, int(lineno), start=float(start),
-                     end=float(end) if end else None, recording=rec)
 
 
 def joined_hash_payload(raw: bytes) -> bytes:

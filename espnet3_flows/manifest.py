@@ -14,6 +14,8 @@ from typing import Any, Iterator, Mapping
 
 import fsspec
 
+from espnet3_flows.errors import Espnet3FlowsError
+
 ON_ERROR_POLICIES = ("fail", "skip")
 #: Line formats of the files workers read: a TSV manifest, a lhotse CutSet's JSON lines, or the
 #: joined lines of a Kaldi data directory (see :mod:`espnet3_flows.kaldi_dir`)
@@ -26,7 +28,7 @@ _AUDIO_EXTENSIONS = (".wav", ".flac", ".sph", ".mp3", ".ogg", ".opus", ".m4a", "
                      ".aiff", ".au", ".amr", ".webm", ".mp4")
 
 
-class ManifestError(ValueError):
+class ManifestError(Espnet3FlowsError, ValueError):
     """A manifest file or one of its lines is invalid; the message names split, file and line."""
 
 
@@ -255,8 +257,6 @@ def parse_manifest_line(bline: bytes, lineno: int, fmt: str = "tsv") -> Utteranc
         return None
     try:
         if fmt == "kaldi":
-            from espnet3_flows.kaldi_dir import parse_joined_line
-
             utt = parse_joined_line(line)
         else:
             utt = _parse_lhotse_line(line, lineno) if lhotse else _parse_tsv_line(line, lineno)
@@ -293,6 +293,17 @@ def planning_fields(bline: bytes, lineno: int, fmt: str = "tsv") -> tuple[str, s
 def line_error(split: str, path: str, lineno: int, exc: ManifestLineError) -> str:
     """The message of a bad manifest line: ``split 'x': file:line: utt 'id': problem``."""
     return f"split {split!r}: {path}:{lineno}: " + (f"utt {exc.utt_id!r}: " if exc.utt_id else "") + str(exc)
+
+
+def parse_joined_line(line: str) -> Utterance:
+    """An :class:`Utterance` from one line of a joined Kaldi data directory (see
+    :mod:`espnet3_flows.kaldi_dir`)."""
+    cells = line.split("\t", 7)
+    if len(cells) != 8:
+        raise ValueError(f"not a joined data-directory line ({len(cells)} fields)")
+    utt, lineno, rec, start, end, speaker, text, entry = cells
+    return Utterance(utt, entry, text, speaker, int(lineno), start=float(start),
+                     end=float(end) if end else None, recording=rec)
 
 
 def read_manifest(

@@ -12,10 +12,12 @@ from typing import Any, BinaryIO, Callable, Iterable, Mapping
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from espnet3_flows.errors import Espnet3FlowsError
+
 _SECRET_WORDS = ("secret", "password", "token", "key", "credential", "session")
 
 
-class StorageError(RuntimeError):
+class StorageError(Espnet3FlowsError, RuntimeError):
     """The output location cannot be read or written."""
 
 

@@ -4,36 +4,172 @@ from __future__ import annotations
 
 import posixpath
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from espnet3_flows.audio import RecordingCache, recording_key
 from espnet3_flows.config import ConfigError
+from espnet3_flows.demo import DEMO_UTTERANCES
 from espnet3_flows.fingerprints import FINGERPRINT_MODES
-from espnet3_flows.manifest import ON_ERROR_POLICIES, SkippedItem, Utterance, read_manifest_slice
+from espnet3_flows.manifest import ON_ERROR_POLICIES, SkippedItem, Utterance, read_manifest_slice, write_skipped_tsv
 from espnet3_flows.manifest_plan import plan_manifest
+from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
 from espnet3_flows.parallel.runner import BaseRunner
 from espnet3_flows.sharding import Shard, ShardPlan
+from espnet3_flows.storage import Storage
 
 _SPLIT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
 
-def check_common(on_error: str, shard_size: int, batch_size: int, manifests: Mapping[str, str],
-                 fingerprint: str = "stat", pipe_timeout: float = 600.0) -> None:
-    """Checks shared by the jobs' configs (raise :class:`ConfigError`)."""
-    if not pipe_timeout > 0:
-        raise ConfigError(f"pipe_timeout must be a positive number of seconds, got {pipe_timeout}")
-    if on_error not in ON_ERROR_POLICIES:
-        raise ConfigError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
-    if shard_size < 1:
-        raise ConfigError(f"shard_size must be >= 1, got {shard_size}")
-    if batch_size < 0:
-        raise ConfigError(f"batch_size must be >= 0, got {batch_size}")
-    if fingerprint not in FINGERPRINT_MODES:
-        raise ConfigError(f"fingerprint must be one of {FINGERPRINT_MODES}, got {fingerprint!r}")
+@dataclass
+class InputsConfig:
+    """The input and output keys of jobs configured like collect-stats (a manifest per split).
+
+    Attributes:
+        manifests: Split name → manifest, path or URL: a TSV (``utt_id, wav_path[, text[,
+            speaker]]``), a lhotse ``.jsonl[.gz]`` CutSet, or a Kaldi data directory (``wav.scp``
+            with optional ``segments``, ``utt2spk``, ``text``; see :mod:`espnet3_flows.kaldi_dir`).
+            Empty means: generate the demo corpus and use its splits.
+        output_dir: Where outputs go (path or fsspec URL such as ``s3://bucket/stats``).
+        batch_size: Utterances per ``forward`` call.
+        demo_utterances: Size of the generated demo corpus when ``manifests`` is empty.
+    """
+
+    manifests: dict[str, str] = field(default_factory=dict)
+    output_dir: str = "exp/output"
+    batch_size: int = 16
+    demo_utterances: int = DEMO_UTTERANCES
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        check_split_names(self.manifests)
+
+
+@dataclass
+class EngineConfig:
+    """The keys of every per-utterance job: sharding, errors, retries, inputs, storage, cluster.
+
+    Attributes:
+        storage_options: fsspec options for the outputs and remote inputs (credentials,
+            ``client_kwargs.endpoint_url``); never written to outputs or logs.
+        shard_size: Utterances per shard (the unit of caching, retry and parallelism). Each
+            shard is one Prefect task (~0.1 s of bookkeeping on its worker); 1000 utterances of
+            2-6 s are ~1 s of work per worker, and at this size the flow's steady state equals
+            the engine's without Prefect. Lower it when there are more workers than shards.
+        on_error: ``fail`` stops the run at the first bad item (never retried: it fails the same
+            way every time); ``skip`` lists it in ``skipped.tsv``.
+        retries: Retries of a failed shard task (Prefect); for infrastructure errors only
+            (storage, network, a lost worker), never for a bad item.
+        retry_delay_seconds: First retry delay; doubles on each retry (Prefect's exponential
+            backoff, each delay jittered by up to 50 % so that shards failed together do not
+            retry together).
+        fingerprint: How input files are fingerprinted into shard hashes: ``stat`` (size and
+            mtime of every audio file, or the object store's ETag: a file replaced in place is
+            recomputed) or ``manifest`` (no file system access at planning: a shard's hash covers
+            its manifest lines only, so a file replaced under the same path is not noticed; for
+            file systems where a stat per file is too slow).
+        parallel: Where shards run (see :class:`~espnet3_flows.parallel.cluster.ParallelConfig`).
+        allow_pipes: Whether audio entries that are commands (``sph2pipe -f wav X.sph |`` in a
+            data directory's ``wav.scp``, or a manifest path ending in ``|``) may run, on every
+            worker, through the shell. Off by default: a manifest from storage or a UI parameter
+            must not execute commands; with it off, the first command entry is an error naming
+            its file and line.
+        pipe_timeout: Seconds one audio command may run before it is killed (the shard then
+            fails and is retried).
+    """
+
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    shard_size: int = 1000
+    on_error: str = "fail"
+    retries: int = 2
+    retry_delay_seconds: float = 2.0
+    fingerprint: str = "stat"
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    allow_pipes: bool = False
+    pipe_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.pipe_timeout > 0:
+            raise ConfigError(f"pipe_timeout must be a positive number of seconds, got {self.pipe_timeout}")
+        if self.on_error not in ON_ERROR_POLICIES:
+            raise ConfigError(f"on_error must be one of {ON_ERROR_POLICIES}, got {self.on_error!r}")
+        if self.shard_size < 1:
+            raise ConfigError(f"shard_size must be >= 1, got {self.shard_size}")
+        if self.fingerprint not in FINGERPRINT_MODES:
+            raise ConfigError(f"fingerprint must be one of {FINGERPRINT_MODES}, got {self.fingerprint!r}")
+        after = getattr(super(), "__post_init__", None)  # the next config base's checks (InputsConfig)
+        if after is not None:
+            after()
+
+
+def check_split_names(manifests: Mapping[str, str]) -> None:
+    """Split names become directory names: letters, digits, '_', '-', '.' (raise :class:`ConfigError`)."""
     for split in manifests:
         if not split or set(split) - _SPLIT_CHARS or split.startswith((".", "-")):
             raise ConfigError(f"split name {split!r} must be letters, digits, '_', '-' or '.'")
+
+
+@runtime_checkable
+class SplitRunner(Protocol):
+    """What orchestration uses of a job's runner: one split's planning, shards, done records and
+    merge. :class:`UtteranceRunner` (a :class:`~espnet3_flows.parallel.runner.BaseRunner` over a
+    manifest) provides all of it; a job's ``runners`` factory returns one per split."""
+
+    split: str
+    shard_subdir: str
+    provider: EnvironmentProvider
+    batch_size: int | None
+    on_error: str
+
+    @property
+    def outputs_rel(self) -> str: ...
+
+    @property
+    def storage(self) -> Storage | None: ...
+
+    def plan(self, indices: Sequence[int] | None = None) -> ShardPlan: ...
+
+    def manifest_skipped(self) -> list[SkippedItem]: ...
+
+    def hash_config(self) -> Mapping[str, Any]: ...
+
+    def collect_done(self, plan: ShardPlan) -> dict[int, Any]: ...
+
+    def load_done(self, shard: Shard) -> Any: ...
+
+    def read_done(self, shard_hash: str, cached: bool = False) -> Any: ...
+
+    def write_plan(self, plan: ShardPlan) -> None: ...
+
+    def check_env_keys(self, keys: Sequence[str]) -> None: ...
+
+    def run_shard(self, shard: Shard, env: Mapping[str, Any]) -> Any: ...
+
+    def merge(self, results: list[Any]) -> Any: ...
+
+
+def publish_split_files(store: Storage, rel: str, staged: Sequence[tuple[str, Path]], skipped: Sequence[SkippedItem],
+                        summary: dict[str, Any]) -> dict[str, Any]:
+    """Publish a split's merged outputs in order: the ``staged`` files (name, local path: list an
+    ark before the scp that points into it), then ``skipped.tsv``, then ``summary.json`` last, so
+    a reader that finds ``summary.json`` finds every file it lists.
+
+    Returns:
+        ``summary`` with ``skipped`` (the count) and ``files`` (name → URI, ``summary.json`` too).
+    """
+    files = {}
+    for name, local in staged:
+        store.publish_file(local, posixpath.join(rel, name))
+        files[name] = store.uri(rel, name)
+    store.write_text(posixpath.join(rel, "skipped.tsv"), write_skipped_tsv(list(skipped)))
+    files["skipped.tsv"] = store.uri(rel, "skipped.tsv")
+    summary = {**summary, "skipped": len(skipped), "files": files}
+    store.write_json(posixpath.join(rel, "summary.json"), summary)
+    summary["files"] = {**files, "summary.json": store.uri(rel, "summary.json")}
+    return summary
 
 
 class ShardDataset:
@@ -71,6 +207,8 @@ class UtteranceRunner(BaseRunner):
     from the shard's byte range of the manifest.
     """
 
+    #: the job's config (the dataclass its ``jobspec`` names)
+    cfg: Any
     split: str
     manifest: str
     input_options: Mapping[str, Any]
@@ -122,4 +260,5 @@ class UtteranceRunner(BaseRunner):
         return SkippedItem(self.split, u.utt_id, u.line, u.path, f"{type(exc).__name__}: {exc}").to_dict()
 
 
-__all__ = ["EnvironmentProvider", "ShardDataset", "UtteranceRunner", "check_common"]
+__all__ = ["EngineConfig", "EnvironmentProvider", "InputsConfig", "ShardDataset", "SplitRunner", "UtteranceRunner",
+           "check_split_names", "publish_split_files"]

@@ -2,9 +2,9 @@
 
 import sys
 
-from espnet3_flows.orchestration.entry import collect_stats, main
+from espnet3_flows.orchestration.entry import job_flow, main
 
-__all__ = ["collect_stats"]
+collect_stats = job_flow("collect_stats")
 
 if __name__ == "__main__":
     sys.exit(main("collect_stats"))

@@ -2,9 +2,9 @@
 
 import sys
 
-from espnet3_flows.orchestration.entry import extract_xvectors, main
+from espnet3_flows.orchestration.entry import job_flow, main
 
-__all__ = ["extract_xvectors"]
+extract_xvectors = job_flow("extract_xvectors")
 
 if __name__ == "__main__":
     sys.exit(main("extract_xvectors"))

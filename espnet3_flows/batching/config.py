@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from espnet3_flows.errors import Espnet3FlowsError
+
 BatchType = Literal["sorted", "numel", "length"]
 UnevenPolicy = Literal["borrow", "drop"]
 
@@ -15,7 +17,7 @@ _BUDGET_OF = {
 }
 
 
-class BatchConfigError(ValueError):
+class BatchConfigError(Espnet3FlowsError, ValueError):
     """A batch setting that cannot work, found before any batching is done."""
 
 

@@ -19,11 +19,13 @@ from typing import Any, Union
 
 import numpy as np
 
+from espnet3_flows.errors import Espnet3FlowsError
+
 PathLike = Union[str, "os.PathLike[str]"]
 ColumnSource = Union[PathLike, Sequence[PathLike]]
 
 
-class LengthFileError(ValueError):
+class LengthFileError(Espnet3FlowsError, ValueError):
     """A shape or group file line that cannot be used: names the file, line number and id.
 
     Attributes:

@@ -12,12 +12,13 @@ import numpy as np
 
 from espnet3_flows.batching.config import BatchConfig, BatchConfigError
 from espnet3_flows.batching.lengths import LengthTable
+from espnet3_flows.errors import Espnet3FlowsError
 from espnet3_flows.storage import replace_atomically
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class BatchBudgetError(ValueError):
+class BatchBudgetError(Espnet3FlowsError, ValueError):
     """Under ``strict=True``: an utterance (or ``ngpu`` of them) does not fit the budget."""
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import sys
 import traceback
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import prefect.settings
 from omegaconf import OmegaConf
-from prefect import flow
+from prefect import Flow, flow
 
 from espnet3_flows.config import ConfigError, describe_keys, load_config, split_cli_args, to_plain
 from espnet3_flows.orchestration.console import quiet_console, quiet_local_workers
@@ -32,22 +34,19 @@ def resolve_config(job: str, config_file: str | None, params: dict[str, Any], ov
     random-weight model).
     """
     spec = get_job(job)
-    defaults = OmegaConf.to_container(OmegaConf.structured(spec.schema))
+    schema = spec.config_class
+    defaults = OmegaConf.to_container(OmegaConf.structured(schema))
     changed = [f"{k}={json.dumps(v)}" for k, v in _flatten(params) if _lookup(defaults, k) != v]
-    cfg = load_config(spec.schema, config_file, [*changed, *overrides])
-    demo = spec.demo(cfg) if spec.demo is not None else None
+    cfg = load_config(schema, config_file, [*changed, *overrides])
+    demo = spec.demo_settings(cfg)
     if demo:
-        cfg = load_config(spec.schema, base=OmegaConf.to_container(OmegaConf.merge(to_plain(cfg), demo)))
+        cfg = load_config(schema, base=OmegaConf.to_container(OmegaConf.merge(to_plain(cfg), demo)))
     return cfg
 
 
-def _flatten(params: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for k, v in params.items():
-        if v is None:
-            continue
-        out.append((prefix + k, v))
-    return out
+def _flatten(params: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The parameters that were given (not ``None``), as (dotted key, value)."""
+    return [(k, v) for k, v in params.items() if v is not None]
 
 
 def _lookup(d: Any, dotted: str) -> Any:
@@ -58,89 +57,45 @@ def _lookup(d: Any, dotted: str) -> Any:
     return d
 
 
-@flow(name="collect-stats", log_prints=True)
-def collect_stats(
-    manifests: dict[str, str] | None = None,
-    output_dir: str = "exp/collect_stats",
-    config_file: str | None = None,
-    shard_size: int = 1000,
-    batch_size: int = 16,
-    frontend_type: Literal["fbank", "none"] = "fbank",
-    sampling_rate: int = 16000,
-    num_mel_bins: int = 80,
-    write_collected_feats: bool = False,
-    on_error: Literal["fail", "skip"] = "fail",
-    parallel_env: str = "local",
-    n_workers: int = 0,
-    overrides: list[str] | None = None,
-) -> dict[str, Any]:
-    """Collect feature shapes and exact global mean/variance (ESPnet2 ``feats_stats.npz``) per split.
-
-    Args:
-        manifests: Split name → manifest path or URL (TSV ``utt_id, wav_path, text, speaker`` or
-            lhotse ``.jsonl[.gz]``). Empty: a generated demo corpus.
-        output_dir: Output location, a path or URL such as ``s3://bucket/stats``.
-        config_file: Optional YAML config (on the worker's file system); the other parameters
-            override it when they differ from their defaults.
-        shard_size: Utterances per shard: the unit of caching, retry and parallelism.
-        batch_size: Utterances per forward call.
-        frontend_type: ``fbank`` (80-dim log-mel) or ``none`` (lengths only).
-        sampling_rate: Audio is resampled to this rate.
-        num_mel_bins: Mel bins of the fbank.
-        write_collected_feats: Also write the features as Kaldi ark/scp.
-        on_error: ``fail`` on the first bad item, or ``skip`` and list it in ``skipped.tsv``.
-        parallel_env: ``local`` (Dask processes), ``serial``, ``local_gpu``, ``slurm``, ``pbs``, ...
-        n_workers: Dask workers (0 = one per core locally).
-        overrides: Extra ``key=value`` overrides, e.g. ``["parallel.options.queue=gpu"]``.
-    """
-    params = {"manifests": manifests or None, "output_dir": output_dir, "shard_size": shard_size,
-              "batch_size": batch_size, "frontend.type": frontend_type, "frontend.sampling_rate": sampling_rate,
-              "frontend.num_mel_bins": num_mel_bins, "write_collected_feats": write_collected_feats,
-              "on_error": on_error, "parallel.env": parallel_env, "parallel.n_workers": n_workers}
-    _refuse_secrets(overrides)
-    cfg = resolve_config("collect_stats", config_file, params, overrides or [])
-    return run_job("collect_stats", to_plain(cfg), progress=sys.stderr.isatty())  # the UI has its own
+def _parameter_default(defaults: dict[str, Any], key: str) -> Any:
+    """A flow parameter's default: its config key's, or ``None`` (not passed on) for an empty one."""
+    value = _lookup(defaults, key)
+    return None if value in (None, "", {}, [], "???") or not isinstance(value, (str, int, float, bool, dict, list)) \
+        else value
 
 
-@flow(name="extract-xvectors", log_prints=True)
-def extract_xvectors(
-    pretrained_model: str | None = None,
-    manifest_paths: dict[str, str] | None = None,
-    save_path: str = "exp/xvectors",
-    config_file: str | None = None,
-    spk_embed_tag: str = "xvector",
-    device: str = "cpu",
-    batch_size: int = 0,
-    shard_size: int = 128,
-    on_error: Literal["fail", "skip"] = "fail",
-    parallel_env: str = "local",
-    n_workers: int = 0,
-    overrides: list[str] | None = None,
-) -> dict[str, Any]:
-    """Extract a speaker embedding per utterance (speechbrain), with ESPnet2 ark/scp and speaker means.
+@functools.lru_cache(maxsize=None)
+def job_flow(job: str) -> Flow:
+    """The Prefect flow of a registered job, with its typed parameters (the UI's form) from the
+    job's :class:`~espnet3_flows.job_registry.JobSpec`: each sets one config key, defaults to that
+    key's default, and wins over ``config_file`` when it differs from it; ``overrides`` win over
+    both. A flow module holds ``<job> = job_flow("<job>")``."""
+    spec = get_job(job)
+    defaults = OmegaConf.to_container(OmegaConf.structured(spec.config_class))
+    params = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=p.annotation,
+                                default=_parameter_default(defaults, p.key)) for p in spec.flow_parameters]
+    params += [inspect.Parameter("config_file", inspect.Parameter.KEYWORD_ONLY, annotation=str | None, default=None),
+               inspect.Parameter("overrides", inspect.Parameter.KEYWORD_ONLY, annotation=list[str] | None,
+                                 default=None)]
+    docs = [(p.name, p.doc) for p in spec.flow_parameters]
+    docs += [("config_file", "Optional YAML config (on the worker's file system); the other parameters override "
+                             "it when they differ from their defaults."),
+             ("overrides", "Extra `key=value` overrides, e.g. `[\"parallel.options.queue=gpu\"]`.")]
 
-    Args:
-        pretrained_model: A local speechbrain model directory (``hyperparams.yaml`` + checkpoints)
-            or a hub id already in the local cache.
-        manifest_paths: Split name → manifest TSV (``utt_id, wav_path, text, speaker``).
-        save_path: Output location, a path or URL.
-        config_file: Optional YAML config; other parameters override it when they differ from defaults.
-        spk_embed_tag: Sub-directory name of the embeddings (``{save_path}/{tag}/{split}``).
-        device: ``cpu``, ``cuda`` or ``cuda:N``.
-        batch_size: Utterances per model call, length-sorted within a shard (0: 1 on CPU, 16 on CUDA).
-        shard_size: Utterances per shard.
-        on_error: ``fail`` or ``skip``.
-        parallel_env: ``local``, ``serial``, ``local_gpu``, ``slurm``, ...
-        n_workers: Dask workers (0 = one per core locally).
-        overrides: Extra ``key=value`` overrides.
-    """
-    params = {"xvector.pretrained_model": pretrained_model, "xvector.manifest_paths": manifest_paths or None,
-              "xvector.save_path": save_path, "xvector.spk_embed_tag": spk_embed_tag, "xvector.device": device,
-              "xvector.batch_size": batch_size, "shard_size": shard_size, "on_error": on_error,
-              "parallel.env": parallel_env, "parallel.n_workers": n_workers}
-    _refuse_secrets(overrides)
-    cfg = resolve_config("extract_xvectors", config_file, params, overrides or [])
-    return run_job("extract_xvectors", to_plain(cfg), progress=sys.stderr.isatty())
+    def run(**values: Any) -> dict[str, Any]:
+        overrides = values.pop("overrides", None)
+        config_file = values.pop("config_file", None)
+        _refuse_secrets(overrides)
+        given = {p.key: values.get(p.name) for p in spec.flow_parameters}
+        given = {k: (v or None) if isinstance(v, (dict, list)) else v for k, v in given.items()}
+        cfg = resolve_config(job, config_file, given, overrides or [])
+        return run_job(job, to_plain(cfg), progress=sys.stderr.isatty())  # the UI has its own
+
+    run.__signature__ = inspect.Signature(params, return_annotation=dict[str, Any])  # type: ignore[attr-defined]
+    run.__doc__ = spec.description + "\n\nArgs:\n" + "".join(
+        f"    {name}: {' '.join(doc.split())}\n" for name, doc in docs)
+    run.__name__ = run.__qualname__ = job
+    return flow(run, name=spec.title, description=spec.description, log_prints=True)
 
 
 def _refuse_secrets(overrides: Sequence[str] | None) -> None:
@@ -270,7 +225,7 @@ def _dry_run(job: str, cfg: Any) -> int:
 def usage(job: str) -> str:
     """Help text: the command line form, then every config key with its default and the first
     sentence of its description (from the config dataclasses' docstrings)."""
-    schema = get_job(job).schema
+    schema = get_job(job).config_class
     defaults = OmegaConf.to_container(OmegaConf.structured(schema))
     docs = describe_keys(schema)
     lines = [f"usage: python flows/{job}.py [--config FILE] [--dry-run] [--print-config] [--verbose] [key=value ...]",

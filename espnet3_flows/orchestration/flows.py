@@ -18,11 +18,14 @@ from prefect.tasks import exponential_backoff
 from espnet3_flows.config import load_config, to_plain
 from espnet3_flows.orchestration import console
 from espnet3_flows.orchestration.artifacts import ProgressArtifact, publish_split_artifacts, publish_table_artifact
-from espnet3_flows.orchestration.client_tls import share_tls_contexts
+from espnet3_flows.orchestration.prefect_compat import (
+    cache_settings_hydration,
+    cache_settings_serialization,
+    share_tls_contexts,
+)
 from espnet3_flows.orchestration.job_run import JobRun, SplitRun, current_run, plan_job, running
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import drain_prefect_clients
-from espnet3_flows.orchestration.settings_serialization import cache_settings_hydration, cache_settings_serialization
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
 from espnet3_flows.parallel.forkserver import worker_start_method
@@ -60,7 +63,7 @@ def run_job(job: str, config: dict[str, Any] | None = None, progress: bool = Tru
     exactly this plan, no cluster starts and no flow runs: the published summaries are returned.
 
     Args:
-        job: A registered job name (``collect_stats``, ``extract_xvectors``).
+        job: A registered job name (see :mod:`espnet3_flows.job_registry`).
         config: The job config as plain data (validated here, before any work).
         progress: Show a terminal progress bar.
         planned: A run planned already (by the CLI, while the API server started).
@@ -72,7 +75,7 @@ def run_job(job: str, config: dict[str, Any] | None = None, progress: bool = Tru
     share_tls_contexts()
     cache_settings_serialization()
     if planned is None:
-        cfg = load_config(spec.schema, base=config or {})
+        cfg = load_config(spec.config_class, base=config or {})
         preflight(job, cfg)
         planned = plan_job(job, cfg)
     run, cfg = planned, planned.cfg

@@ -13,6 +13,7 @@ from espnet3_flows.orchestration.jobs import get_job
 from espnet3_flows.parallel.results import ShardResult
 from espnet3_flows.parallel.worker_env import runner_key
 from espnet3_flows.sharding import Shard, ShardPlan
+from espnet3_flows.utterance_job import SplitRunner
 
 
 @dataclass
@@ -26,7 +27,7 @@ class SplitRun:
         key: The runner's key (how shard tasks name it on workers).
     """
 
-    runner: Any
+    runner: SplitRunner
     plan: ShardPlan
     done: dict[int, ShardResult]
     key: str
@@ -105,7 +106,7 @@ def plan_job(job: str, cfg: Any, publish: bool = True) -> JobRun:
     (unless ``publish`` is false: a dry run) and read the ``done`` records of its shards."""
     t0 = time.perf_counter()
     splits = []
-    for runner in get_job(job).runners(cfg):
+    for runner in get_job(job).build_runners(cfg):
         plan = runner.plan()
         if publish:
             runner.write_plan(plan)

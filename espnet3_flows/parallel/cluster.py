@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import dask
 
 from espnet3_flows.config import ConfigError
+from espnet3_flows.parallel.forkserver import DASK_TRIM_DEFAULT, drop_inherited_trim_threshold, local_worker_start, worker_start_method
 
 _LOG = logging.getLogger(__name__)
 
@@ -259,7 +260,6 @@ def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
 
 _TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 _TRIM_ENV = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_"
-_DASK_TRIM_DEFAULT = "65536"
 
 
 def configure_worker_processes(cfg: ParallelConfig) -> None:
@@ -273,7 +273,7 @@ def configure_worker_processes(cfg: ParallelConfig) -> None:
 
     dask.config.set({"distributed.scheduler.allowed-failures": cfg.allowed_failures})
     if cfg.trim_worker_memory:
-        dask.config.set({_TRIM_KEY: int(_DASK_TRIM_DEFAULT)})
+        dask.config.set({_TRIM_KEY: int(DASK_TRIM_DEFAULT)})
         os.environ.pop(_TRIM_ENV, None)
     else:
         dask.config.set({_TRIM_KEY: None})
@@ -281,18 +281,8 @@ def configure_worker_processes(cfg: ParallelConfig) -> None:
         drop_inherited_trim_threshold()
 
 
-def drop_inherited_trim_threshold() -> None:
-    """Remove Dask's ``MALLOC_TRIM_THRESHOLD_=65536`` from this process's environment: a nanny
-    started earlier in this process with Dask's defaults (a user's own LocalCluster) wrote it
-    into ``os.environ`` for good, and worker processes started later would inherit it."""
-    if os.environ.get("MALLOC_TRIM_THRESHOLD_") == _DASK_TRIM_DEFAULT:
-        os.environ.pop("MALLOC_TRIM_THRESHOLD_")
-
-
 def make_cluster(cfg: ParallelConfig) -> Any:
     """Start the cluster described by ``cfg`` (scaled, or adaptive for batch schedulers)."""
-    from espnet3_flows.parallel.forkserver import local_worker_start, worker_start_method
-
     spec = cluster_spec(cfg)
     cls = _import(spec.class_path)
     configure_worker_processes(cfg)
@@ -319,6 +309,11 @@ def set_parallel(config: ParallelConfig | Any | None) -> None:
 
         config = load_config(ParallelConfig, base=to_plain(config))
     _CURRENT = config
+
+
+def parallel_is_set() -> bool:
+    """Whether :func:`set_parallel` set a config (runners without a client then use it)."""
+    return _CURRENT is not None
 
 
 def get_parallel_config() -> ParallelConfig:

@@ -22,9 +22,13 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from espnet3_flows.parallel.cluster import ParallelConfig, drop_inherited_trim_threshold
+if TYPE_CHECKING:
+    from espnet3_flows.parallel.cluster import ParallelConfig
+
+#: Dask's default ``MALLOC_TRIM_THRESHOLD_`` for the workers its nannies start
+DASK_TRIM_DEFAULT = "65536"
 
 _LOG = logging.getLogger(__name__)
 _MP_METHOD_KEY = "distributed.worker.multiprocessing-method"
@@ -32,6 +36,14 @@ _MP_METHOD_KEY = "distributed.worker.multiprocessing-method"
 #: The environment the running forkserver was started with (``None``: not started by us).
 _SERVER_ENV: dict[str, str] | None = None
 _SERVER_MODULES: tuple[str, ...] = ()
+
+
+def drop_inherited_trim_threshold() -> None:
+    """Remove Dask's ``MALLOC_TRIM_THRESHOLD_=65536`` from this process's environment: a nanny
+    started earlier in this process with Dask's defaults (a user's own LocalCluster) wrote it
+    into ``os.environ`` for good, and worker processes started later would inherit it."""
+    if os.environ.get("MALLOC_TRIM_THRESHOLD_") == DASK_TRIM_DEFAULT:
+        os.environ.pop("MALLOC_TRIM_THRESHOLD_")
 
 
 def wants_forkserver(cfg: ParallelConfig) -> bool:

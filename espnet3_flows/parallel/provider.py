@@ -7,10 +7,11 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Mapping
 
 from espnet3_flows.config import to_plain
+from espnet3_flows.errors import Espnet3FlowsError
 from espnet3_flows.sharding import digest
 
 
-class ProviderError(RuntimeError):
+class ProviderError(Espnet3FlowsError, RuntimeError):
     """The provider's environment is unusable (a setup function of the wrong kind, a missing key)."""
 
 

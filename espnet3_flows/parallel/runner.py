@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from espnet3_flows.errors import BadItemError, Espnet3FlowsError
 from espnet3_flows.manifest import ON_ERROR_POLICIES
-from espnet3_flows.errors import BadItemError
-from espnet3_flows.parallel.cluster import ParallelConfig, get_client, get_parallel_config
+from espnet3_flows.parallel.cluster import ParallelConfig, get_client, get_parallel_config, parallel_is_set
 from espnet3_flows.parallel.provider import EnvironmentProvider, ProviderError
 from espnet3_flows.parallel.worker_env import env_keys, get_env, plugin_for
 from espnet3_flows.parallel.results import RunOutcome, ShardResult
@@ -27,11 +27,11 @@ DONE = "done"
 PLAN = "manifest.json"
 
 
-class ItemError(RuntimeError):
+class ItemError(Espnet3FlowsError, RuntimeError):
     """``forward`` failed on an item under ``on_error: fail``; the message names the item."""
 
 
-class ShardFailure(RuntimeError):
+class ShardFailure(Espnet3FlowsError, RuntimeError):
     """One or more shards failed; the others finished and were published."""
 
 
@@ -323,7 +323,7 @@ class BaseRunner:
         bar = tqdm(total=len(plan.shards), initial=len(results), desc=type(self).__name__,
                    unit="shard", disable=not progress or not pending)
         try:
-            cfg = parallel if parallel is not None else (get_parallel_config() if _parallel_was_set() else None)
+            cfg = parallel if parallel is not None else (get_parallel_config() if parallel_is_set() else None)
             if pending and client is None and cfg is not None and cfg.env != "serial":
                 with get_client(plugin_for(self.provider), cfg) as own_client:
                     self._run_pending(pending, own_client, results, bar, on_shard)
@@ -388,9 +388,3 @@ def _remote_env_keys(provider: EnvironmentProvider) -> list[str]:
 def run_shard_on_worker(runner: BaseRunner, shard: Shard) -> dict[str, Any]:
     """Run one shard with this worker's env (built once per worker); returns the ``done`` record."""
     return runner.run_shard(shard, get_env(runner.provider)).to_dict()
-
-
-def _parallel_was_set() -> bool:
-    from espnet3_flows.parallel import cluster
-
-    return cluster._CURRENT is not None

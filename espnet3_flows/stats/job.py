@@ -11,93 +11,49 @@ import numpy as np
 
 from espnet3_flows.audio import AudioConfig, audio_header, load_audio
 from espnet3_flows.config import ConfigError, to_plain
-from espnet3_flows.demo import DEMO_UTTERANCES
 from espnet3_flows.errors import BadItemError
-from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
 from espnet3_flows.parallel.runner import ShardResult
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
 from espnet3_flows.stats.tokens import TokenConfig
-from espnet3_flows.utterance_job import ShardDataset, UtteranceRunner, check_common
+from espnet3_flows.utterance_job import EngineConfig, InputsConfig, ShardDataset, UtteranceRunner
 
-from espnet3_flows.stats.outputs import SHAPES
+from espnet3_flows.stats.outputs import SHAPES, publish_split
 
 @dataclass
-class CollectStatsConfig:
-    """Configuration of collect-stats (``python flows/collect_stats.py`` takes these keys).
+class CollectStatsConfig(EngineConfig, InputsConfig):
+    """Configuration of collect-stats (``python flows/collect_stats.py`` takes these keys): the
+    input keys (:class:`~espnet3_flows.utterance_job.InputsConfig`), the engine's
+    (:class:`~espnet3_flows.utterance_job.EngineConfig`) and these.
 
     Attributes:
-        manifests: Split name → manifest, path or URL: a TSV (``utt_id, wav_path[, text[,
-            speaker]]``), a lhotse ``.jsonl[.gz]`` CutSet, or a Kaldi data directory (``wav.scp``
-            with optional ``segments``, ``utt2spk``, ``text``; see :mod:`espnet3_flows.kaldi_dir`).
-            Empty means: generate the demo corpus and use its splits.
         output_dir: Where outputs go (path or fsspec URL such as ``s3://bucket/stats``).
-        storage_options: fsspec options for ``output_dir`` and remote inputs (credentials,
-            ``client_kwargs.endpoint_url``); never written to outputs or logs.
-        shard_size: Utterances per shard (the unit of caching, retry and parallelism). Each
-            shard is one Prefect task (~0.1 s of bookkeeping on its worker); 1000 utterances of
-            2-6 s are ~1 s of work per worker, and at this size the flow's steady state equals
-            the engine's without Prefect. Lower it when there are more workers than shards.
-        batch_size: Utterances per ``forward`` call.
         frontend: Feature extraction (see :class:`FrontendConfig`).
         write_collected_feats: Also write the features (``collect_feats/feats.scp``).
         collected_feats_format: ``ark`` (Kaldi ark/scp, one ark per shard) or ``npy`` (one
             ``collect_feats/data_feats/<utt>.npy`` per utterance and an scp of their paths, as
             ESPnet2's ``collect_stats --write_collected_feats true`` writes them).
         collect_stats_kwargs: Extra keyword arguments for ``model.collect_feats``.
-        on_error: ``fail`` stops at the first bad item; ``skip`` lists it in ``skipped.tsv``.
-        retries: Retries of a failed shard task (Prefect).
-        retry_delay_seconds: First retry delay; doubles on each retry (Prefect's exponential backoff, each delay
-            jittered by up to 50 % so that shards failed together do not retry together).
-        demo_utterances: Size of the generated demo corpus when ``manifests`` is empty.
-        fingerprint: How input files are fingerprinted into shard hashes: ``stat`` (size and
-            mtime of every audio file, or the object store's ETag: a file replaced in place is
-            recomputed) or ``manifest`` (no file system access at planning: a shard's hash covers
-            its manifest lines only, so a file replaced under the same path is not noticed; for
-            file systems where a stat per file is too slow).
-        parallel: Where shards run (see :class:`ParallelConfig`).
         tokens: Token counts of the transcripts for ESPnet2's ``text_shape`` (see
             :class:`~espnet3_flows.stats.tokens.TokenConfig`); read from ``frontend.espnet_config``
             when that names a model with a ``token_type``.
-        allow_pipes: Whether audio entries that are commands (``sph2pipe -f wav X.sph |`` in a
-            data directory's ``wav.scp``, or a manifest path ending in ``|``) may run, on every
-            worker, through the shell. Off by default: a manifest from storage or a UI parameter
-            must not execute commands; with it off, the first command entry is an error naming
-            its file and line.
-        pipe_timeout: Seconds one audio command may run before it is killed (the shard then
-            fails and is retried).
     """
 
-    manifests: dict[str, str] = field(default_factory=dict)
     output_dir: str = "exp/collect_stats"
-    storage_options: dict[str, Any] = field(default_factory=dict)
-    shard_size: int = 1000
-    batch_size: int = 16
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     write_collected_feats: bool = False
     collected_feats_format: str = "ark"
     collect_stats_kwargs: dict[str, Any] = field(default_factory=dict)
-    on_error: str = "fail"
-    retries: int = 2
-    retry_delay_seconds: float = 2.0
-    demo_utterances: int = DEMO_UTTERANCES
-    fingerprint: str = "stat"
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    allow_pipes: bool = False
-    pipe_timeout: float = 600.0
     tokens: TokenConfig = field(default_factory=TokenConfig)
 
     def __post_init__(self) -> None:
-        check_common(self.on_error, self.shard_size, self.batch_size, self.manifests, self.fingerprint,
-                     self.pipe_timeout)
+        super().__post_init__()
         if self.frontend.espnet_config and not self.tokens.token_type:
             from espnet3_flows.stats.espnet_frontend import load_espnet_config
 
             self.tokens.fill_from_espnet_config(load_espnet_config(self.frontend.espnet_config))
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.collected_feats_format not in ("ark", "npy"):
             raise ConfigError(f"collected_feats_format must be 'ark' or 'npy', got {self.collected_feats_format!r}")
 
@@ -247,8 +203,6 @@ class CollectStatsRunner(UtteranceRunner):
         return super().publish_rel(shard, name)
 
     def merge(self, results: list[ShardResult]) -> dict[str, Any]:
-        from espnet3_flows.stats.outputs import publish_split
-
         return publish_split(self, results)
 
 
@@ -268,3 +222,8 @@ def _extend(total_min_max: list[Any], value: int) -> None:
     total_min_max[0] += value
     total_min_max[1] = value if total_min_max[1] is None else min(total_min_max[1], value)
     total_min_max[2] = value if total_min_max[2] is None else max(total_min_max[2], value)
+
+
+def collect_stats_runners(cfg: CollectStatsConfig) -> list[CollectStatsRunner]:
+    """One runner per split of ``cfg.manifests``."""
+    return [CollectStatsRunner(cfg, split) for split in cfg.manifests]

@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import io
 import logging
-import posixpath
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from espnet3_flows.manifest import SkippedItem, write_skipped_tsv
+from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.tokens import vocabulary_size
+from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
 
 _LOG = logging.getLogger(__name__)
 
-if TYPE_CHECKING:
-    from espnet3_flows.stats.job import CollectStatsRunner
 
 SHAPES = "shapes.tsv"  # a shard's per-utterance rows (written by CollectStatsRunner)
 
@@ -67,7 +65,7 @@ def low_rate_warning(split: str, rates: dict[str, int], n_utts: int, target: int
             f"frontend.sampling_rate={common}")
 
 
-def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> dict[str, Any]:
+def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[str, Any]:
     """Write and publish one split's merged outputs; ``summary.json`` is published last.
 
     Per-utterance rows are streamed shard by shard (manifest order) from the shards'
@@ -136,8 +134,7 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
         (stage / "batch_keys").write_text("speech\ntext\n" if tokens.enabled else "speech\n")
         if tokens.enabled:
             files += ["text_shape", f"text_shape.{tokens.token_type}"]
-        (stage / "skipped.tsv").write_text(write_skipped_tsv(skipped))
-        files += ["speech_shape", "stats_keys", "batch_keys", "skipped.tsv"]
+        files += ["speech_shape", "stats_keys", "batch_keys"]
         if n_utts and _plot(stage / "stats.png", acc, hist, edges, in_frames):
             files.append("stats.png")
         if cfg.write_collected_feats:
@@ -154,7 +151,6 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
             "frames_mean": float(frames[0] / n_utts) if in_frames and n_utts else None,
             "seconds_min": float(samples[1] / sr) if n_utts else None,
             "seconds_max": float(samples[2] / sr) if n_utts else None,
-            "skipped": len(skipped),
             "native_sampling_rates": rates,
             **shard_summary(results),
         }
@@ -162,15 +158,10 @@ def publish_split(runner: "CollectStatsRunner", results: list[ShardResult]) -> d
         if warning:
             _LOG.warning(warning)
             summary["warnings"] = [warning]
-        for name in files:
-            store.publish_file(stage / name, posixpath.join(split, name))
-        if cfg.write_collected_feats:
-            store.publish_file(stage / "feats.scp", posixpath.join(split, "collect_feats", "feats.scp"))
-            files.append("collect_feats/feats.scp")
-        summary["files"] = {name: store.uri(split, name) for name in files}
-        store.write_json(posixpath.join(split, "summary.json"), summary)
-        summary["files"]["summary.json"] = store.uri(split, "summary.json")
-        return summary
+        staged = [(name, stage / name) for name in files]
+        if cfg.write_collected_feats:  # after the shards' arks and npy files it points at
+            staged.append(("collect_feats/feats.scp", stage / "feats.scp"))
+        return publish_split_files(store, split, staged, skipped, summary)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
@@ -191,7 +182,7 @@ def _write_lhotse_mvn(path: Path, acc: StatsAccumulator) -> None:
                 "norm_stds": torch.from_numpy(std.astype(np.float32))}, path)
 
 
-def _merge_scp(runner: "CollectStatsRunner", results: list[ShardResult], dest: Path) -> None:
+def _merge_scp(runner: UtteranceRunner, results: list[ShardResult], dest: Path) -> None:
     """One scp for the split whose lines point at the published shard arks, or at the utterances'
     ``.npy`` files (absolute path or URL), in manifest order, written shard by shard."""
     store = runner.storage

@@ -1,33 +1,25 @@
-"""Speaker-embedding (x-vector) extraction: models, length-sorted batching, ESPnet2 output layouts."""
+"""Speaker-embedding (x-vector) extraction: models, length-sorted batching, ESPnet2 output layouts.
 
-from .model import (
-    EmbeddingModel,
-    XVectorModelError,
-    embed_waveforms,
-    length_sorted_batches,
-    load_speechbrain_encoder,
-    speechbrain_embedder,
-    validate_device,
-)
-from .outputs import (
-    relocate_scp,
-    speaker_means,
-    write_speaker_xvector_ark_scp,
-    write_utterance_tensors,
-    write_xvector_ark_scp,
-)
+The names below are imported on first use (importing the package imports no torch).
+"""
 
-__all__ = [
-    "EmbeddingModel",
-    "XVectorModelError",
-    "embed_waveforms",
-    "length_sorted_batches",
-    "load_speechbrain_encoder",
-    "relocate_scp",
-    "speaker_means",
-    "speechbrain_embedder",
-    "validate_device",
-    "write_speaker_xvector_ark_scp",
-    "write_utterance_tensors",
-    "write_xvector_ark_scp",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    **dict.fromkeys(["EmbeddingModel", "XVectorModelError", "embed_waveforms", "length_sorted_batches",
+                     "load_speechbrain_encoder", "speechbrain_embedder", "validate_device"],
+                    "espnet3_flows.xvector.model"),
+    **dict.fromkeys(["relocate_scp", "speaker_means", "write_speaker_xvector_ark_scp", "write_utterance_tensors",
+                     "write_xvector_ark_scp"], "espnet3_flows.xvector.outputs"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -15,13 +15,12 @@ import numpy as np
 from espnet3_flows.audio import AudioConfig, check_audio_settings, read_audio
 from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
 from espnet3_flows.errors import BadItemError
-from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.provider import EnvironmentProvider
 from espnet3_flows.parallel.runner import BaseRunner, ShardResult
 from espnet3_flows.sharding import Shard
-from espnet3_flows.utterance_job import ShardDataset, UtteranceRunner, check_common
+from espnet3_flows.utterance_job import EngineConfig, ShardDataset, UtteranceRunner, check_split_names
 
-from espnet3_flows.xvector.publish import UTTS
+from espnet3_flows.xvector.publish import UTTS, publish_split
 
 TOOLKITS = ("speechbrain", "custom")
 
@@ -72,44 +71,24 @@ class XVectorConfig:
 
 
 @dataclass
-class XVectorJobConfig:
-    """Configuration of ``python flows/extract_xvectors.py``: the ``xvector:`` section plus the engine's keys.
+class XVectorJobConfig(EngineConfig):
+    """Configuration of ``python flows/extract_xvectors.py``: the ``xvector:`` section plus the
+    engine's keys (:class:`~espnet3_flows.utterance_job.EngineConfig`).
 
     Attributes:
         xvector: See :class:`XVectorConfig`.
-        storage_options: fsspec options for ``save_path`` and remote inputs; never logged.
         shard_size: Utterances per shard.
-        on_error: ``fail`` or ``skip`` (listed in ``skipped.tsv``).
-        retries: Retries of a failed shard task (Prefect).
-        retry_delay_seconds: First retry delay; doubles on each retry (Prefect's exponential backoff, each delay
-            jittered by up to 50 % so that shards failed together do not retry together).
-        fingerprint: ``stat`` or ``manifest``: how input files are fingerprinted into shard
-            hashes (as for collect-stats).
-        parallel: Where shards run.
-        allow_pipes: Whether audio entries that are commands (``sph2pipe -f wav X.sph |`` in a
-            data directory's ``wav.scp``, or a manifest path ending in ``|``) may run, on every
-            worker, through the shell. Off by default: a manifest from storage or a UI parameter
-            must not execute commands; with it off, the first command entry is an error naming
-            its file and line.
-        pipe_timeout: Seconds one audio command may run before it is killed (the shard then
-            fails and is retried).
     """
 
-    xvector: XVectorConfig = field(default_factory=XVectorConfig)
-    storage_options: dict[str, Any] = field(default_factory=dict)
     shard_size: int = 128
-    on_error: str = "fail"
-    retries: int = 2
-    retry_delay_seconds: float = 2.0
-    fingerprint: str = "stat"
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    allow_pipes: bool = False
-    pipe_timeout: float = 600.0
+    xvector: XVectorConfig = field(default_factory=XVectorConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         xv = self.xvector
-        check_common(self.on_error, self.shard_size, xv.batch_size, xv.manifest_paths, self.fingerprint,
-                     self.pipe_timeout)
+        if xv.batch_size < 0:
+            raise ConfigError(f"xvector.batch_size must be >= 0, got {xv.batch_size}")
+        check_split_names(xv.manifest_paths)
         if xv.toolkit not in TOOLKITS:
             raise ConfigError(f"xvector.toolkit must be one of {TOOLKITS}, got {xv.toolkit!r}")
         if self.is_demo:
@@ -175,6 +154,11 @@ def demo_settings(cfg: XVectorJobConfig) -> dict[str, Any] | None:
         build_random_ecapa_dir(model)
     print(f"warning: {DEMO_WARNING.format(model=model)}", file=sys.stderr)
     return {"xvector": {"manifest_paths": manifests, "pretrained_model": str(model)}}
+
+
+def preflight(cfg: XVectorJobConfig) -> None:
+    """Driver-side check before any cluster starts: the model loads from local files."""
+    check_model_source(cfg.xvector)
 
 
 def check_model_source(xv: XVectorConfig) -> None:
@@ -309,8 +293,6 @@ class XVectorRunner(UtteranceRunner):
         return super().publish_rel(shard, name)
 
     def merge(self, results: list[ShardResult]) -> dict[str, Any]:
-        from espnet3_flows.xvector.publish import publish_split
-
         return publish_split(self, results)
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 import torch
 
-from espnet3_flows.errors import BadItemError
+from espnet3_flows.errors import BadItemError, Espnet3FlowsError
 
 if TYPE_CHECKING:
     from speechbrain.inference.speaker import EncoderClassifier
@@ -28,7 +28,7 @@ _DEVICE_RE = re.compile(r"^(cpu|cuda(:(0|[1-9][0-9]*))?)$")
 _PRETRAINED_PATH_RE = re.compile(r"^pretrained_path\s*:", re.MULTILINE)
 
 
-class XVectorModelError(RuntimeError):
+class XVectorModelError(Espnet3FlowsError, RuntimeError):
     """An embedding model cannot be loaded or used (missing files, unreachable hub id, no CUDA...)."""
 
 

@@ -3,20 +3,18 @@
 
 from __future__ import annotations
 
-import posixpath
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from espnet3_flows.manifest import SkippedItem, write_skipped_tsv
+from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
+from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
 from espnet3_flows.xvector.outputs import SpeakerMeans, relocate_scp, write_speaker_xvector_ark_scp
 
-if TYPE_CHECKING:
-    from espnet3_flows.xvector.job import XVectorRunner
 
 UTTS = "utts.tsv"  # a shard's per-utterance rows (written by XVectorRunner)
 
@@ -50,7 +48,7 @@ def _shard_rows(store: Any, result: ShardResult) -> list[tuple[str, str, int]]:
     return rows
 
 
-def publish_split(runner: "XVectorRunner", results: list[ShardResult]) -> dict[str, Any]:
+def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[str, Any]:
     """Write and publish one split's merged outputs; ``summary.json`` is published last.
 
     Shard by shard (manifest order): each shard's embeddings are appended to the split's
@@ -95,11 +93,10 @@ def publish_split(runner: "XVectorRunner", results: list[ShardResult]) -> dict[s
             _, spk_scp = write_speaker_xvector_ark_scp(stage / "spk", speakers, name=f"spk_{tag}")
             relocate_scp(spk_scp, store.uri(rel, spk_ark))
             files += [spk_ark, spk_scp_name]
-        (stage / "skipped.tsv").write_text(write_skipped_tsv(skipped))
-        files += ["utt2spk", "skipped.tsv"]
+        files.append("utt2spk")
         sources = {utt_ark: "utt", utt_scp: "utt", spk_ark: "spk", spk_scp_name: "spk"}
-        for name in files:  # arks before their scps: a published scp never points at a missing ark
-            store.publish_file(stage / sources.get(name, "") / name, posixpath.join(rel, name))
+        # arks before their scps: a published scp never points at a missing ark
+        staged = [(name, stage / sources.get(name, "") / name) for name in files]
         dims = {int(r.result["dim"]) for r in results if r.result.get("dim")}
         sr = runner.cfg.xvector.sampling_rate
         summary = {
@@ -109,12 +106,8 @@ def publish_split(runner: "XVectorRunner", results: list[ShardResult]) -> dict[s
             "embedding_dim": dims.pop() if len(dims) == 1 else None,
             "speakers": len(speakers),
             "utterances_without_speaker": without_speaker,
-            "skipped": len(skipped),
             **shard_summary(results),
-            "files": {name: store.uri(rel, name) for name in files},
         }
-        store.write_json(posixpath.join(rel, "summary.json"), summary)
-        summary["files"]["summary.json"] = store.uri(rel, "summary.json")
-        return summary
+        return publish_split_files(store, rel, staged, skipped, summary)
     finally:
         shutil.rmtree(stage, ignore_errors=True)

@@ -28,7 +28,7 @@ def _prefect(server: PrefectServer, *args: str) -> subprocess.CompletedProcess[s
 def test_prefect_yaml_declares_the_deployments():
     spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
     names = {d["name"]: d for d in spec["deployments"]}
-    assert {"collect-stats", "extract-xvectors", "collect-stats-nightly"} <= set(names)
+    assert {"collect-stats", "extract-xvectors", "extract-features", "collect-stats-nightly"} <= set(names)
     assert all(d["enforce_parameter_schema"] for d in names.values())
     assert names["collect-stats-nightly"]["schedules"][0]["cron"] == "0 3 * * *"
     assert "definitions" in spec
@@ -55,6 +55,11 @@ def test_deploy_trigger_and_schedule(tmp_path, demo_corpus):
                         parameters={"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(out),
                                     "shard_size": 4, "parallel_env": "serial"})
                     assert run.state is not None and run.state.is_completed(), run.state
+                    features = run_deployment(  # a job that only declares itself: its flow is generated
+                        "extract-features/extract-features", timeout=300,
+                        parameters={"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(tmp_path / "xf"),
+                                    "shard_size": 4, "parallel_env": "serial"})
+                    assert features.state is not None and features.state.is_completed(), features.state
 
                     async def read_nightly():
                         async with get_client() as client:
@@ -85,6 +90,7 @@ def test_deploy_trigger_and_schedule(tmp_path, demo_corpus):
             finally:
                 os.environ.pop("PREFECT_API_URL", None)
     assert (out / "valid" / "feats_stats.npz").is_file() and (out / "valid" / "summary.json").is_file()
+    assert (tmp_path / "xf" / "valid" / "cuts.jsonl.gz").is_file() and (tmp_path / "xf" / "valid" / "summary.json").is_file()
     assert any(a.key == "collect-stats-valid-report" for a in arts)
     assert nightly.schedules and nightly.schedules[0].active
     assert nightly.schedules[0].schedule.cron == "0 3 * * *"

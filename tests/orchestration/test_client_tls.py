@@ -8,7 +8,7 @@ import certifi
 import prefect.client.orchestration as client_module
 import pytest
 
-from espnet3_flows.orchestration.client_tls import _SharedContextSSL, share_tls_contexts
+from espnet3_flows.orchestration.prefect_compat import _SharedContextSSL, share_tls_contexts
 
 
 @pytest.fixture

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from espnet3_flows.config import ConfigError
-from espnet3_flows.orchestration.entry import collect_stats, extract_xvectors, resolve_config
+from espnet3_flows.orchestration.entry import job_flow, resolve_config
 from espnet3_flows.stats.job import CollectStatsConfig
 
 
-@pytest.mark.parametrize("flow", [collect_stats, extract_xvectors])
-def test_parameter_schema_has_types_defaults_and_descriptions(flow):
+@pytest.mark.parametrize("job", ["collect_stats", "extract_xvectors"])
+def test_parameter_schema_has_types_defaults_and_descriptions(job):
+    flow = job_flow(job)
     props = flow.parameters.model_dump()["properties"]
     assert props["parallel_env"]["default"] == "local"
     assert props["on_error"]["enum"] == ["fail", "skip"] or "anyOf" in props["on_error"] or "$ref" in str(props)
@@ -29,6 +30,7 @@ def test_typed_parameter_defaults_are_the_config_defaults():
 
     stats, parallel = CollectStatsConfig(), ParallelConfig()
     xv = {f.name: f.default for f in dataclasses.fields(XVectorJobConfig)}  # it has no valid default instance
+    collect_stats, extract_xvectors = job_flow("collect_stats"), job_flow("extract_xvectors")
     expected = {collect_stats: {"output_dir": stats.output_dir, "shard_size": stats.shard_size,
                                 "batch_size": stats.batch_size, "on_error": stats.on_error,
                                 "frontend_type": stats.frontend.type, "sampling_rate": stats.frontend.sampling_rate,

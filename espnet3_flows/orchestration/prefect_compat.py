@@ -1,4 +1,27 @@
-"""Prefect's settings context serialized once per flow on the driver, and validated once per
+"""Every patch of Prefect's internals this project makes, in one place, each behind a version guard.
+
+They are speed-ups, not fixes: with a Prefect version they were not verified against
+(:data:`VERIFIED_PREFECT`), none is installed, a warning says so, and runs are correct but
+slower. ``tests/orchestration/test_prefect_compat.py`` fails when the installed Prefect is not
+a verified one, so that a pin change re-verifies them.
+
+**Shared TLS contexts.** One verified TLS context per CA file for Prefect's API clients in this process.
+
+Prefect 3.8's ``PrefectClient`` and ``SyncPrefectClient`` build a fresh ``ssl.SSLContext``
+from the CA bundle every time one is constructed (``ssl.create_default_context(cafile=...)``,
+~20 ms of CPU: OpenSSL parses the whole bundle), and a task run on a Dask worker constructs
+two of them. Over a few hundred shard tasks that is whole seconds of worker CPU taken from the
+features. Upstream tracks this (PrefectHQ/prefect#14986 removed some clients; #19106 proposes
+reusable contexts); until a release takes a context from settings, :func:`share_tls_contexts`
+gives Prefect's client module an ``ssl`` whose verified contexts are built once per
+``(purpose, cafile, capath)`` and then shared.
+
+Verification is unchanged: the shared context is the one Prefect would have built (certificate
+and hostname checks on), and Prefect never modifies a verified context after creating it. The
+unverified context of ``PREFECT_API_TLS_INSECURE_SKIP_VERIFY`` (built without a CA file and then
+modified by Prefect) is never shared. A changed CA file (size or mtime) gets a new context.
+
+**Settings serialized once.** Prefect's settings context serialized once per flow on the driver, and validated once per
 worker, not once per task.
 
 Prefect 3.8's ``DaskTaskRunner.submit`` ships the caller's context with every task
@@ -14,8 +37,87 @@ serialized afresh; the copies mean no caller can change what a later task receiv
 from __future__ import annotations
 
 import copy
+import logging
+import os
+import ssl
 import threading
 from typing import Any
+
+#: Prefect versions these patches were verified against (their targets read, tests run)
+VERIFIED_PREFECT = ("3.8.8",)
+_LOG = logging.getLogger(__name__)
+_WARNED: list[str] = []
+
+
+def prefect_verified() -> bool:
+    """Whether the installed Prefect is one the patches were verified against (warns once if not)."""
+    import prefect
+
+    if prefect.__version__ in VERIFIED_PREFECT:
+        return True
+    if not _WARNED:
+        _WARNED.append(prefect.__version__)
+        _LOG.warning("Prefect %s is not one of %s, which espnet3_flows' speed-ups of Prefect's internals were "
+                     "verified with: they are off (runs are correct, with more overhead per shard task)",
+                     prefect.__version__, ", ".join(VERIFIED_PREFECT))
+    return False
+
+
+_TARGET = "prefect.client.orchestration"
+
+
+class _SharedContextSSL:
+    """Stands in for the ``ssl`` module inside Prefect's client module."""
+
+    def __init__(self) -> None:
+        self._contexts: dict[tuple[Any, ...], ssl.SSLContext] = {}
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(ssl, name)
+
+    def create_default_context(self, purpose: Any = ssl.Purpose.SERVER_AUTH, *, cafile: str | None = None,
+                               capath: str | None = None, cadata: Any = None) -> ssl.SSLContext:
+        if cadata is not None or (cafile is None and capath is None):
+            return ssl.create_default_context(purpose, cafile=cafile, capath=capath, cadata=cadata)
+        key = (purpose, cafile, capath, _stamp(cafile), _stamp(capath))
+        with self._lock:
+            ctx = self._contexts.get(key)
+            if ctx is None:
+                ctx = self._contexts[key] = ssl.create_default_context(purpose, cafile=cafile, capath=capath)
+            return ctx
+
+
+def _stamp(path: str | None) -> tuple[int, int] | None:
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def share_tls_contexts() -> bool:
+    """Make Prefect's API clients in this process share verified TLS contexts (idempotent).
+
+    Returns:
+        ``True`` if installed (or already), ``False`` if this Prefect version does not build
+        its contexts the way this works around (then nothing is changed).
+    """
+    import importlib
+
+    if not prefect_verified():
+        return False
+    module = importlib.import_module(_TARGET)
+    current = getattr(module, "ssl", None)
+    if isinstance(current, _SharedContextSSL):
+        return True
+    if current is not ssl:
+        return False
+    module.ssl = _SharedContextSSL()  # type: ignore[attr-defined]
+    return True
+
 
 _MARK = "_espnet3_cached_serialization"
 
@@ -28,6 +130,8 @@ def cache_settings_serialization() -> bool:
     """
     from prefect.context import SettingsContext
 
+    if not prefect_verified():
+        return False
     original = SettingsContext.__dict__.get("serialize")
     if original is None:
         return False
@@ -76,6 +180,8 @@ def cache_settings_hydration() -> bool:
     import prefect.task_engine as task_engine
     from prefect.context import SettingsContext
 
+    if not prefect_verified():
+        return False
     original = getattr(task_engine, "hydrated_context", None)
     if original is None:
         return False

@@ -1,0 +1,154 @@
+"""The extract-features job: config, provider and runner.
+
+Per shard, a worker writes the features of its utterances into one Kaldi ark (with its scp) and
+one row per utterance (``rows.tsv``: id, samples, frames, dim, text, speaker); the merge writes
+each split's ``feats.scp``, ``feats_shape`` and ``cuts.jsonl.gz`` (see
+:mod:`espnet3_flows.features.outputs`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from espnet3_flows.audio import AudioConfig
+from espnet3_flows.config import ConfigError
+from espnet3_flows.features.outputs import ROWS, publish_split
+from espnet3_flows.parallel.provider import EnvironmentProvider
+from espnet3_flows.parallel.runner import ShardResult
+from espnet3_flows.sharding import Shard
+from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
+from espnet3_flows.stats.job import CollectStatsRunner
+from espnet3_flows.utterance_job import EngineConfig, InputsConfig, ShardDataset, UtteranceRunner
+
+
+@dataclass
+class ExtractFeaturesConfig(EngineConfig, InputsConfig):
+    """Configuration of extract-features (``python flows/extract_features.py`` takes these keys):
+    the input keys (:class:`~espnet3_flows.utterance_job.InputsConfig`), the engine's
+    (:class:`~espnet3_flows.utterance_job.EngineConfig`) and these.
+
+    Attributes:
+        output_dir: Where outputs go (path or fsspec URL). Per split: ``feats.scp``,
+            ``feats_shape``, ``cuts.jsonl.gz``, ``feats/feats.<shard>.ark``, ``skipped.tsv``,
+            ``summary.json``.
+        frontend: Feature extraction, as for collect-stats (see
+            :class:`~espnet3_flows.stats.frontend.FrontendConfig`): ``fbank``, ``espnet2`` or
+            ``model`` (``none`` computes no features and is refused). The cuts' ``frame_shift``
+            is ``frontend.frame_shift`` for ``fbank`` and ``model`` (set it to the model's hop),
+            ``hop_length / fs`` for the ESPnet2 ``default`` frontend (see
+            :func:`~espnet3_flows.features.outputs.frame_shift_seconds`).
+    """
+
+    output_dir: str = "exp/features"
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.frontend.type == "none":
+            raise ConfigError("frontend.type=none computes no features; extract-features needs fbank, espnet2 or model")
+
+
+def _build_env(cfg: ExtractFeaturesConfig) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    fe = cfg.frontend
+    return {"frontend": build_frontend(fe),
+            "audio": AudioConfig(fe.sampling_rate, fe.channel, fe.max_duration, cfg.allow_pipes, cfg.pipe_timeout),
+            "storage_options": dict(cfg.storage_options)}
+
+
+class FeatureProvider(EnvironmentProvider):
+    """Builds ``frontend``, ``audio`` and ``storage_options`` once per worker."""
+
+    def build_env_local(self) -> dict[str, Any]:
+        return _build_env(self.config)
+
+    def build_worker_setup_fn(self):
+        cfg = self.config
+        return lambda: _build_env(cfg)
+
+
+class FeatureRunner(UtteranceRunner):
+    """Per shard: one Kaldi ark/scp of the features and a row per utterance."""
+
+    def __init__(self, cfg: ExtractFeaturesConfig, split: str, **kwargs: Any):
+        self.cfg = cfg
+        self.split = split
+        self.manifest = cfg.manifests[split]
+        self.input_options = cfg.storage_options
+        self.fingerprint = cfg.fingerprint
+        self.allow_pipes = cfg.allow_pipes
+        super().__init__(FeatureProvider(cfg), batch_size=cfg.batch_size, output_dir=cfg.output_dir,
+                         shard_subdir=f"{split}/shards", shard_size=cfg.shard_size,
+                         storage_options=cfg.storage_options, on_error=cfg.on_error, **kwargs)
+
+    def hash_config(self) -> Mapping[str, Any]:
+        return {"job": "extract_features/1", "split": self.split, "frontend": self.cfg.frontend.hashed(),
+                "on_error": self.cfg.on_error}
+
+    # -- worker side --
+    @staticmethod
+    def forward(idx: Any, dataset: ShardDataset, frontend: Any, audio: AudioConfig,
+                storage_options: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The features of the utterances of ``idx`` (collect-stats' extraction, checks included),
+        with each utterance's transcript and speaker."""
+        out = CollectStatsRunner.forward(idx, dataset, frontend, audio, storage_options, {})
+        for r, i in zip(out, idx if isinstance(idx, list) else [idx]):
+            utt = dataset[i]
+            r["text"], r["speaker"] = utt.text, utt.speaker
+        return out
+
+    def open_writers(self, staging_dir: Path) -> dict[str, Any]:
+        import kaldiio
+
+        return {"rows": open(staging_dir / ROWS, "w", encoding="utf-8"),
+                "ark": kaldiio.WriteHelper(f"ark,scp:{staging_dir / 'feats.ark'},{staging_dir / 'feats.scp'}")}
+
+    def write_record(self, writers: dict[str, Any], idx: Any, result: list[dict[str, Any]]) -> None:
+        import numpy as np
+
+        for r in result:
+            f = np.asarray(r["feats"], dtype=np.float32)
+            writers["ark"](r["utt_id"], f)
+            text = " ".join(str(r["text"]).split())  # one line, one field
+            writers["rows"].write(f"{r['utt_id']}\t{r['speech_len']}\t{f.shape[0]}\t{f.shape[1]}\t{text}\t"
+                                  f"{r['speaker']}\n")
+
+    def close_writers(self, writers: dict[str, Any]) -> None:
+        writers["rows"].close()
+        writers["ark"].close()
+
+    def init_state(self) -> dict[str, Any]:
+        return {"utterances": 0, "frames": 0, "samples": 0, "dim": None}
+
+    def reduce_state(self, state: dict[str, Any], result: list[dict[str, Any]]) -> dict[str, Any]:
+        for r in result:
+            state["utterances"] += 1
+            state["frames"] += int(r["feats"].shape[0])
+            state["samples"] += int(r["speech_len"])
+            state["dim"] = int(r["feats"].shape[1])
+        return state
+
+    def finalize_state(self, state: dict[str, Any], writers: Any) -> dict[str, Any]:
+        """Counts of the shard (its rows are in ``rows.tsv``)."""
+        return dict(state)
+
+    def publish_rel(self, shard: Shard, name: str) -> str:
+        if name == "feats.ark":  # beside the split's outputs: the scp lines point here
+            return posixpath.join(self.split, "feats", f"feats.{shard.name}.ark")
+        return super().publish_rel(shard, name)
+
+    def merge(self, results: list[ShardResult]) -> dict[str, Any]:
+        return publish_split(self, results)
+
+
+def feature_runners(cfg: ExtractFeaturesConfig) -> list[FeatureRunner]:
+    """One runner per split of ``cfg.manifests``."""
+    return [FeatureRunner(cfg, split) for split in cfg.manifests]
+
+
+__all__ = ["ExtractFeaturesConfig", "FeatureProvider", "FeatureRunner", "feature_runners"]

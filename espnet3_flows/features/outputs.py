@@ -1,0 +1,115 @@
+"""One split's merged outputs of extract-features, written shard by shard (memory per shard).
+
+- ``feats.scp``: ``utt_id <ark URI>:<offset>`` into the published ``feats/feats.<shard>.ark``
+  (Kaldi's and ESPnet2's format: ``kaldiio.load_scp`` reads it);
+- ``feats_shape``: ``utt_id frames,dim`` (ESPnet2's shape file);
+- ``cuts.jsonl.gz``: a lhotse ``CutSet`` (cut id = utterance id) whose features are those of
+  ``feats.scp`` (lhotse storage type ``kaldiio``, read by lhotse with ``kaldi_native_io``);
+  transcript and speaker as a supervision; ``duration`` = frames × frame shift;
+- ``skipped.tsv`` and ``summary.json`` last.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from espnet3_flows.manifest import SkippedItem
+from espnet3_flows.parallel.results import ShardResult, shard_summary
+from espnet3_flows.storage import Storage
+from espnet3_flows.stats.frontend import FrontendConfig
+from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
+
+
+
+ROWS = "rows.tsv"
+
+
+def frame_shift_seconds(fe: FrontendConfig) -> float:
+    """Seconds between frames of the frontend's features (lhotse's ``frame_shift``)."""
+    if fe.type == "espnet2" and fe.name == "default":
+        return float(fe.conf.get("hop_length", 128)) / fe.sampling_rate
+    return float(fe.frame_shift)
+
+
+def _shard_file(result: ShardResult, name: str) -> str:
+    """The published file of a shard's done record: ``feats.ark`` (beside the split's outputs),
+    or ``feats.scp`` / ``rows.tsv`` (in the shard's directory)."""
+    want = (lambda f: f.endswith(".ark")) if name == "feats.ark" else (lambda f: f.rsplit("/", 1)[-1] == name)
+    rel = next((f for f in result.files if want(f)), None)
+    if rel is None:
+        raise RuntimeError(f"{result.shard.name}: its done record lists no {name}; rerun to recompute it")
+    return rel
+
+
+def _shard_rows(store: Storage, result: ShardResult) -> Iterator[tuple[list[str], str]]:
+    """(row fields, ``<ark URI>:<offset>``) of each utterance of one shard, in manifest order."""
+    ark_uri = store.uri(_shard_file(result, "feats.ark"))
+    offsets = {}
+    for line in store.read_bytes(_shard_file(result, "feats.scp")).decode("utf-8").splitlines():
+        key, _, loc = line.partition(" ")
+        offsets[key] = loc.rsplit(":", 1)[1]
+    for line in store.read_bytes(_shard_file(result, ROWS)).decode("utf-8").splitlines():
+        fields = line.split("\t")
+        if fields[0] not in offsets:
+            raise RuntimeError(f"{result.shard.name}: the scp of its ark lacks utterance {fields[0]!r}")
+        yield fields, f"{ark_uri}:{offsets[fields[0]]}"
+
+
+def _cut(utt: str, frames: int, dim: int, text: str, speaker: str, shift: float, rate: int, kind: str,
+         scp_uri: str) -> dict[str, Any]:
+    duration = round(frames * shift, 6)
+    cut: dict[str, Any] = {
+        "id": utt, "start": 0.0, "duration": duration, "channel": 0,
+        "features": {"type": kind, "num_frames": frames, "num_features": dim, "frame_shift": shift,
+                     "sampling_rate": rate, "start": 0.0, "duration": duration, "storage_type": "kaldiio",
+                     "storage_path": scp_uri, "storage_key": utt, "recording_id": None, "channels": 0},
+        "supervisions": [], "type": "MonoCut"}
+    if text or speaker:
+        sup = {"id": utt, "recording_id": utt, "start": 0.0, "duration": duration, "channel": 0}
+        if text:
+            sup["text"] = text
+        if speaker:
+            sup["speaker"] = speaker
+        cut["supervisions"].append(sup)
+    return cut
+
+
+def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[str, Any]:
+    """Write and publish one split's ``feats.scp``, ``feats_shape`` and ``cuts.jsonl.gz``,
+    streaming shard by shard; ``summary.json`` is published last."""
+    store = runner.storage
+    assert store is not None, "extract-features needs an output_dir"
+    split, fe = runner.split, runner.cfg.frontend
+    rel = runner.outputs_rel
+    skipped = [*runner.manifest_skipped(), *(SkippedItem.from_dict(s) for r in results for s in r.skipped)]
+    shift, kind = frame_shift_seconds(fe), fe.type if fe.type != "espnet2" else f"espnet2-{fe.name}"
+    scp_uri = store.uri(rel, "feats.scp")
+    stage = Path(tempfile.mkdtemp(prefix=f"espnet3-features-merge-{split}-"))
+    try:
+        n_utts = frames = samples = 0
+        dims: set[int] = set()
+        with open(stage / "feats.scp", "w", encoding="utf-8") as scp, \
+                open(stage / "feats_shape", "w", encoding="utf-8") as shape, \
+                gzip.open(stage / "cuts.jsonl.gz", "wt", encoding="utf-8") as cuts:
+            for r in results:
+                for (utt, n, n_frames, dim, text, speaker), loc in _shard_rows(store, r):
+                    scp.write(f"{utt} {loc}\n")
+                    shape.write(f"{utt} {n_frames},{dim}\n")
+                    cuts.write(json.dumps(_cut(utt, int(n_frames), int(dim), text, speaker, shift, fe.sampling_rate,
+                                               kind, scp_uri), ensure_ascii=False) + "\n")
+                    n_utts += 1
+                    frames += int(n_frames)
+                    samples += int(n)
+                    dims.add(int(dim))
+        staged = [(name, stage / name) for name in ("feats.scp", "feats_shape", "cuts.jsonl.gz")] if n_utts else []
+        summary = {"split": split, "utterances": n_utts, "frames": frames,
+                   "seconds": float(samples / fe.sampling_rate), "feature_dim": dims.pop() if len(dims) == 1 else None,
+                   "frame_shift": shift, "frontend": kind, **shard_summary(results)}
+        return publish_split_files(store, rel, staged, skipped, summary)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

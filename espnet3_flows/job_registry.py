@@ -1,0 +1,143 @@
+"""The jobs: each job package declares itself once, in a ``jobspec.py`` holding ``JOB = JobSpec(...)``.
+
+Orchestration, the command line (``python -m espnet3_flows JOB``, ``--help``), the Prefect
+flows and the deployments find jobs here; none of them names a job. A package of this project
+is a job when it has a ``jobspec.py``; a package installed elsewhere adds one through the entry
+point group ``espnet3_flows.jobs`` (``name = "package.module:JOB"``). See
+``docs/adding-a-job.md``.
+
+A spec refers to its config class, runner factory and hooks by ``"module:attribute"`` strings,
+so reading the registry imports no job code (no torch, no model) until a job is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import pkgutil
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Mapping
+
+from espnet3_flows.config import ConfigError
+
+ENTRY_POINT_GROUP = "espnet3_flows.jobs"
+
+
+@dataclass(frozen=True)
+class FlowParameter:
+    """One typed parameter of a job's Prefect flow (one field of the UI's form).
+
+    Attributes:
+        name: The parameter's name (a Python identifier).
+        key: The dotted config key it sets (``frontend.type``); its default is that key's default.
+        annotation: Its type, as the UI form renders it (``int``, ``Literal["fail", "skip"]``,
+            ``dict[str, str] | None``).
+        doc: One sentence for the form.
+    """
+
+    name: str
+    key: str
+    annotation: Any
+    doc: str
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a job declares about itself.
+
+    Attributes:
+        name: The job's name (``collect_stats``): the CLI's first argument, ``flows/<name>.py``.
+        title: The Prefect flow's name (``collect-stats``).
+        description: One line for ``--help``, the flow and the deployment.
+        schema: ``"module:Class"`` of the config dataclass (validated in ``__post_init__``).
+        runners: ``"module:function"``: config → one runner per split
+            (:class:`~espnet3_flows.utterance_job.SplitRunner`).
+        worker_modules: Modules every worker imports (preloaded once for forked local workers).
+        preflight: ``"module:function"`` (config → None, raise :class:`ConfigError`): checks on the
+            driver before any cluster starts; empty for none.
+        demo: ``"module:function"`` (config → dict of settings or None): for a config that names
+            no input, the generated demo's settings; empty for none.
+        flow_parameters: The flow's typed parameters (besides ``config_file`` and ``overrides``,
+            which every flow has).
+    """
+
+    name: str
+    title: str
+    description: str
+    schema: str
+    runners: str
+    worker_modules: tuple[str, ...] = ()
+    preflight: str = ""
+    demo: str = ""
+    flow_parameters: tuple[FlowParameter, ...] = field(default_factory=tuple)
+
+    def load(self, attribute: str) -> Any:
+        """The object one of the ``"module:attribute"`` fields names (``None`` when empty)."""
+        ref = getattr(self, attribute)
+        if not ref:
+            return None
+        module, _, name = ref.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    @property
+    def config_class(self) -> type:
+        """The config dataclass."""
+        return self.load("schema")
+
+    def build_runners(self, cfg: Any) -> list[Any]:
+        """One runner per split of ``cfg``."""
+        return list(self.load("runners")(cfg))
+
+    def run_preflight(self, cfg: Any) -> None:
+        """The job's own driver-side checks (raise :class:`ConfigError`)."""
+        check: Callable[[Any], None] | None = self.load("preflight")
+        if check is not None:
+            check(cfg)
+
+    def demo_settings(self, cfg: Any) -> dict[str, Any] | None:
+        """Settings of the generated demo for a config that names no input, else ``None``."""
+        demo: Callable[[Any], dict[str, Any] | None] | None = self.load("demo")
+        return demo(cfg) if demo is not None else None
+
+
+def _package_specs() -> dict[str, JobSpec]:
+    import espnet3_flows
+
+    found: dict[str, JobSpec] = {}
+    for info in pkgutil.iter_modules(espnet3_flows.__path__):
+        where = getattr(info.module_finder, "path", None)
+        if not info.ispkg or not where or not os.path.isfile(os.path.join(where, info.name, "jobspec.py")):
+            continue
+        module = importlib.import_module(f"espnet3_flows.{info.name}.jobspec")
+        spec = getattr(module, "JOB", None)
+        if not isinstance(spec, JobSpec):
+            raise TypeError(f"espnet3_flows.{info.name}.jobspec must define JOB = JobSpec(...)")
+        found[spec.name] = spec
+    return found
+
+
+def _entry_point_specs() -> dict[str, JobSpec]:
+    found: dict[str, JobSpec] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        spec = ep.load()
+        if not isinstance(spec, JobSpec):
+            raise TypeError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}) is not a JobSpec")
+        found[spec.name] = spec
+    return found
+
+
+@lru_cache(maxsize=1)
+def available_jobs() -> Mapping[str, JobSpec]:
+    """Every job, by name, in name order: this project's packages, then entry points."""
+    specs = {**_package_specs(), **_entry_point_specs()}
+    return {name: specs[name] for name in sorted(specs)}
+
+
+def get_job(name: str) -> JobSpec:
+    """The job called ``name``; a :class:`ConfigError` naming the jobs there are otherwise."""
+    jobs = available_jobs()
+    if name not in jobs:
+        raise ConfigError(f"unknown job {name!r}; the jobs are: {', '.join(jobs)}")
+    return jobs[name]

@@ -1,0 +1,33 @@
+"""extract-xvectors, declared for the job registry (:mod:`espnet3_flows.job_registry`)."""
+
+from typing import Literal
+
+from espnet3_flows.job_registry import FlowParameter, JobSpec
+
+JOB = JobSpec(
+    name="extract_xvectors",
+    title="extract-xvectors",
+    description="Extract a speaker embedding per utterance (speechbrain), with ESPnet2 ark/scp and speaker means.",
+    schema="espnet3_flows.xvector.job:XVectorJobConfig",
+    runners="espnet3_flows.xvector.job:xvector_runners",
+    worker_modules=("numpy", "torch", "soundfile"),
+    preflight="espnet3_flows.xvector.job:preflight",
+    demo="espnet3_flows.xvector.job:demo_settings",
+    flow_parameters=(
+        FlowParameter("pretrained_model", "xvector.pretrained_model", str | None,
+                      "A local speechbrain model directory (`hyperparams.yaml` + checkpoints) or a hub id "
+                      "already in the local cache."),
+        FlowParameter("manifest_paths", "xvector.manifest_paths", dict[str, str] | None,
+                      "Split name → manifest (TSV `utt_id, wav_path, text, speaker`, lhotse or a Kaldi data dir)."),
+        FlowParameter("save_path", "xvector.save_path", str, "Output location, a path or URL."),
+        FlowParameter("spk_embed_tag", "xvector.spk_embed_tag", str,
+                      "Sub-directory and file names of the embeddings (`{save_path}/{tag}/{split}/{tag}.scp`)."),
+        FlowParameter("device", "xvector.device", str, "`cpu`, `cuda` or `cuda:N`."),
+        FlowParameter("batch_size", "xvector.batch_size", int,
+                      "Utterances per model call, length-sorted within a shard (0: 1 on CPU, 16 on CUDA)."),
+        FlowParameter("shard_size", "shard_size", int, "Utterances per shard."),
+        FlowParameter("on_error", "on_error", Literal["fail", "skip"], "`fail` or `skip`."),
+        FlowParameter("parallel_env", "parallel.env", str, "`local`, `serial`, `local_gpu`, `slurm`, ..."),
+        FlowParameter("n_workers", "parallel.n_workers", int, "Dask workers (0 = one per core locally)."),
+    ),
+)

@@ -1,0 +1,76 @@
+"""The job registry: jobs declare themselves in their package; everything else discovers them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from espnet3_flows.config import ConfigError
+from espnet3_flows.job_registry import JobSpec, available_jobs, get_job
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_job_package_is_discovered_without_importing_job_code():
+    code = ("import sys; from espnet3_flows.job_registry import available_jobs; "
+            "print(','.join(available_jobs())); print('torch' in sys.modules, 'espnet3_flows.stats.job' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    names, heavy = out.splitlines()[0], out.splitlines()[1]
+    assert names == "collect_stats,extract_features,extract_xvectors"
+    assert heavy == "False False"  # specs name their code by "module:attribute"
+
+
+def test_specs_resolve_and_unknown_jobs_name_the_known_ones():
+    for name, spec in available_jobs().items():
+        assert isinstance(spec, JobSpec) and spec.name == name
+        assert callable(spec.load("runners")) and isinstance(spec.config_class, type)
+        fields = {p.name for p in spec.flow_parameters}
+        assert len(fields) == len(spec.flow_parameters)  # no parameter twice
+    with pytest.raises(ConfigError, match="collect_stats, extract_features, extract_xvectors"):
+        get_job("collect_stat")
+
+
+def test_no_job_name_in_orchestration():
+    names = list(available_jobs())
+    for path in (ROOT / "espnet3_flows" / "orchestration").glob("*.py"):
+        text = path.read_text()
+        for name in names:
+            assert f'"{name}"' not in text and f"'{name}'" not in text, f"{path.name} names the job {name}"
+
+
+def test_module_entry_lists_jobs_and_console_scripts_resolve():
+    proc = subprocess.run([sys.executable, "-m", "espnet3_flows"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2
+    for name, spec in available_jobs().items():
+        assert name in proc.stderr and spec.description in proc.stderr
+    from espnet3_flows import __main__ as entry
+
+    assert callable(entry.collect_stats) and callable(entry.extract_features)
+    with pytest.raises(AttributeError):
+        entry.not_a_job  # noqa: B018
+
+
+def test_every_jobs_runner_is_a_split_runner_and_errors_share_one_root(tmp_path, demo_corpus):
+    from espnet3_flows import errors
+    from espnet3_flows.config import ConfigError, load_config
+    from espnet3_flows.manifest import ManifestError
+    from espnet3_flows.parallel.runner import ItemError, ShardFailure
+    from espnet3_flows.storage import StorageError
+    from espnet3_flows.utterance_job import SplitRunner
+
+    for name, spec in available_jobs().items():
+        if name == "extract_xvectors":  # needs a model; its runner class is checked below
+            continue
+        cfg = load_config(spec.config_class, overrides=[f"manifests.valid={demo_corpus['valid']}",
+                                                        f"output_dir={tmp_path / name}"])
+        (runner,) = spec.build_runners(cfg)
+        assert isinstance(runner, SplitRunner), name
+    from espnet3_flows.xvector.job import XVectorRunner
+
+    assert all(hasattr(XVectorRunner, m) for m in ("plan", "merge", "run_shard", "manifest_skipped", "outputs_rel"))
+    for cls in (ConfigError, ManifestError, StorageError, ItemError, ShardFailure, errors.BadItemError):
+        assert issubclass(cls, errors.Espnet3FlowsError), cls
+    assert issubclass(ConfigError, ValueError) and issubclass(errors.BadItemError, ValueError)  # as before
