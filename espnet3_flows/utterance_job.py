@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from espnet3_flows.audio import RecordingCache, recording_key
 from espnet3_flows.config import ConfigError
@@ -112,6 +113,28 @@ def check_split_names(manifests: Mapping[str, str]) -> None:
             raise ConfigError(f"split name {split!r} must be letters, digits, '_', '-' or '.'")
 
 
+class JobEnvProvider(EnvironmentProvider):
+    """An ESPnet3 provider whose env is ``build(config, **params)``: built in this process, or once
+    per worker by a function of the config alone (nothing of the provider is pickled).
+
+    Args:
+        config: The job's config.
+        build: A module-level function ``(config, **params) -> env dict`` (loads the model).
+        params: Extra keyword arguments of ``build`` (e.g. ``{"split": "train"}``).
+    """
+
+    def __init__(self, config: Any, build: Callable[..., dict[str, Any]], params: Mapping[str, Any] | None = None):
+        super().__init__(config, {**(params or {}), "build": f"{build.__module__}.{build.__qualname__}"})
+        self._build = build
+        self._kwargs = dict(params or {})
+
+    def build_env_local(self) -> dict[str, Any]:
+        return self._build(self.config, **self._kwargs)
+
+    def build_worker_setup_fn(self) -> Callable[[], dict[str, Any]]:
+        return functools.partial(self._build, self.config, **self._kwargs)
+
+
 @runtime_checkable
 class SplitRunner(Protocol):
     """What orchestration uses of a job's runner: one split's planning, shards, done records and
@@ -201,10 +224,21 @@ class UtteranceRunner(BaseRunner):
     """A runner over one split's manifest: streamed planning, a shard's utterances on its worker,
     named errors, skips.
 
-    Subclasses set ``self.split``, ``self.manifest``, ``self.input_options`` (fsspec options of
-    the inputs), ``self.fingerprint`` and ``self.allow_pipes`` before calling ``BaseRunner.__init__``. ``forward``
-    receives ``dataset``: the shard's utterances (:class:`ShardDataset`), read on the worker
-    from the shard's byte range of the manifest.
+    ``forward`` receives ``dataset``: the shard's utterances (:class:`ShardDataset`), read on the
+    worker from the shard's byte range of the manifest.
+
+    Args:
+        cfg: The job's config (an :class:`EngineConfig`: storage options, shard size,
+            ``on_error``, fingerprints and pipes come from it).
+        split: The split's name.
+        manifest: The split's manifest (path, URL or Kaldi data directory).
+        provider: The env of ``forward`` (e.g. a :class:`JobEnvProvider`).
+        output_dir: Where outputs go (default ``cfg.output_dir``).
+        shard_subdir: Where shard directories go, relative to ``output_dir`` (default
+            ``<split>/shards``).
+        batch_size: Items per ``forward`` call (``None``: one item per call, ``"shard"``: all of the
+            shard's items in one call).
+        **kwargs: Further :class:`~espnet3_flows.parallel.runner.BaseRunner` arguments.
     """
 
     #: the job's config (the dataclass its ``jobspec`` names)
@@ -215,6 +249,21 @@ class UtteranceRunner(BaseRunner):
     fingerprint: str = "stat"
     allow_pipes: bool = False
     _manifest_skipped: list[SkippedItem] | None = None
+
+    def __init__(self, cfg: Any, split: str, manifest: str, provider: EnvironmentProvider, *,
+                 output_dir: str | None = None, shard_subdir: str | None = None, batch_size: int | str | None = None,
+                 **kwargs: Any):
+        self.cfg = cfg
+        self.split = split
+        self.manifest = manifest
+        self.input_options = cfg.storage_options
+        self.fingerprint = cfg.fingerprint
+        self.allow_pipes = cfg.allow_pipes
+        super().__init__(provider, batch_size=batch_size,
+                         output_dir=output_dir if output_dir is not None else cfg.output_dir,
+                         shard_subdir=shard_subdir if shard_subdir is not None else f"{split}/shards",
+                         shard_size=cfg.shard_size, storage_options=cfg.storage_options, on_error=cfg.on_error,
+                         **kwargs)
 
     @property
     def outputs_rel(self) -> str:
@@ -260,5 +309,5 @@ class UtteranceRunner(BaseRunner):
         return SkippedItem(self.split, u.utt_id, u.line, u.path, f"{type(exc).__name__}: {exc}").to_dict()
 
 
-__all__ = ["EngineConfig", "EnvironmentProvider", "InputsConfig", "ShardDataset", "SplitRunner", "UtteranceRunner",
+__all__ = ["EngineConfig", "EnvironmentProvider", "InputsConfig", "JobEnvProvider", "ShardDataset", "SplitRunner", "UtteranceRunner",
            "check_split_names", "publish_split_files"]

@@ -16,12 +16,11 @@ from typing import Any, Mapping
 from espnet3_flows.audio import AudioConfig
 from espnet3_flows.config import ConfigError
 from espnet3_flows.features.outputs import ROWS, publish_split
-from espnet3_flows.parallel.provider import EnvironmentProvider
 from espnet3_flows.parallel.runner import ShardResult
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
 from espnet3_flows.stats.job import CollectStatsRunner
-from espnet3_flows.utterance_job import EngineConfig, InputsConfig, ShardDataset, UtteranceRunner
+from espnet3_flows.utterance_job import EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner
 
 
 @dataclass
@@ -51,7 +50,8 @@ class ExtractFeaturesConfig(EngineConfig, InputsConfig):
             raise ConfigError("frontend.type=none computes no features; extract-features needs fbank, espnet2 or model")
 
 
-def _build_env(cfg: ExtractFeaturesConfig) -> dict[str, Any]:
+def build_env(cfg: ExtractFeaturesConfig) -> dict[str, Any]:
+    """The env of ``forward``: ``frontend``, ``audio`` and ``storage_options``, once per worker."""
     import torch
 
     torch.set_num_threads(1)
@@ -61,30 +61,12 @@ def _build_env(cfg: ExtractFeaturesConfig) -> dict[str, Any]:
             "storage_options": dict(cfg.storage_options)}
 
 
-class FeatureProvider(EnvironmentProvider):
-    """Builds ``frontend``, ``audio`` and ``storage_options`` once per worker."""
-
-    def build_env_local(self) -> dict[str, Any]:
-        return _build_env(self.config)
-
-    def build_worker_setup_fn(self):
-        cfg = self.config
-        return lambda: _build_env(cfg)
-
-
 class FeatureRunner(UtteranceRunner):
     """Per shard: one Kaldi ark/scp of the features and a row per utterance."""
 
     def __init__(self, cfg: ExtractFeaturesConfig, split: str, **kwargs: Any):
-        self.cfg = cfg
-        self.split = split
-        self.manifest = cfg.manifests[split]
-        self.input_options = cfg.storage_options
-        self.fingerprint = cfg.fingerprint
-        self.allow_pipes = cfg.allow_pipes
-        super().__init__(FeatureProvider(cfg), batch_size=cfg.batch_size, output_dir=cfg.output_dir,
-                         shard_subdir=f"{split}/shards", shard_size=cfg.shard_size,
-                         storage_options=cfg.storage_options, on_error=cfg.on_error, **kwargs)
+        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env), batch_size=cfg.batch_size,
+                         **kwargs)
 
     def hash_config(self) -> Mapping[str, Any]:
         return {"job": "extract_features/1", "split": self.split, "frontend": self.cfg.frontend.hashed(),
@@ -151,4 +133,4 @@ def feature_runners(cfg: ExtractFeaturesConfig) -> list[FeatureRunner]:
     return [FeatureRunner(cfg, split) for split in cfg.manifests]
 
 
-__all__ = ["ExtractFeaturesConfig", "FeatureProvider", "FeatureRunner", "feature_runners"]
+__all__ = ["ExtractFeaturesConfig", "FeatureRunner", "build_env", "feature_runners"]

@@ -35,7 +35,14 @@ class ShardFailure(Espnet3FlowsError, RuntimeError):
     """One or more shards failed; the others finished and were published."""
 
 
-def _chunks(seq: Sequence[int], size: int | None) -> list[int | list[int]]:
+#: ``batch_size`` value for one ``forward`` call with all of a shard's items (a job that batches
+#: within the shard itself, e.g. length-sorted model batches)
+WHOLE_SHARD = "shard"
+
+
+def _chunks(seq: Sequence[int], size: int | str | None) -> list[int | list[int]]:
+    if size == WHOLE_SHARD:
+        return [list(seq)] if len(seq) else []
     if not size:
         return list(seq)
     return [list(seq[i:i + size]) for i in range(0, len(seq), size)]
@@ -52,7 +59,8 @@ class BaseRunner:
 
     Args:
         provider: Builds the env (model, dataset) once per process or worker.
-        batch_size: Items per ``forward`` call; ``None`` calls it per item.
+        batch_size: Items per ``forward`` call; ``None`` calls it per item; ``"shard"``
+            (:data:`WHOLE_SHARD`) calls it once with all of the shard's items.
         output_dir: Local path or fsspec URL for shard and merged outputs; ``None`` keeps
             results in memory (no resume).
         shard_subdir: Sub-directory of ``output_dir`` holding ``split.N`` directories.
@@ -67,14 +75,14 @@ class BaseRunner:
     #: anything else (storage, network) fails the shard so it can be retried.
     item_errors: tuple[type[BaseException], ...] = (BadItemError,)
 
-    def __init__(self, provider: EnvironmentProvider, *, batch_size: int | None = None,
+    def __init__(self, provider: EnvironmentProvider, *, batch_size: int | str | None = None,
                  output_dir: str | None = None, shard_subdir: str = "", resume: bool = True,
                  shard_size: int = 256, storage_options: Mapping[str, Any] | None = None,
                  on_error: str = "fail", staging_dir: str | None = None):
         if on_error not in ON_ERROR_POLICIES:
             raise ValueError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        if batch_size is not None and batch_size != WHOLE_SHARD and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be >= 1, None or {WHOLE_SHARD!r}, got {batch_size!r}")
         if shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {shard_size}")
         self.provider = provider

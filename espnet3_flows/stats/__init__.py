@@ -13,7 +13,6 @@ _EXPORTS = {
     "FrontendConfig": "espnet3_flows.stats.frontend",
     "build_frontend": "espnet3_flows.stats.frontend",
     "CollectStatsConfig": "espnet3_flows.stats.job",
-    "CollectStatsProvider": "espnet3_flows.stats.job",
     "CollectStatsRunner": "espnet3_flows.stats.job",
 }
 

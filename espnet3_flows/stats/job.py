@@ -12,13 +12,12 @@ import numpy as np
 from espnet3_flows.audio import AudioConfig, audio_header, load_audio
 from espnet3_flows.config import ConfigError, to_plain
 from espnet3_flows.errors import BadItemError
-from espnet3_flows.parallel.provider import EnvironmentProvider
 from espnet3_flows.parallel.runner import ShardResult
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
 from espnet3_flows.stats.tokens import TokenConfig
-from espnet3_flows.utterance_job import EngineConfig, InputsConfig, ShardDataset, UtteranceRunner
+from espnet3_flows.utterance_job import EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner
 
 from espnet3_flows.stats.outputs import SHAPES, publish_split
 
@@ -58,7 +57,10 @@ class CollectStatsConfig(EngineConfig, InputsConfig):
             raise ConfigError(f"collected_feats_format must be 'ark' or 'npy', got {self.collected_feats_format!r}")
 
 
-def _build_env(cfg: CollectStatsConfig, split: str) -> dict[str, Any]:
+def build_env(cfg: CollectStatsConfig) -> dict[str, Any]:
+    """The env of collect-stats' ``forward``: ``frontend``, ``audio``, ``storage_options``,
+    ``collect_stats_kwargs`` and ``tokens`` (a :class:`~espnet3_flows.stats.tokens.TokenCounter`
+    or ``None``), built once per worker (``dataset``, a shard's utterances, comes with each shard)."""
     import torch
 
     torch.set_num_threads(1)
@@ -80,31 +82,11 @@ def _token_counter(tokens: TokenConfig) -> Any:
     return TokenCounter(tokens)
 
 
-class CollectStatsProvider(EnvironmentProvider):
-    """Builds ``frontend``, ``audio``, ``storage_options``, ``collect_stats_kwargs`` and ``tokens``
-    (a :class:`~espnet3_flows.stats.tokens.TokenCounter` or ``None``) once per worker (``dataset``, a shard's utterances, comes with each shard). ``params["split"]`` names the split."""
-
-    def build_env_local(self) -> dict[str, Any]:
-        return _build_env(self.config, self.params["split"])
-
-    def build_worker_setup_fn(self):
-        cfg, split = self.config, self.params["split"]
-        return lambda: _build_env(cfg, split)
-
-
 class CollectStatsRunner(UtteranceRunner):
     """Per shard: feature shapes, exact count/mean/M2, optional Kaldi ark/scp of the features."""
 
     def __init__(self, cfg: CollectStatsConfig, split: str, **kwargs: Any):
-        self.cfg = cfg
-        self.split = split
-        self.manifest = cfg.manifests[split]
-        self.input_options = cfg.storage_options
-        self.fingerprint = cfg.fingerprint
-        self.allow_pipes = cfg.allow_pipes
-        super().__init__(CollectStatsProvider(cfg, {"split": split}),
-                         batch_size=cfg.batch_size, output_dir=cfg.output_dir, shard_subdir=f"{split}/shards",
-                         shard_size=cfg.shard_size, storage_options=cfg.storage_options, on_error=cfg.on_error,
+        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env), batch_size=cfg.batch_size,
                          **kwargs)
 
     def hash_config(self) -> Mapping[str, Any]:

@@ -15,10 +15,9 @@ import numpy as np
 from espnet3_flows.audio import AudioConfig, check_audio_settings, read_audio
 from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
 from espnet3_flows.errors import BadItemError
-from espnet3_flows.parallel.provider import EnvironmentProvider
-from espnet3_flows.parallel.runner import BaseRunner, ShardResult
+from espnet3_flows.parallel.runner import WHOLE_SHARD, BaseRunner, ShardResult
 from espnet3_flows.sharding import Shard
-from espnet3_flows.utterance_job import EngineConfig, ShardDataset, UtteranceRunner, check_split_names
+from espnet3_flows.utterance_job import EngineConfig, JobEnvProvider, ShardDataset, UtteranceRunner, check_split_names
 
 from espnet3_flows.xvector.publish import UTTS, publish_split
 
@@ -184,7 +183,9 @@ def build_embedder(xv: XVectorConfig) -> Any:
     return speechbrain_embedder(load_speechbrain_encoder(xv.pretrained_model, savedir, xv.device))
 
 
-def _build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
+def build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
+    """The env of the x-vector ``forward``: ``embedder`` (the model, loaded once per worker),
+    ``audio``, ``storage_options`` and ``model_batch`` (``dataset`` comes with each shard)."""
     import torch
 
     torch.set_num_threads(1)
@@ -196,35 +197,15 @@ def _build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
             "model_batch": (batch, xv.max_padded_samples)}
 
 
-class XVectorProvider(EnvironmentProvider):
-    """Builds ``embedder`` (the model, loaded once per worker), ``audio``, ``storage_options`` and
-    ``model_batch`` (``dataset``, a shard's utterances, comes with each shard). ``params["split"]``
-    names the split."""
-
-    def build_env_local(self) -> dict[str, Any]:
-        return _build_env(self.config, self.params["split"])
-
-    def build_worker_setup_fn(self):
-        cfg, split = self.config, self.params["split"]
-        return lambda: _build_env(cfg, split)
-
-
 class XVectorRunner(UtteranceRunner):
     """Per shard: one embedding per utterance as ``.pt`` files and a Kaldi ark; merge adds
     ``{tag}.{ark,scp}`` and per-speaker means ``spk_{tag}.{ark,scp}``."""
 
     def __init__(self, cfg: XVectorJobConfig, split: str, **kwargs: Any):
-        self.cfg = cfg
-        self.split = split
-        self.manifest = cfg.xvector.manifest_paths[split]
-        self.input_options = cfg.storage_options
-        self.fingerprint = cfg.fingerprint
-        self.allow_pipes = cfg.allow_pipes
         # forward receives the whole shard, so utterances are length-sorted across it
-        super().__init__(XVectorProvider(cfg, {"split": split}),
-                         batch_size=cfg.shard_size, output_dir=cfg.output_dir,
-                         shard_subdir=f"{cfg.xvector.spk_embed_tag}/{split}/shards", shard_size=cfg.shard_size,
-                         storage_options=cfg.storage_options, on_error=cfg.on_error, **kwargs)
+        super().__init__(cfg, split, cfg.xvector.manifest_paths[split], JobEnvProvider(cfg, build_env, {"split": split}),
+                         shard_subdir=f"{cfg.xvector.spk_embed_tag}/{split}/shards", batch_size=WHOLE_SHARD,
+                         **kwargs)
 
     @property
     def outputs_rel(self) -> str:
