@@ -18,7 +18,7 @@ import os
 import pkgutil
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from espnet3_flows.config import ConfigError
 
@@ -41,6 +41,18 @@ class FlowParameter:
     key: str
     annotation: Any
     doc: str
+
+
+def engine_parameters(shard_size_doc: str = "Utterances per shard: the unit of caching, retry and parallelism."
+                      ) -> tuple[FlowParameter, ...]:
+    """The flow parameters of the engine's keys every job has: ``shard_size``, ``on_error``,
+    ``parallel_env`` and ``n_workers``."""
+    return (FlowParameter("shard_size", "shard_size", int, shard_size_doc),
+            FlowParameter("on_error", "on_error", Literal["fail", "skip"],
+                          "`fail` on the first bad item, or `skip` and list it in `skipped.tsv`."),
+            FlowParameter("parallel_env", "parallel.env", str,
+                          "`local` (Dask processes), `serial`, `local_gpu`, `slurm`, `pbs`, ..."),
+            FlowParameter("n_workers", "parallel.n_workers", int, "Dask workers (0 = one per core locally)."))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from espnet3_flows.job_registry import FlowParameter, JobSpec
+from espnet3_flows.job_registry import FlowParameter, JobSpec, engine_parameters
 
 JOB = JobSpec(
     name="extract_features",
@@ -18,13 +18,9 @@ JOB = JobSpec(
                       "Split name → manifest path or URL (TSV, lhotse `.jsonl[.gz]` or a Kaldi data directory). "
                       "Empty: a generated demo corpus."),
         FlowParameter("output_dir", "output_dir", str, "Output location, a path or URL."),
-        FlowParameter("shard_size", "shard_size", int, "Utterances per shard: the unit of caching, retry and parallelism."),
         FlowParameter("frontend_type", "frontend.type", Literal["fbank", "espnet2", "model"],
                       "`fbank` (log-mel), `espnet2` (an ESPnet2 frontend by `frontend.name`) or `model`."),
         FlowParameter("num_mel_bins", "frontend.num_mel_bins", int, "Mel bins of the fbank."),
-        FlowParameter("on_error", "on_error", Literal["fail", "skip"],
-                      "`fail` on the first bad item, or `skip` and list it in `skipped.tsv`."),
-        FlowParameter("parallel_env", "parallel.env", str, "`local`, `serial`, `local_gpu`, `slurm`, ..."),
-        FlowParameter("n_workers", "parallel.n_workers", int, "Dask workers (0 = one per core locally)."),
+        *engine_parameters(),
     ),
 )

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from espnet3_flows.job_registry import FlowParameter, JobSpec
+from espnet3_flows.job_registry import FlowParameter, JobSpec, engine_parameters
 
 JOB = JobSpec(
     name="collect_stats",
@@ -17,17 +17,12 @@ JOB = JobSpec(
                       "Split name → manifest path or URL (TSV `utt_id, wav_path, text, speaker`, lhotse "
                       "`.jsonl[.gz]` or a Kaldi data directory). Empty: a generated demo corpus."),
         FlowParameter("output_dir", "output_dir", str, "Output location, a path or URL such as `s3://bucket/stats`."),
-        FlowParameter("shard_size", "shard_size", int, "Utterances per shard: the unit of caching, retry and parallelism."),
         FlowParameter("batch_size", "batch_size", int, "Utterances per forward call."),
         FlowParameter("frontend_type", "frontend.type", Literal["fbank", "none"],
                       "`fbank` (80-dim log-mel) or `none` (lengths only)."),
         FlowParameter("sampling_rate", "frontend.sampling_rate", int, "Audio is resampled to this rate."),
         FlowParameter("num_mel_bins", "frontend.num_mel_bins", int, "Mel bins of the fbank."),
         FlowParameter("write_collected_feats", "write_collected_feats", bool, "Also write the features as Kaldi ark/scp."),
-        FlowParameter("on_error", "on_error", Literal["fail", "skip"],
-                      "`fail` on the first bad item, or `skip` and list it in `skipped.tsv`."),
-        FlowParameter("parallel_env", "parallel.env", str,
-                      "`local` (Dask processes), `serial`, `local_gpu`, `slurm`, `pbs`, ..."),
-        FlowParameter("n_workers", "parallel.n_workers", int, "Dask workers (0 = one per core locally)."),
+        *engine_parameters(),
     ),
 )

@@ -1,8 +1,6 @@
 """extract-xvectors, declared for the job registry (:mod:`espnet3_flows.job_registry`)."""
 
-from typing import Literal
-
-from espnet3_flows.job_registry import FlowParameter, JobSpec
+from espnet3_flows.job_registry import FlowParameter, JobSpec, engine_parameters
 
 JOB = JobSpec(
     name="extract_xvectors",
@@ -25,9 +23,6 @@ JOB = JobSpec(
         FlowParameter("device", "xvector.device", str, "`cpu`, `cuda` or `cuda:N`."),
         FlowParameter("batch_size", "xvector.batch_size", int,
                       "Utterances per model call, length-sorted within a shard (0: 1 on CPU, 16 on CUDA)."),
-        FlowParameter("shard_size", "shard_size", int, "Utterances per shard."),
-        FlowParameter("on_error", "on_error", Literal["fail", "skip"], "`fail` or `skip`."),
-        FlowParameter("parallel_env", "parallel.env", str, "`local`, `serial`, `local_gpu`, `slurm`, ..."),
-        FlowParameter("n_workers", "parallel.n_workers", int, "Dask workers (0 = one per core locally)."),
+        *engine_parameters(),
     ),
 )
