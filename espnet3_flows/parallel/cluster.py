@@ -262,16 +262,28 @@ _TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 _TRIM_ENV = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_"
 
 
+#: Messages Dask's scheduler keeps per worker stream (and transitions in its log) for debugging;
+#: Dask's default is 1,000 (see :func:`configure_worker_processes`)
+LOW_LEVEL_LOG_LENGTH = 16
+
+
 def configure_worker_processes(cfg: ParallelConfig) -> None:
     """Dask settings for the worker processes this process starts (locally or as batch jobs).
 
     Sets the allowed failures per task and, unless ``cfg.trim_worker_memory``, removes
     ``MALLOC_TRIM_THRESHOLD_`` from the environment Dask's nannies give their workers, both in
     this process's Dask config (local nannies) and in the environment that batch jobs inherit.
+
+    Also shortens Dask's developer logs (``distributed.admin.low-level-log-length``, see
+    :data:`LOW_LEVEL_LOG_LENGTH`) for the scheduler this process runs: each of the scheduler's
+    streams to a worker keeps its last 1,000 messages by default, and every ``compute-task``
+    message holds a whole Prefect task run spec (~100 KB deserialized), so a run of thousands
+    of shards kept ~100 MB per worker on the driver for the rest of the flow.
     """
     import dask
 
-    dask.config.set({"distributed.scheduler.allowed-failures": cfg.allowed_failures})
+    dask.config.set({"distributed.scheduler.allowed-failures": cfg.allowed_failures,
+                     "distributed.admin.low-level-log-length": LOW_LEVEL_LOG_LENGTH})
     if cfg.trim_worker_memory:
         dask.config.set({_TRIM_KEY: int(DASK_TRIM_DEFAULT)})
         os.environ.pop(_TRIM_ENV, None)

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import distributed
 import pytest
 
 from espnet3_flows.config import ConfigError, load_config
@@ -94,6 +95,30 @@ def test_worker_malloc_trim_setting(trim):
     finally:
         configure_worker_processes(ParallelConfig())  # back to the default for later tests
     assert seen == ("65536" if trim else None)
+
+
+@pytest.mark.dask
+def test_the_scheduler_keeps_few_messages_per_worker():
+    """Each scheduler → worker stream keeps its last messages for debugging, and every message
+    holds whole task specs (~100 KB each for a Prefect shard task): Dask's 1,000 per worker kept
+    ~100 MB per worker on the driver during a long run; ours keep LOW_LEVEL_LOG_LENGTH."""
+    from espnet3_flows.parallel.cluster import LOW_LEVEL_LOG_LENGTH, make_cluster
+
+    cluster = make_cluster(ParallelConfig(env="local", n_workers=1))
+    try:
+        with distributed.Client(cluster) as client:
+            client.wait_for_workers(1)
+            assert client.gather(client.map(_square, range(3 * LOW_LEVEL_LOG_LENGTH), pure=False))[-1] > 0
+            streams = list(cluster.scheduler.stream_comms.values())
+            assert streams and all(s.recent_message_log.maxlen == LOW_LEVEL_LOG_LENGTH for s in streams)
+            assert all(len(s.recent_message_log) <= LOW_LEVEL_LOG_LENGTH for s in streams)
+            assert cluster.scheduler.transition_log.maxlen == LOW_LEVEL_LOG_LENGTH
+    finally:
+        cluster.close()
+
+
+def _square(x: int) -> int:
+    return x * x
 
 
 @pytest.mark.dask
