@@ -31,19 +31,24 @@ def load_config(
     path: str | Path | None = None,
     overrides: Sequence[str] = (),
     base: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> T:
     """Build a typed config object from defaults, a YAML file and command-line overrides.
 
-    Later sources win: the dataclass defaults, then ``base`` (e.g. flow parameters), then
-    the YAML file at ``path``, then ``overrides`` such as ``["shard_size=64",
-    "parallel.env=slurm"]``. The schema is in struct mode, so an unknown key or a value of
-    the wrong type is a :class:`ConfigError` naming the key.
+    Later sources win: the dataclass defaults, then ``base``, then the YAML file at ``path``,
+    then ``params`` (e.g. a flow's typed parameters), then ``overrides`` such as
+    ``["shard_size=64", "parallel.env=slurm"]``. The schema is in struct mode, so an unknown key or a value of
+    the wrong type is a :class:`ConfigError` naming the key. A schema's ``CONFIG_ALIASES``
+    (dotted alias → dotted key) are renamed in each source before merging, so an alias in a
+    later source wins over the key in an earlier one, as the key itself would.
 
     Args:
         schema: A dataclass type describing the configuration.
         path: Optional YAML file.
         overrides: ``key=value`` strings in OmegaConf dot-list syntax.
         base: Optional mapping merged before the file.
+        params: Optional dotted key → value (values as they are: no parsing; a mapping replaces
+            the key's whole mapping), set after the file and before ``overrides``.
 
     Returns:
         An instance of ``schema`` (its ``__post_init__`` validation has run).
@@ -72,9 +77,12 @@ def load_config(
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not of the form key=value")
+        aliases = getattr(schema, "CONFIG_ALIASES", {})
+        merged = OmegaConf.merge(cfg, *(rename_aliases(layer, aliases) for layer in layers))
+        for key, value in (params or {}).items():  # a value replaces the key's (a dict too)
+            OmegaConf.update(merged, aliases.get(key, key), value, merge=False)
         if overrides:
-            layers.append(OmegaConf.from_dotlist(list(overrides)))
-        merged = OmegaConf.merge(cfg, *layers)
+            merged = OmegaConf.merge(merged, rename_aliases(OmegaConf.from_dotlist(list(overrides)), aliases))
         obj = OmegaConf.to_object(merged)
     except ConfigError:
         raise
@@ -84,6 +92,34 @@ def load_config(
         raise ConfigError(f"invalid configuration: {exc}") from None
     assert isinstance(obj, schema)
     return obj
+
+
+def rename_aliases(layer: DictConfig, aliases: Mapping[str, str]) -> DictConfig:
+    """``layer`` with each alias key (dotted) moved to the key it names; both given with
+    different values is a :class:`ConfigError`."""
+    if not aliases:
+        return layer
+    data = OmegaConf.to_container(layer, resolve=False)
+    assert isinstance(data, dict)
+    missing = object()
+    for alias, key in aliases.items():
+        *parents, leaf = alias.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        value = node.pop(leaf)
+        *kparents, kleaf = key.split(".")
+        target: Any = data
+        for part in kparents:
+            target = target.setdefault(part, {})
+        given = target.get(kleaf, missing)
+        if given is not missing and given != value:
+            raise ConfigError(f"{key} and {alias} are the same key ({alias} is its alias) but were given different "
+                              f"values, {given!r} and {value!r}: give one of them")
+        target[kleaf] = value
+    return OmegaConf.create(data)
 
 
 def to_plain(obj: Any) -> Any:

@@ -43,6 +43,16 @@ class FlowParameter:
     doc: str
 
 
+def splits_parameters(output_example: str = "exp/output") -> tuple[FlowParameter, ...]:
+    """The flow parameters of the keys every per-utterance job reads and writes through
+    (:class:`~espnet3_flows.utterance_job.SplitsConfig`): ``manifests`` and ``output_dir``."""
+    return (FlowParameter("manifests", "manifests", dict[str, str] | None,
+                          "Split name → manifest path or URL (TSV `utt_id, wav_path, text, speaker`, lhotse "
+                          "`.jsonl[.gz]` or a Kaldi data directory). Empty: a generated demo corpus."),
+            FlowParameter("output_dir", "output_dir", str,
+                          f"Output location, a path or URL such as `s3://bucket/{output_example}`."))
+
+
 def engine_parameters(shard_size_doc: str = "Utterances per shard: the unit of caching, retry and parallelism."
                       ) -> tuple[FlowParameter, ...]:
     """The flow parameters of the engine's keys every job has: ``shard_size``, ``on_error``,

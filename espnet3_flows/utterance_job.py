@@ -25,8 +25,8 @@ _SPLIT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 
 
 @dataclass
-class InputsConfig:
-    """The input and output keys of jobs configured like collect-stats (a manifest per split).
+class SplitsConfig:
+    """Where a per-utterance job reads and writes: a manifest per split and one output location.
 
     Attributes:
         manifests: Split name → manifest, path or URL: a TSV (``utt_id, wav_path[, text[,
@@ -34,19 +34,31 @@ class InputsConfig:
             with optional ``segments``, ``utt2spk``, ``text``; see :mod:`espnet3_flows.kaldi_dir`).
             Empty means: generate the demo corpus and use its splits.
         output_dir: Where outputs go (path or fsspec URL such as ``s3://bucket/stats``).
-        batch_size: Utterances per ``forward`` call.
-        demo_utterances: Size of the generated demo corpus when ``manifests`` is empty.
     """
 
     manifests: dict[str, str] = field(default_factory=dict)
     output_dir: str = "exp/output"
+
+    def __post_init__(self) -> None:
+        check_split_names(self.manifests)
+
+
+@dataclass
+class InputsConfig(SplitsConfig):
+    """The input and output keys of jobs configured like collect-stats (a manifest per split).
+
+    Attributes:
+        batch_size: Utterances per ``forward`` call.
+        demo_utterances: Size of the generated demo corpus when ``manifests`` is empty.
+    """
+
     batch_size: int = 16
     demo_utterances: int = DEMO_UTTERANCES
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-        check_split_names(self.manifests)
+        super().__post_init__()
 
 
 @dataclass
@@ -101,7 +113,7 @@ class EngineConfig:
             raise ConfigError(f"shard_size must be >= 1, got {self.shard_size}")
         if self.fingerprint not in FINGERPRINT_MODES:
             raise ConfigError(f"fingerprint must be one of {FINGERPRINT_MODES}, got {self.fingerprint!r}")
-        after = getattr(super(), "__post_init__", None)  # the next config base's checks (InputsConfig)
+        after = getattr(super(), "__post_init__", None)  # the next config base's checks (SplitsConfig)
         if after is not None:
             after()
 
@@ -138,7 +150,7 @@ class JobEnvProvider(EnvironmentProvider):
 @runtime_checkable
 class SplitRunner(Protocol):
     """What orchestration uses of a job's runner: one split's planning, shards, done records and
-    merge. :class:`UtteranceRunner` (a :class:`~espnet3_flows.parallel.runner.BaseRunner` over a
+    publish step. :class:`UtteranceRunner` (a :class:`~espnet3_flows.parallel.runner.BaseRunner` over a
     manifest) provides all of it; a job's ``runners`` factory returns one per split."""
 
     split: str
@@ -171,7 +183,7 @@ class SplitRunner(Protocol):
 
     def run_shard(self, shard: Shard, env: Mapping[str, Any]) -> Any: ...
 
-    def merge(self, results: list[Any]) -> Any: ...
+    def publish(self, results: list[Any]) -> Any: ...
 
 
 def publish_split_files(store: Storage, rel: str, staged: Sequence[tuple[str, Path]], skipped: Sequence[SkippedItem],

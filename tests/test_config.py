@@ -36,6 +36,19 @@ def test_sources_in_order_defaults_base_file_overrides(tmp_path):
     assert cfg.frontend.num_mel_bins == 64 and cfg.frontend.frame_shift == 0.01
 
 
+def test_params_go_between_the_file_and_the_overrides_and_replace_mappings(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("manifests:\n  train: /d/train.tsv\n  valid: /d/valid.tsv\nshard_size: 32\n")
+    cfg = load_config(CollectStatsConfig, path, overrides=["shard_size=4"],
+                      params={"manifests": {"test": "/d/test.tsv"}, "shard_size": 16, "parallel.env": "serial"})
+    assert cfg.manifests == {"test": "/d/test.tsv"}  # the parameter's manifests, not merged into the file's
+    assert cfg.shard_size == 4 and cfg.parallel.env == "serial"
+    with pytest.raises(ConfigError, match="shard_size"):
+        load_config(CollectStatsConfig, params={"shard_size": "many"})
+    with pytest.raises(ConfigError, match="shard_sise"):
+        load_config(CollectStatsConfig, params={"shard_sise": 3})
+
+
 def test_unknown_key_is_named():
     with pytest.raises(ConfigError, match="shard_sise"):
         load_config(CollectStatsConfig, overrides=["shard_sise=3"])

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from espnet3_flows.audio import AudioConfig
 from espnet3_flows.config import ConfigError
-from espnet3_flows.features.outputs import ROWS, publish_split
+from espnet3_flows.features.outputs import FeatureSink, publish_split
 from espnet3_flows.parallel.runner import ShardResult
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
@@ -84,27 +84,11 @@ class FeatureRunner(UtteranceRunner):
             r["text"], r["speaker"] = utt.text, utt.speaker
         return out
 
-    def open_writers(self, staging_dir: Path) -> dict[str, Any]:
-        import kaldiio
-
-        return {"rows": open(staging_dir / ROWS, "w", encoding="utf-8"),
-                "ark": kaldiio.WriteHelper(f"ark,scp:{staging_dir / 'feats.ark'},{staging_dir / 'feats.scp'}")}
-
-    def write_record(self, writers: dict[str, Any], idx: Any, result: list[dict[str, Any]]) -> None:
-        import numpy as np
-
-        for r in result:
-            f = np.asarray(r["feats"], dtype=np.float32)
-            writers["ark"](r["utt_id"], f)
-            text = " ".join(str(r["text"]).split())  # one line, one field
-            writers["rows"].write(f"{r['utt_id']}\t{r['speech_len']}\t{f.shape[0]}\t{f.shape[1]}\t{text}\t"
-                                  f"{r['speaker']}\n")
-
-    def close_writers(self, writers: dict[str, Any]) -> None:
-        writers["rows"].close()
-        writers["ark"].close()
+    def open_sink(self, staging: Path) -> FeatureSink:
+        return FeatureSink(staging)
 
     def init_state(self) -> dict[str, Any]:
+        """Counts of the shard (its rows are in ``rows.tsv``); this is also the shard's result."""
         return {"utterances": 0, "frames": 0, "samples": 0, "dim": None}
 
     def reduce_state(self, state: dict[str, Any], result: list[dict[str, Any]]) -> dict[str, Any]:
@@ -115,16 +99,12 @@ class FeatureRunner(UtteranceRunner):
             state["dim"] = int(r["feats"].shape[1])
         return state
 
-    def finalize_state(self, state: dict[str, Any], writers: Any) -> dict[str, Any]:
-        """Counts of the shard (its rows are in ``rows.tsv``)."""
-        return dict(state)
-
     def publish_rel(self, shard: Shard, name: str) -> str:
         if name == "feats.ark":  # beside the split's outputs: the scp lines point here
             return posixpath.join(self.split, "feats", f"feats.{shard.name}.ark")
         return super().publish_rel(shard, name)
 
-    def merge(self, results: list[ShardResult]) -> dict[str, Any]:
+    def publish(self, results: list[ShardResult]) -> dict[str, Any]:
         return publish_split(self, results)
 
 

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from espnet3_flows.job_registry import FlowParameter, JobSpec, engine_parameters
+from espnet3_flows.job_registry import FlowParameter, JobSpec, engine_parameters, splits_parameters
 
 JOB = JobSpec(
     name="extract_features",
@@ -14,10 +14,7 @@ JOB = JobSpec(
     worker_modules=("numpy", "torch", "soundfile", "lhotse", "kaldiio"),
     demo="espnet3_flows.demo:demo_manifest_settings",
     flow_parameters=(
-        FlowParameter("manifests", "manifests", dict[str, str] | None,
-                      "Split name → manifest path or URL (TSV, lhotse `.jsonl[.gz]` or a Kaldi data directory). "
-                      "Empty: a generated demo corpus."),
-        FlowParameter("output_dir", "output_dir", str, "Output location, a path or URL."),
+        *splits_parameters("features"),
         FlowParameter("frontend_type", "frontend.type", Literal["fbank", "espnet2", "model"],
                       "`fbank` (log-mel), `espnet2` (an ESPnet2 frontend by `frontend.name`) or `model`."),
         FlowParameter("num_mel_bins", "frontend.num_mel_bins", int, "Mel bins of the fbank."),

@@ -20,13 +20,39 @@ from typing import Any, Iterator
 
 from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
+from espnet3_flows.parallel.sink import ShardSink
 from espnet3_flows.storage import Storage
 from espnet3_flows.stats.frontend import FrontendConfig
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
 
 
+ROWS = "rows.tsv"  # a shard's per-utterance rows (written by FeatureSink)
 
-ROWS = "rows.tsv"
+
+class FeatureSink(ShardSink):
+    """An extract-features shard's files: the features as ``feats.ark``/``feats.scp`` and
+    ``rows.tsv`` (``utt_id, samples, frames, dim, text, speaker`` per utterance, in manifest order)."""
+
+    def __init__(self, staging: Path):
+        import kaldiio
+
+        super().__init__(staging)
+        self.rows = open(staging / ROWS, "w", encoding="utf-8")
+        self.ark = kaldiio.WriteHelper(f"ark,scp:{staging / 'feats.ark'},{staging / 'feats.scp'}")
+
+    def add(self, idx: Any, result: list[dict[str, Any]]) -> None:
+        import numpy as np
+
+        for r in result:
+            f = np.asarray(r["feats"], dtype=np.float32)
+            self.ark(r["utt_id"], f)
+            text = " ".join(str(r["text"]).split())  # one line, one field
+            self.rows.write(f"{r['utt_id']}\t{r['speech_len']}\t{f.shape[0]}\t{f.shape[1]}\t{text}\t"
+                            f"{r['speaker']}\n")
+
+    def finish(self) -> None:
+        self.rows.close()
+        self.ark.close()
 
 
 def frame_shift_seconds(fe: FrontendConfig) -> float:

@@ -36,8 +36,8 @@ def resolve_config(job: str, config_file: str | None, params: dict[str, Any], ov
     spec = get_job(job)
     schema = spec.config_class
     defaults = OmegaConf.to_container(OmegaConf.structured(schema))
-    changed = [f"{k}={json.dumps(v)}" for k, v in _flatten(params) if _lookup(defaults, k) != v]
-    cfg = load_config(schema, config_file, [*changed, *overrides])
+    changed = {k: v for k, v in _flatten(params) if _lookup(defaults, k) != v}
+    cfg = load_config(schema, config_file, overrides, params=changed)
     demo = spec.demo_settings(cfg)
     if demo:
         cfg = load_config(schema, base=OmegaConf.to_container(OmegaConf.merge(to_plain(cfg), demo)))
@@ -89,7 +89,7 @@ def job_flow(job: str) -> Flow:
         given = {p.key: values.get(p.name) for p in spec.flow_parameters}
         given = {k: (v or None) if isinstance(v, (dict, list)) else v for k, v in given.items()}
         cfg = resolve_config(job, config_file, given, overrides or [])
-        return run_job(job, to_plain(cfg), progress=sys.stderr.isatty())  # the UI has its own
+        return run_job(job, cfg, progress=sys.stderr.isatty())  # validated once, above; the UI has its own bar
 
     run.__signature__ = inspect.Signature(params, return_annotation=dict[str, Any])  # type: ignore[attr-defined]
     run.__doc__ = spec.description + "\n\nArgs:\n" + "".join(

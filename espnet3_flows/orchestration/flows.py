@@ -53,7 +53,7 @@ def shown_config(cfg: Any) -> dict[str, Any]:
     return shown
 
 
-def run_job(job: str, config: dict[str, Any] | None = None, progress: bool = True,
+def run_job(job: str, config: Any = None, progress: bool = True,
             planned: JobRun | None = None) -> dict[str, Any]:
     """Plan a job, then run its pending shards as a subflow on the task runner its ``parallel``
     section asks for, and merge and publish every split.
@@ -64,7 +64,8 @@ def run_job(job: str, config: dict[str, Any] | None = None, progress: bool = Tru
 
     Args:
         job: A registered job name (see :mod:`espnet3_flows.job_registry`).
-        config: The job config as plain data (validated here, before any work).
+        config: The job's config: an instance of its schema (validated already, used as is) or
+            plain data (validated here, before any work).
         progress: Show a terminal progress bar.
         planned: A run planned already (by the CLI, while the API server started).
 
@@ -75,7 +76,7 @@ def run_job(job: str, config: dict[str, Any] | None = None, progress: bool = Tru
     share_tls_contexts()
     cache_settings_serialization()
     if planned is None:
-        cfg = load_config(spec.config_class, base=config or {})
+        cfg = config if isinstance(config, spec.config_class) else load_config(spec.config_class, base=config or {})
         preflight(job, cfg)
         planned = plan_job(job, cfg)
     run, cfg = planned, planned.cfg

@@ -38,12 +38,12 @@ def shard_task(runner_key: str, split: str, shard: Shard) -> dict[str, Any]:
 
 @task(name="merge-and-publish", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, persist_result=False)
 def merge_task(runner: BaseRunner, shards: list[tuple[int, str, bool]]) -> Any:
-    """Merge a split's shard results and publish its final files atomically.
+    """Read a split's shard results and run the runner's ``publish`` step (merge, final files).
 
     Args:
         shards: ``(index, hash, cached)`` of every shard of the plan. The small ``done`` records
             are read here (16 at a time); per-utterance rows are streamed from shard files by
-            the job's merge.
+            the job's ``publish``.
     """
     def read(entry: tuple[int, str, bool]) -> Any:
         index, shard_hash, cached = entry
@@ -55,7 +55,7 @@ def merge_task(runner: BaseRunner, shards: list[tuple[int, str, bool]]) -> Any:
 
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(read, shards))
-    return runner.merge(results)
+    return runner.publish(results)
 
 
 def retry_unless_bad_item(task: Any, task_run: Any, state: Any) -> bool:

@@ -12,10 +12,11 @@ from espnet3_flows.parallel.cluster import (
 from espnet3_flows.parallel.provider import EnvironmentProvider, ProviderError
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.runner import BaseRunner, ItemError, RunOutcome, ShardFailure, ShardResult
+from espnet3_flows.parallel.sink import ShardSink
 from espnet3_flows.parallel.worker_env import EnvSetupPlugin, get_env, plugin_for
 
 __all__ = [
     "BadItemError", "BaseRunner", "EnvSetupPlugin", "EnvironmentProvider", "ItemError", "ParallelConfig", "ProviderError",
-    "RunOutcome", "ShardFailure", "ShardResult", "cluster_spec", "get_client", "get_env",
+    "RunOutcome", "ShardFailure", "ShardResult", "ShardSink", "cluster_spec", "get_client", "get_env",
     "get_parallel_config", "make_cluster", "parallel_map", "plugin_for", "set_parallel",
 ]

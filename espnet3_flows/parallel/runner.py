@@ -1,4 +1,4 @@
-"""BaseRunner: ESPnet3's runner with content-addressed shards, writer hooks, publish-then-done and resume."""
+"""BaseRunner: ESPnet3's runner with content-addressed shards, a per-shard sink, publish-then-done and resume."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from espnet3_flows.parallel.cluster import ParallelConfig, get_client, get_paral
 from espnet3_flows.parallel.provider import EnvironmentProvider, ProviderError
 from espnet3_flows.parallel.worker_env import env_keys, get_env, plugin_for
 from espnet3_flows.parallel.results import RunOutcome, ShardResult
+from espnet3_flows.parallel.sink import ShardSink
 from espnet3_flows.sharding import Shard, ShardPlan, plan_shards, shard_name
 from espnet3_flows.storage import Storage
 
@@ -53,9 +54,10 @@ class BaseRunner:
 
     Subclasses define ``forward`` as a ``@staticmethod`` whose first parameter is the item
     index (an ``int``, or a ``list[int]`` when ``batch_size`` is set) and whose other
-    parameters are env keys, injected by name. Each shard: ``open_writers`` →
-    ``init_state`` → for each item or batch ``forward`` → ``write_record`` →
-    ``reduce_state`` → ``close_writers`` → ``finalize_state`` → publish files → ``done``.
+    parameters are env keys, injected by name. Each shard: ``open_sink`` and ``init_state`` →
+    for each item or batch ``forward`` → ``sink.add`` and ``reduce_state`` → ``sink.finish`` →
+    ``finalize_state`` → its files published → ``done``. A run ends with :meth:`publish`: the
+    merged result (:meth:`merge`) and, for jobs that have them, the split's final files.
 
     Args:
         provider: Builds the env (model, dataset) once per process or worker.
@@ -127,15 +129,10 @@ class BaseRunner:
         """The JSON record of an item skipped under ``on_error: skip``."""
         return {"idx": int(idx), "reason": f"{type(exc).__name__}: {exc}"}
 
-    def open_writers(self, staging_dir: Path) -> Any:
-        """Open per-shard writers in the local staging directory; their files get published."""
+    def open_sink(self, staging: Path) -> ShardSink | None:
+        """The shard's writer on its local staging directory (default: none, the shard writes no
+        files); see :class:`~espnet3_flows.parallel.sink.ShardSink`."""
         return None
-
-    def write_record(self, writers: Any, idx: Any, result: Any) -> None:
-        """Write one ``forward`` result."""
-
-    def close_writers(self, writers: Any) -> None:
-        """Close the writers (files must be complete after this)."""
 
     def init_state(self) -> Any:
         """The initial accumulator state of a shard."""
@@ -146,16 +143,22 @@ class BaseRunner:
         state.append(result)
         return state
 
-    def finalize_state(self, state: Any, writers: Any) -> Any:
+    def finalize_state(self, state: Any) -> Any:
         """The shard's JSON-able result (stored in ``done``; never pickle)."""
         return state
 
     def merge(self, results: list[ShardResult]) -> Any:
-        """Combine shard results (in shard order) into the run's result."""
+        """Combine shard results (in shard order) into the run's result; no side effects."""
         out: list[Any] = []
         for r in results:
             out.extend(r.result if isinstance(r.result, list) else [r.result])
         return out
+
+    def publish(self, results: list[ShardResult]) -> Any:
+        """The run's last step, once every shard is done: write the merged outputs (default:
+        none) and return the run's result (default: :meth:`merge`). Jobs with final files
+        override this; it must be safe to repeat (a rerun with nothing new publishes again)."""
+        return self.merge(results)
 
     # ---- storage ----------------------------------------------------------------------
     @property
@@ -233,15 +236,17 @@ class BaseRunner:
         t0 = time.perf_counter()
         staging = Path(tempfile.mkdtemp(prefix=f"espnet3-{shard.name}-", dir=self.staging_dir))
         try:
-            writers = self.open_writers(staging)
+            sink = self.open_sink(staging)
             state = self.init_state()
             skipped: list[dict[str, Any]] = []
             for chunk in _chunks(shard.items, self.batch_size):
                 for idx, out in self._forward_checked(chunk, kwargs, env, skipped):
-                    self.write_record(writers, idx, out)
+                    if sink is not None:
+                        sink.add(idx, out)
                     state = self.reduce_state(state, out)
-            self.close_writers(writers)
-            result = self.finalize_state(state, writers)
+            if sink is not None:
+                sink.finish()
+            result = self.finalize_state(state)
             seconds = time.perf_counter() - t0
             store = self.storage
             files: list[str] = []
@@ -307,7 +312,7 @@ class BaseRunner:
 
     def run(self, indices: Sequence[int] | None = None, client: Any = None, parallel: ParallelConfig | None = None,
             progress: bool = True, on_shard: Callable[[ShardResult], None] | None = None) -> RunOutcome:
-        """Plan, skip finished shards, compute the rest (in-process or on Dask), merge.
+        """Plan, skip finished shards, compute the rest (in-process or on Dask), publish.
 
         Args:
             indices: Item indices (``None`` for jobs that plan from their own input, such as
@@ -340,11 +345,11 @@ class BaseRunner:
         finally:
             bar.close()
         ordered = [results[s.index] for s in plan.shards]
-        merged = self.merge(ordered)
+        merged = self.publish(ordered)
         return RunOutcome(plan, ordered, merged, time.perf_counter() - t0)
 
     def __call__(self, indices: Sequence[int]) -> Any:
-        """ESPnet3's entry point: run over ``indices`` and return the merged result."""
+        """ESPnet3's entry point: run over ``indices`` and return the merged (published) result."""
         return self.run(indices).merged
 
     def _run_pending(self, pending: list[Shard], client: Any, results: dict[int, ShardResult],

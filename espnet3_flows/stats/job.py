@@ -19,7 +19,7 @@ from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
 from espnet3_flows.stats.tokens import TokenConfig
 from espnet3_flows.utterance_job import EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner
 
-from espnet3_flows.stats.outputs import SHAPES, publish_split
+from espnet3_flows.stats.outputs import StatsShardSink, publish_split
 
 @dataclass
 class CollectStatsConfig(EngineConfig, InputsConfig):
@@ -125,32 +125,8 @@ class CollectStatsRunner(UtteranceRunner):
             out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f, "tokens": c})
         return out
 
-    def open_writers(self, staging_dir: Path) -> dict[str, Any]:
-        """``shapes.tsv`` (one ``utt_id, samples, frames,dim[, tokens]`` row per utterance, in manifest order)
-        and, with ``write_collected_feats``, the features: a Kaldi ark/scp, or one ``.npy`` each."""
-        writers: dict[str, Any] = {"shapes": open(staging_dir / SHAPES, "w", encoding="utf-8"), "feats": None}
-        if self.cfg.write_collected_feats and self.cfg.collected_feats_format == "npy":
-            (staging_dir / "npy").mkdir()
-            writers["feats"] = lambda utt, f: np.save(staging_dir / "npy" / f"{utt}.npy", f)
-        elif self.cfg.write_collected_feats:
-            import kaldiio
-
-            writers["feats"] = kaldiio.WriteHelper(f"ark,scp:{staging_dir / 'feats.ark'},{staging_dir / 'feats.scp'}")
-        return writers
-
-    def write_record(self, writers: dict[str, Any], idx: Any, result: list[dict[str, Any]]) -> None:
-        for r in result:
-            f = r["feats"]
-            shape = "" if f is None else f"{f.shape[0]},{f.shape[1]}"
-            tokens = "" if r.get("tokens") is None else f"\t{r['tokens']}"
-            writers["shapes"].write(f"{r['utt_id']}\t{r['speech_len']}\t{shape}{tokens}\n")
-            if writers["feats"] is not None:
-                writers["feats"](r["utt_id"], np.asarray(f, dtype=np.float32))
-
-    def close_writers(self, writers: dict[str, Any]) -> None:
-        writers["shapes"].close()
-        if writers["feats"] is not None and hasattr(writers["feats"], "close"):
-            writers["feats"].close()
+    def open_sink(self, staging: Path) -> StatsShardSink:
+        return StatsShardSink(staging, self.cfg.collected_feats_format if self.cfg.write_collected_feats else None)
 
     def init_state(self) -> dict[str, Any]:
         return {"acc": StatsAccumulator(), "utterances": 0, "samples": [0, None, None], "frames": [0, None, None],
@@ -168,7 +144,7 @@ class CollectStatsRunner(UtteranceRunner):
                 _extend(state["frames"], int(f.shape[0]))
         return state
 
-    def finalize_state(self, state: dict[str, Any], writers: Any) -> dict[str, Any]:
+    def finalize_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """Counts, sums and extremes of the shard (its rows are in ``shapes.tsv``)."""
         return {"stats": state["acc"].to_dict(), "utterances": state["utterances"],
                 "samples": state["samples"], "frames": state["frames"], "native_rates": state["rates"]}
@@ -184,7 +160,7 @@ class CollectStatsRunner(UtteranceRunner):
             return posixpath.join(self.split, "collect_feats", f"{stem}.{shard.name}.{ext}")
         return super().publish_rel(shard, name)
 
-    def merge(self, results: list[ShardResult]) -> dict[str, Any]:
+    def publish(self, results: list[ShardResult]) -> dict[str, Any]:
         return publish_split(self, results)
 
 

@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from espnet3_flows.job_registry import FlowParameter, JobSpec, engine_parameters
+from espnet3_flows.job_registry import FlowParameter, JobSpec, engine_parameters, splits_parameters
 
 JOB = JobSpec(
     name="collect_stats",
@@ -13,10 +13,7 @@ JOB = JobSpec(
     worker_modules=("numpy", "torch", "soundfile", "lhotse", "matplotlib.figure", "matplotlib.backends.backend_agg"),
     demo="espnet3_flows.demo:demo_manifest_settings",
     flow_parameters=(
-        FlowParameter("manifests", "manifests", dict[str, str] | None,
-                      "Split name → manifest path or URL (TSV `utt_id, wav_path, text, speaker`, lhotse "
-                      "`.jsonl[.gz]` or a Kaldi data directory). Empty: a generated demo corpus."),
-        FlowParameter("output_dir", "output_dir", str, "Output location, a path or URL such as `s3://bucket/stats`."),
+        *splits_parameters("stats"),
         FlowParameter("batch_size", "batch_size", int, "Utterances per forward call."),
         FlowParameter("frontend_type", "frontend.type", Literal["fbank", "none"],
                       "`fbank` (80-dim log-mel) or `none` (lengths only)."),

@@ -13,6 +13,7 @@ import numpy as np
 
 from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
+from espnet3_flows.parallel.sink import ShardSink
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.tokens import vocabulary_size
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
@@ -20,9 +21,48 @@ from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
 _LOG = logging.getLogger(__name__)
 
 
-SHAPES = "shapes.tsv"  # a shard's per-utterance rows (written by CollectStatsRunner)
+SHAPES = "shapes.tsv"  # a shard's per-utterance rows (written by StatsShardSink)
 
 EPS = 1e-20  # ESPnet2 GlobalMVN's floor on the variance
+
+
+class StatsShardSink(ShardSink):
+    """A collect-stats shard's files: ``shapes.tsv`` (one ``utt_id, samples, frames,dim[, tokens]``
+    row per utterance, in manifest order) and, with ``feats_format``, the features: a Kaldi
+    ``feats.ark``/``feats.scp`` (``"ark"``) or one ``npy/<utt>.npy`` each (``"npy"``).
+
+    Args:
+        staging: The shard's staging directory.
+        feats_format: ``None`` (no features written), ``"ark"`` or ``"npy"``.
+    """
+
+    def __init__(self, staging: Path, feats_format: str | None = None):
+        super().__init__(staging)
+        self.shapes = open(staging / SHAPES, "w", encoding="utf-8")
+        self.feats_format = feats_format
+        self.ark = None
+        if feats_format == "npy":
+            (staging / "npy").mkdir()
+        elif feats_format is not None:
+            import kaldiio
+
+            self.ark = kaldiio.WriteHelper(f"ark,scp:{staging / 'feats.ark'},{staging / 'feats.scp'}")
+
+    def add(self, idx: Any, result: list[dict[str, Any]]) -> None:
+        for r in result:
+            f = r["feats"]
+            shape = "" if f is None else f"{f.shape[0]},{f.shape[1]}"
+            tokens = "" if r.get("tokens") is None else f"\t{r['tokens']}"
+            self.shapes.write(f"{r['utt_id']}\t{r['speech_len']}\t{shape}{tokens}\n")
+            if self.feats_format == "npy":
+                np.save(self.staging / "npy" / f"{r['utt_id']}.npy", np.asarray(f, dtype=np.float32))
+            elif self.ark is not None:
+                self.ark(r["utt_id"], np.asarray(f, dtype=np.float32))
+
+    def finish(self) -> None:
+        self.shapes.close()
+        if self.ark is not None:
+            self.ark.close()
 
 
 def merge_stats(results: list[ShardResult]) -> StatsAccumulator:

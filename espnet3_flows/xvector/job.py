@@ -8,7 +8,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
@@ -17,9 +17,10 @@ from espnet3_flows.config import ConfigError, check_targets, instantiate, to_pla
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.runner import WHOLE_SHARD, BaseRunner, ShardResult
 from espnet3_flows.sharding import Shard
-from espnet3_flows.utterance_job import EngineConfig, JobEnvProvider, ShardDataset, UtteranceRunner, check_split_names
+from espnet3_flows.utterance_job import EngineConfig, JobEnvProvider, ShardDataset, SplitsConfig, UtteranceRunner
 
-from espnet3_flows.xvector.publish import UTTS, publish_split
+from espnet3_flows.xvector.outputs import EmbeddingSink
+from espnet3_flows.xvector.publish import publish_split
 
 TOOLKITS = ("speechbrain", "custom")
 
@@ -37,19 +38,19 @@ class XVectorConfig:
         device: ``cpu``, ``cuda`` or ``cuda:N``. On ``parallel.env: local_gpu`` each worker
             sees only its own GPU, so ``cuda`` is that worker's GPU.
         spk_embed_tag: Names the outputs as ESPnet2's ``extract_xvectors.py`` does: they go to
-            ``{save_path}/{tag}/{split}/`` as ``{tag}.{ark,scp}`` and ``spk_{tag}.{ark,scp}``
+            ``{output_dir}/{tag}/{split}/`` as ``{tag}.{ark,scp}`` and ``spk_{tag}.{ark,scp}``
             (the default keeps ``xvector.scp`` and ``spk_xvector.scp``).
-        save_path: Output location (path or URL).
+        save_path: ESPnet3's name of ``output_dir`` (an alias: give either; both set to
+            different places is an error).
         batch_size: Utterances per model call, length-sorted within a shard; 0 picks 1 on CPU
             (batching does not pay there: measured 0.7x) and 16 on CUDA.
         max_padded_samples: Optional cap on ``batch × longest`` samples per model call.
         sampling_rate: The model's rate; other audio is resampled.
         channel: Channel of multi-channel audio; ``null`` averages.
         max_duration: Longest accepted recording in seconds (checked from the header).
-        manifest_paths: Split → manifest: a TSV (``utt_id, wav_path, text, speaker_id``), a
-            lhotse ``.jsonl[.gz]`` CutSet, or a Kaldi data directory (``wav.scp`` with optional
-            ``segments``, ``text``; speakers from ``utt2spk``).
-        splits: Splits to process; empty means every split in ``manifest_paths``.
+        manifest_paths: ESPnet3's name of ``manifests`` (an alias: give either; both set to
+            different manifests is an error).
+        splits: Splits to process; empty means every split in ``manifests``.
         savedir: Where speechbrain links the model files (a temporary directory by default).
     """
 
@@ -58,7 +59,7 @@ class XVectorConfig:
     model: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
     spk_embed_tag: str = "xvector"
-    save_path: str = "exp/xvectors"
+    save_path: str = ""
     batch_size: int = 0
     max_padded_samples: int | None = None
     sampling_rate: int = 16000
@@ -70,24 +71,36 @@ class XVectorConfig:
 
 
 @dataclass
-class XVectorJobConfig(EngineConfig):
-    """Configuration of ``python flows/extract_xvectors.py``: the ``xvector:`` section plus the
-    engine's keys (:class:`~espnet3_flows.utterance_job.EngineConfig`).
+class XVectorJobConfig(EngineConfig, SplitsConfig):
+    """Configuration of ``python flows/extract_xvectors.py``: ``manifests`` and ``output_dir`` as
+    for every job (:class:`~espnet3_flows.utterance_job.SplitsConfig`), the ``xvector:`` section,
+    and the engine's keys (:class:`~espnet3_flows.utterance_job.EngineConfig`).
 
     Attributes:
+        manifests: Split name → manifest: a TSV (``utt_id, wav_path, text, speaker_id``), a
+            lhotse ``.jsonl[.gz]`` CutSet, or a Kaldi data directory (``wav.scp`` with optional
+            ``segments``, ``text``; speakers from ``utt2spk``). ``xvector.manifest_paths`` is
+            the same key under ESPnet3's name.
+        output_dir: Output location (path or URL); ``xvector.save_path`` is the same key under
+            ESPnet3's name.
         xvector: See :class:`XVectorConfig`.
         shard_size: Utterances per shard.
     """
 
+    #: ESPnet3's x-vector recipe names (see :func:`espnet3_flows.config.rename_aliases`)
+    CONFIG_ALIASES: ClassVar[dict[str, str]] = {"xvector.manifest_paths": "manifests",
+                                                "xvector.save_path": "output_dir"}
+
+    output_dir: str = "exp/xvectors"
     shard_size: int = 128
     xvector: XVectorConfig = field(default_factory=XVectorConfig)
 
     def __post_init__(self) -> None:
+        self._resolve_aliases()
         super().__post_init__()
         xv = self.xvector
         if xv.batch_size < 0:
             raise ConfigError(f"xvector.batch_size must be >= 0, got {xv.batch_size}")
-        check_split_names(xv.manifest_paths)
         if xv.toolkit not in TOOLKITS:
             raise ConfigError(f"xvector.toolkit must be one of {TOOLKITS}, got {xv.toolkit!r}")
         if self.is_demo:
@@ -98,11 +111,11 @@ class XVectorJobConfig(EngineConfig):
             if "_target_" not in xv.model:
                 raise ConfigError("xvector.toolkit=custom needs xvector.model._target_")
             check_targets(xv.model, "xvector.model")
-        if not xv.manifest_paths:
-            raise ConfigError("xvector.manifest_paths is empty: give at least one split's manifest")
-        unknown = [s for s in xv.splits if s not in xv.manifest_paths]
+        if not self.manifests:
+            raise ConfigError("manifests (xvector.manifest_paths) is empty: give at least one split's manifest")
+        unknown = [s for s in xv.splits if s not in self.manifests]
         if unknown:
-            raise ConfigError(f"xvector.splits {unknown} have no entry in xvector.manifest_paths")
+            raise ConfigError(f"xvector.splits {unknown} have no entry in manifests (xvector.manifest_paths)")
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", xv.spk_embed_tag):
             raise ConfigError(f"xvector.spk_embed_tag {xv.spk_embed_tag!r} must be a plain name (letters, digits, "
                               "'_', '-', '.'): it names a directory and files")
@@ -113,27 +126,39 @@ class XVectorJobConfig(EngineConfig):
         if not re.fullmatch(r"cpu|cuda(:\d+)?", xv.device):
             raise ConfigError(f"xvector.device must be 'cpu', 'cuda' or 'cuda:N', got {xv.device!r}")
 
-    @property
-    def output_dir(self) -> str:
-        """Where outputs go (``xvector.save_path``)."""
-        return self.xvector.save_path
+    def _resolve_aliases(self) -> None:
+        """``xvector.manifest_paths`` and ``xvector.save_path`` (ESPnet3's x-vector recipe) name
+        ``manifests`` and ``output_dir``: whichever is given sets both (``save_path`` wins over
+        the default ``output_dir``); two different values are an error. (Config files and
+        overrides have their aliases renamed source by source before this, by ``load_config``.)"""
+        xv = self.xvector
+        if self.manifests and xv.manifest_paths and dict(self.manifests) != dict(xv.manifest_paths):
+            raise ConfigError("manifests and xvector.manifest_paths are the same key (ESPnet3's name) but differ: "
+                              f"{dict(self.manifests)} vs {dict(xv.manifest_paths)}; give one of them")
+        self.manifests = dict(self.manifests or xv.manifest_paths)
+        xv.manifest_paths = dict(self.manifests)
+        default = type(self).__dataclass_fields__["output_dir"].default
+        if xv.save_path and self.output_dir not in (default, xv.save_path):
+            raise ConfigError(f"output_dir={self.output_dir!r} and xvector.save_path={xv.save_path!r} are the same key "
+                              "(ESPnet3's name) but differ; give one of them")
+        self.output_dir = xv.save_path = xv.save_path or self.output_dir
 
     @property
     def is_demo(self) -> bool:
         """No manifest and no model named: ``python flows/extract_xvectors.py`` with no arguments."""
         xv = self.xvector
-        return xv.toolkit == "speechbrain" and not xv.manifest_paths and not xv.pretrained_model
+        return xv.toolkit == "speechbrain" and not self.manifests and not xv.pretrained_model
 
     def selected_splits(self) -> list[str]:
         """The splits to process."""
-        return list(self.xvector.splits) or list(self.xvector.manifest_paths)
+        return list(self.xvector.splits) or list(self.manifests)
 
 
 DEMO_WARNING = ("x-vector DEMO: no manifest and no model given, so this runs on generated audio with a "
                 "RANDOM-WEIGHT ECAPA-TDNN built at {model}. Its embeddings are meaningless (no training). For real "
                 "x-vectors pass xvector.pretrained_model=<a speechbrain model directory, e.g. spkrec-ecapa-voxceleb "
                 "downloaded with `huggingface-cli download speechbrain/spkrec-ecapa-voxceleb --local-dir DIR`> and "
-                "xvector.manifest_paths.<split>=<manifest>.")
+                "manifests.<split>=<manifest>.")
 
 
 def demo_settings(cfg: XVectorJobConfig) -> dict[str, Any] | None:
@@ -152,7 +177,7 @@ def demo_settings(cfg: XVectorJobConfig) -> dict[str, Any] | None:
     if not (model / HPARAMS_FILE).is_file():
         build_random_ecapa_dir(model)
     print(f"warning: {DEMO_WARNING.format(model=model)}", file=sys.stderr)
-    return {"xvector": {"manifest_paths": manifests, "pretrained_model": str(model)}}
+    return {"manifests": manifests, "xvector": {"manifest_paths": manifests, "pretrained_model": str(model)}}
 
 
 def preflight(cfg: XVectorJobConfig) -> None:
@@ -203,7 +228,7 @@ class XVectorRunner(UtteranceRunner):
 
     def __init__(self, cfg: XVectorJobConfig, split: str, **kwargs: Any):
         # forward receives the whole shard, so utterances are length-sorted across it
-        super().__init__(cfg, split, cfg.xvector.manifest_paths[split], JobEnvProvider(cfg, build_env, {"split": split}),
+        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env, {"split": split}),
                          shard_subdir=f"{cfg.xvector.spk_embed_tag}/{split}/shards", batch_size=WHOLE_SHARD,
                          **kwargs)
 
@@ -236,34 +261,20 @@ class XVectorRunner(UtteranceRunner):
         return [{"utt_id": u.utt_id, "speaker": u.speaker, "samples": len(w), "embedding": e}
                 for u, w, e in zip(utts, waves, emb)]
 
-    def open_writers(self, staging_dir: Path) -> dict[str, Any]:
-        return {"dir": staging_dir, "embeddings": {}, "utts": open(staging_dir / UTTS, "w", encoding="utf-8")}
+    def open_sink(self, staging: Path) -> EmbeddingSink:
+        return EmbeddingSink(staging)
 
-    def write_record(self, writers: dict[str, Any], idx: Any, result: list[dict[str, Any]]) -> None:
-        for r in result:
-            writers["embeddings"][r["utt_id"]] = r["embedding"]
-            writers["utts"].write(f"{r['utt_id']}\t{r['speaker']}\t{r['samples']}\n")
+    def init_state(self) -> dict[str, Any]:
+        """Counts of the shard and the embeddings' dimension (its rows are in ``utts.tsv``, its
+        embeddings in its ark); this is also the shard's result."""
+        return {"utterances": 0, "samples": 0, "dim": None}
 
-    def close_writers(self, writers: dict[str, Any]) -> None:
-        from espnet3_flows.xvector.outputs import write_utterance_tensors, write_xvector_ark_scp
-
-        writers["utts"].close()
-        if writers["embeddings"]:
-            write_utterance_tensors(writers["dir"] / "pt", writers["embeddings"])
-            write_xvector_ark_scp(writers["dir"], writers["embeddings"], name="xvector")
-
-    def init_state(self) -> dict[str, int]:
-        return {"utterances": 0, "samples": 0}
-
-    def reduce_state(self, state: dict[str, int], result: list[dict[str, Any]]) -> dict[str, int]:
+    def reduce_state(self, state: dict[str, Any], result: list[dict[str, Any]]) -> dict[str, Any]:
         state["utterances"] += len(result)
         state["samples"] += sum(int(r["samples"]) for r in result)
+        for r in result:
+            state["dim"] = int(np.asarray(r["embedding"]).shape[0])
         return state
-
-    def finalize_state(self, state: dict[str, int], writers: dict[str, Any]) -> dict[str, Any]:
-        """Counts of the shard (its rows are in ``utts.tsv``, its embeddings in its ark)."""
-        dims = {int(np.asarray(e).shape[0]) for e in writers["embeddings"].values()}
-        return {**state, "dim": dims.pop() if dims else None}
 
     def lists_published(self, rel: str) -> bool:
         return not rel.endswith(".pt")  # one per utterance: counted, not listed
@@ -273,7 +284,7 @@ class XVectorRunner(UtteranceRunner):
             return posixpath.join(self.outputs_rel, name[len("pt/"):])
         return super().publish_rel(shard, name)
 
-    def merge(self, results: list[ShardResult]) -> dict[str, Any]:
+    def publish(self, results: list[ShardResult]) -> dict[str, Any]:
         return publish_split(self, results)
 
 

@@ -1,6 +1,6 @@
 """extract-xvectors, declared for the job registry (:mod:`espnet3_flows.job_registry`)."""
 
-from espnet3_flows.job_registry import FlowParameter, JobSpec, engine_parameters
+from espnet3_flows.job_registry import FlowParameter, JobSpec, engine_parameters, splits_parameters
 
 JOB = JobSpec(
     name="extract_xvectors",
@@ -15,11 +15,9 @@ JOB = JobSpec(
         FlowParameter("pretrained_model", "xvector.pretrained_model", str | None,
                       "A local speechbrain model directory (`hyperparams.yaml` + checkpoints) or a hub id "
                       "already in the local cache."),
-        FlowParameter("manifest_paths", "xvector.manifest_paths", dict[str, str] | None,
-                      "Split name → manifest (TSV `utt_id, wav_path, text, speaker`, lhotse or a Kaldi data dir)."),
-        FlowParameter("save_path", "xvector.save_path", str, "Output location, a path or URL."),
+        *splits_parameters("xvectors"),
         FlowParameter("spk_embed_tag", "xvector.spk_embed_tag", str,
-                      "Sub-directory and file names of the embeddings (`{save_path}/{tag}/{split}/{tag}.scp`)."),
+                      "Sub-directory and file names of the embeddings (`{output_dir}/{tag}/{split}/{tag}.scp`)."),
         FlowParameter("device", "xvector.device", str, "`cpu`, `cuda` or `cuda:N`."),
         FlowParameter("batch_size", "xvector.batch_size", int,
                       "Utterances per model call, length-sorted within a shard (0: 1 on CPU, 16 on CUDA)."),

@@ -1,7 +1,7 @@
 """Writers for x-vectors in the ESPnet2 TTS layout: per-utterance .pt files, kaldi ark/scp, speaker means.
 
-Pure functions over local directories; publishing (upload / atomic rename) is the caller's job.
-Layout written into ``out_dir``::
+Functions over local directories, and the shard writer :class:`EmbeddingSink`; publishing
+(upload / atomic rename) is the caller's job. Layout written into ``out_dir``::
 
     {utt_id}.pt           float32 tensor [D] per utterance (torch.save, loads with weights_only=True)
     xvector.ark/.scp      utterance embeddings keyed by utt id (kaldiio), keys sorted
@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from espnet3_flows.manifest import validate_utt_id
+from espnet3_flows.parallel.sink import ShardSink
 from espnet3_flows.storage import replace_atomically
+
+UTTS = "utts.tsv"  # a shard's per-utterance rows (written by EmbeddingSink)
 
 _SCP_VALUE_RE = re.compile(r"^(?P<path>.+):(?P<offset>[0-9]+)(?P<slice>\[[^\]]*\])?$")
 
@@ -190,3 +193,25 @@ def write_speaker_xvector_ark_scp(
 ) -> tuple[Path, Path]:
     """Write per-speaker embeddings (e.g. from `speaker_means`) as ``{name}.ark/.scp`` keyed by speaker id."""
     return write_xvector_ark_scp(out_dir, spk_embeddings, name=name, kind="speaker")
+
+
+class EmbeddingSink(ShardSink):
+    """An x-vector shard's files: ``utts.tsv`` (``utt_id, speaker, samples`` per utterance, in
+    manifest order), one ``pt/{utt_id}.pt`` per utterance and ``xvector.ark/.scp``. Embeddings are
+    kept until :meth:`finish` (a shard's are a few MB) so that the ark is written in one go."""
+
+    def __init__(self, staging: Path):
+        super().__init__(staging)
+        self.embeddings: dict[str, np.ndarray] = {}
+        self.rows = open(staging / UTTS, "w", encoding="utf-8")
+
+    def add(self, idx: Any, result: list[dict[str, Any]]) -> None:
+        for r in result:
+            self.embeddings[r["utt_id"]] = r["embedding"]
+            self.rows.write(f"{r['utt_id']}\t{r['speaker']}\t{r['samples']}\n")
+
+    def finish(self) -> None:
+        self.rows.close()
+        if self.embeddings:
+            write_utterance_tensors(self.staging / "pt", self.embeddings)
+            write_xvector_ark_scp(self.staging, self.embeddings, name="xvector")

@@ -13,10 +13,7 @@ import numpy as np
 from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
-from espnet3_flows.xvector.outputs import SpeakerMeans, relocate_scp, write_speaker_xvector_ark_scp
-
-
-UTTS = "utts.tsv"  # a shard's per-utterance rows (written by XVectorRunner)
+from espnet3_flows.xvector.outputs import UTTS, SpeakerMeans, relocate_scp, write_speaker_xvector_ark_scp
 
 
 def _shard_embeddings(store: Any, result: ShardResult, scratch: Path) -> dict[str, np.ndarray]:

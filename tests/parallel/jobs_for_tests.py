@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from espnet3_flows.parallel import BaseRunner, EnvironmentProvider
+from espnet3_flows.parallel import BaseRunner, EnvironmentProvider, ShardSink
 
 
 def _env(n: int, kill_marker: str | None = None, kill_at: int = -1) -> dict[str, Any]:
@@ -35,6 +35,21 @@ class DictReturningProvider(ArrayProvider):
         return _env(self.config["n"])
 
 
+class ValuesSink(ShardSink):
+    """``values.txt``: one ``idx value`` line per item."""
+
+    def __init__(self, staging: Path):
+        super().__init__(staging)
+        self.out = open(staging / "values.txt", "w")
+
+    def add(self, idx, result):
+        for i, v in result:
+            self.out.write(f"{i} {v!r}\n")
+
+    def finish(self):
+        self.out.close()
+
+
 class ScaleSumRunner(BaseRunner):
     """Writes ``idx value`` lines per shard and sums ``scale * data[idx]``."""
 
@@ -46,15 +61,8 @@ class ScaleSumRunner(BaseRunner):
             os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-shard
         return [(i, float(scale * data[i])) for i in ids]
 
-    def open_writers(self, staging_dir: Path):
-        return open(staging_dir / "values.txt", "w")
-
-    def write_record(self, writers, idx, result):
-        for i, v in result:
-            writers.write(f"{i} {v!r}\n")
-
-    def close_writers(self, writers):
-        writers.close()
+    def open_sink(self, staging: Path):
+        return ValuesSink(staging)
 
     def init_state(self):
         return {"sum": 0.0, "n": 0}

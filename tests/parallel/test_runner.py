@@ -14,6 +14,7 @@ from tests.parallel.jobs_for_tests import (
     DictReturningProvider,
     NeedsMissingKeyRunner,
     ScaleSumRunner,
+    ValuesSink,
 )
 
 N = 53
@@ -115,6 +116,45 @@ def test_in_memory_run_without_output_dir():
     out = runner.run(range(20), progress=False)
     assert out.merged == {"sum": 3.0 * 0.5 * sum(range(20)), "n": 20}
     assert runner(range(20)) == out.merged  # ESPnet3's call form
+
+
+class _FinishFailsOnce(ValuesSink):
+    failed: list[bool] = []
+
+    def finish(self):
+        super().finish()
+        if not self.failed:
+            self.failed.append(True)
+            raise OSError("disk full while closing the shard's files")
+
+
+class _PublishingRunner(ScaleSumRunner):
+    """``publish`` writes a total file once all shards are done; ``merge`` stays pure."""
+
+    def open_sink(self, staging):
+        return _FinishFailsOnce(staging)
+
+    def publish(self, results):
+        merged = self.merge(results)
+        self.storage.write_json("total.json", merged)
+        return {**merged, "published": True}
+
+
+def test_sink_failure_publishes_nothing_and_publish_is_the_last_step(tmp_path):
+    _FinishFailsOnce.failed.clear()
+    runner = _PublishingRunner(ArrayProvider({"n": 12}), output_dir=str(tmp_path / "out"), shard_subdir="job",
+                               shard_size=4)
+    store = runner.storage
+    with pytest.raises(OSError, match="disk full"):
+        runner.run(range(12), progress=False)
+    plan = runner.plan(range(12))
+    assert not any(store.exists(runner.shard_rel(s, DONE)) or store.exists(runner.shard_rel(s, "values.txt"))
+                   for s in plan.shards)  # the failed shard is the first: nothing of it is published
+    assert not store.exists("total.json")  # publish runs only when every shard is done
+    out = runner.run(range(12), progress=False)
+    assert out.merged == {"sum": 3.0 * 0.5 * sum(range(12)), "n": 12, "published": True}
+    assert store.read_json("total.json") == {"sum": 3.0 * 0.5 * sum(range(12)), "n": 12}
+    assert runner.merge(out.shards) == {"sum": 3.0 * 0.5 * sum(range(12)), "n": 12}  # pure: no file, no flag
 
 
 def test_bad_runner_arguments():

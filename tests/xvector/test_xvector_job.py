@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from espnet3_flows.audio import AudioConfig, read_audio
-from espnet3_flows.config import ConfigError, load_config
+from espnet3_flows.config import ConfigError, load_config, to_plain
 from espnet3_flows.manifest import read_manifest
 from espnet3_flows.xvector.job import XVectorJobConfig, XVectorRunner
 from espnet3_flows.xvector.model import load_speechbrain_encoder
@@ -122,6 +122,28 @@ def test_config_errors_before_work(ecapa_dir, demo_corpus, tmp_path):
         _cfg(ecapa_dir, demo_corpus["valid"], tmp_path, "xvector.device=gpu0")
     with pytest.raises(ConfigError, match="spk_embed_tag"):
         _cfg(ecapa_dir, demo_corpus["valid"], tmp_path, "xvector.spk_embed_tag=../x")
+
+
+def test_espnet3_names_are_aliases_of_manifests_and_output_dir(ecapa_dir, demo_corpus, tmp_path):
+    model = f"xvector.pretrained_model={ecapa_dir}"
+    seed = load_config(XVectorJobConfig, overrides=[model, f"xvector.manifest_paths.valid={demo_corpus['valid']}",
+                                                    f"xvector.save_path={tmp_path / 'a'}"])
+    common = load_config(XVectorJobConfig, overrides=[model, f"manifests.valid={demo_corpus['valid']}",
+                                                      f"output_dir={tmp_path / 'a'}"])
+    assert seed == common and seed.output_dir == str(tmp_path / "a") == seed.xvector.save_path
+    assert seed.manifests == {"valid": demo_corpus["valid"]} == seed.xvector.manifest_paths
+    assert load_config(XVectorJobConfig, base=to_plain(seed)) == seed  # a dumped config loads back
+    # a later source wins whichever name it uses; one source giving both, differently, is an error
+    conf = tmp_path / "xv.yaml"
+    conf.write_text(f"xvector:\n  pretrained_model: {ecapa_dir}\n  save_path: {tmp_path / 'file'}\n"
+                    f"  manifest_paths:\n    valid: {demo_corpus['valid']}\n")
+    assert load_config(XVectorJobConfig, conf, [f"output_dir={tmp_path / 'cli'}"]).output_dir == str(tmp_path / "cli")
+    assert load_config(XVectorJobConfig, conf).output_dir == str(tmp_path / "file")
+    with pytest.raises(ConfigError, match="output_dir and xvector.save_path are the same key"):
+        load_config(XVectorJobConfig, conf, [f"output_dir={tmp_path / 'b'}", f"xvector.save_path={tmp_path / 'c'}"])
+    with pytest.raises(ConfigError, match="manifests and xvector.manifest_paths"):
+        load_config(XVectorJobConfig, conf, ["manifests.train=x.tsv", "xvector.manifest_paths.valid=y.tsv"])
+    assert load_config(XVectorJobConfig, overrides=[model, "manifests.valid=v.tsv"]).output_dir == "exp/xvectors"
 
 
 def test_files_are_named_after_the_tag_as_espnet2_names_them(ecapa_dir, demo_corpus, tmp_path):
