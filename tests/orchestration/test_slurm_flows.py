@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from espnet3_flows.orchestration.flows import run_job
-from tests.support.servers import slurm_available
+from tests.support.servers import ROOT, cli_env, slurm_available
 
 pytestmark = [pytest.mark.slurm, pytest.mark.prefect, pytest.mark.slow]
 
@@ -43,3 +47,31 @@ def test_extract_xvectors_on_slurm(prefect_harness, demo_corpus, tmp_path):
     summary = run_job("extract_xvectors", cfg, progress=False)["valid"]
     assert summary["utterances"] == 12 and summary["shards_computed"] == summary["shards"] and summary["embedding_dim"] == 192
     assert (tmp_path / "xv/xvector/valid/xvector.scp").is_file()
+
+
+def test_a_site_jobqueue_yaml_sizes_the_submitted_jobs_and_a_user_option_wins(demo_corpus, tmp_path):
+    """The command line on real SLURM with a site's ``jobqueue.yaml`` (``DASK_CONFIG``) and no
+    ``parallel.options`` but one: the jobs SLURM ran carry the site's partition, size (not our
+    1-core, 2 GB fallbacks), job name, directive and log directory, and the user's walltime
+    instead of the site's."""
+    site, logs = tmp_path / "site-dask", tmp_path / "site-logs"
+    site.mkdir()
+    (site / "jobqueue.yaml").write_text(
+        "jobqueue:\n  slurm:\n    queue: debug\n    cores: 2\n    memory: 3GB\n    walltime: '00:10:00'\n"
+        f"    name: espnet3-site\n    log-directory: {logs}\n"
+        "    job-extra-directives: ['--comment=from-site-jobqueue-yaml']\n")
+    env = cli_env(tmp_path / "prefect-home") | {"DASK_CONFIG": str(site)}
+    args = [sys.executable, "flows/collect_stats.py", f"manifests.valid={demo_corpus['valid']}",
+            f"output_dir={tmp_path / 'out'}", "shard_size=4", "parallel.env=slurm", "parallel.n_workers=1",
+            "parallel.options.walltime=00:19:00"]
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert (tmp_path / "out/valid/feats_stats.npz").is_file()
+    jobs = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True).stdout.splitlines()
+    ours = [j for j in jobs if "JobName=espnet3-site " in j and str(logs) in j]  # MinJobAge keeps them 60 s
+    assert ours, jobs
+    for job in ours:
+        assert re.search(r"\bPartition=debug\b", job) and "Comment=from-site-jobqueue-yaml" in job, job
+        assert "NumCPUs=2 " in job and "MinMemoryNode=3G" in job, job  # the site's 2 cores, 3 GB: not ours
+        assert "TimeLimit=00:19:00" in job, job  # parallel.options wins over the site's 00:10:00
+    assert any(p.name.startswith("espnet3-site-") for p in logs.iterdir())  # the site's log directory
