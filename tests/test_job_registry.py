@@ -53,6 +53,24 @@ def test_module_entry_lists_jobs_and_console_scripts_resolve():
         entry.not_a_job  # noqa: B018
 
 
+def test_every_packaged_job_has_a_console_script_and_a_deployment_entrypoint():
+    import tomllib
+
+    import espnet3_flows.flows
+    from espnet3_flows.orchestration.entry import job_flow
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["espnet3-flows"] == "espnet3_flows.__main__:main"
+    packaged = [n for n, spec in available_jobs().items() if spec.schema.startswith("espnet3_flows.")]
+    assert len(packaged) >= 3
+    for name in packaged:
+        assert scripts[f"espnet3-{name.replace('_', '-')}"] == f"espnet3_flows.__main__:{name}"
+        assert getattr(espnet3_flows.flows, name) is job_flow(name)  # entrypoint: espnet3_flows.flows.<job>
+    assert sorted(dir(espnet3_flows.flows)) == sorted(available_jobs())
+    with pytest.raises(AttributeError, match="jobs: "):
+        espnet3_flows.flows.not_a_job  # noqa: B018
+
+
 def test_every_jobs_runner_is_a_split_runner_and_errors_share_one_root(tmp_path, demo_corpus):
     from espnet3_flows import errors
     from espnet3_flows.config import ConfigError, load_config

@@ -148,6 +148,7 @@ def test_worker_runs_the_process_pool_with_s3_settings(services):
         assert key in env, f"worker lacks {key}"
     assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
     assert env["PREFECT_API_URL"] == "http://prefect-server:4200/api"
+    assert "worker-data:/data" in worker["volumes"] and env["ESPNET3_FLOWS_WORKDIR"] == "/data"  # runs' relative paths
     assert worker.get("stop_signal") == "SIGINT"
 
 
