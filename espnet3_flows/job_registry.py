@@ -16,53 +16,13 @@ import importlib
 import importlib.metadata
 import os
 import pkgutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Mapping
 
 from espnet3_flows.config import ConfigError
 
 ENTRY_POINT_GROUP = "espnet3_flows.jobs"
-
-
-@dataclass(frozen=True)
-class FlowParameter:
-    """One typed parameter of a job's Prefect flow (one field of the UI's form).
-
-    Attributes:
-        name: The parameter's name (a Python identifier).
-        key: The dotted config key it sets (``frontend.type``); its default is that key's default.
-        annotation: Its type, as the UI form renders it (``int``, ``Literal["fail", "skip"]``,
-            ``dict[str, str] | None``).
-        doc: One sentence for the form.
-    """
-
-    name: str
-    key: str
-    annotation: Any
-    doc: str
-
-
-def splits_parameters(output_example: str = "exp/output") -> tuple[FlowParameter, ...]:
-    """The flow parameters of the keys every per-utterance job reads and writes through
-    (:class:`~espnet3_flows.utterance_job.SplitsConfig`): ``manifests`` and ``output_dir``."""
-    return (FlowParameter("manifests", "manifests", dict[str, str] | None,
-                          "Split name → manifest path or URL (TSV `utt_id, wav_path, text, speaker`, lhotse "
-                          "`.jsonl[.gz]` or a Kaldi data directory). Empty: a generated demo corpus."),
-            FlowParameter("output_dir", "output_dir", str,
-                          f"Output location, a path or URL such as `s3://bucket/{output_example}`."))
-
-
-def engine_parameters(shard_size_doc: str = "Utterances per shard: the unit of caching, retry and parallelism."
-                      ) -> tuple[FlowParameter, ...]:
-    """The flow parameters of the engine's keys every job has: ``shard_size``, ``on_error``,
-    ``parallel_env`` and ``n_workers``."""
-    return (FlowParameter("shard_size", "shard_size", int, shard_size_doc),
-            FlowParameter("on_error", "on_error", Literal["fail", "skip"],
-                          "`fail` on the first bad item, or `skip` and list it in `skipped.tsv`."),
-            FlowParameter("parallel_env", "parallel.env", str,
-                          "`local` (Dask processes), `serial`, `local_gpu`, `slurm`, `pbs`, ..."),
-            FlowParameter("n_workers", "parallel.n_workers", int, "Dask workers (0 = one per core locally)."))
 
 
 @dataclass(frozen=True)
@@ -81,8 +41,6 @@ class JobSpec:
             driver before any cluster starts; empty for none.
         demo: ``"module:function"`` (config → dict of settings or None): for a config that names
             no input, the generated demo's settings; empty for none.
-        flow_parameters: The flow's typed parameters (besides ``config_file`` and ``overrides``,
-            which every flow has).
     """
 
     name: str
@@ -93,7 +51,6 @@ class JobSpec:
     worker_modules: tuple[str, ...] = ()
     preflight: str = ""
     demo: str = ""
-    flow_parameters: tuple[FlowParameter, ...] = field(default_factory=tuple)
 
     def load(self, attribute: str) -> Any:
         """The object one of the ``"module:attribute"`` fields names (``None`` when empty)."""

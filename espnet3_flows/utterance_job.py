@@ -96,10 +96,10 @@ class EngineConfig:
 
     storage_options: dict[str, Any] = field(default_factory=dict)
     shard_size: int = 1000
-    on_error: str = "fail"
+    on_error: str = field(default="fail", metadata={"choices": ON_ERROR_POLICIES})
     retries: int = 2
     retry_delay_seconds: float = 2.0
-    fingerprint: str = "stat"
+    fingerprint: str = field(default="stat", metadata={"choices": FINGERPRINT_MODES})
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     allow_pipes: bool = False
     pipe_timeout: float = 600.0

@@ -20,6 +20,7 @@ from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import JobRun, plan_job
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
+from espnet3_flows.orchestration.parameters import dotted_values, form_fields
 from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.storage import StorageError, has_secrets, redact
 
@@ -30,23 +31,20 @@ LOCAL_ENVS = ("serial", "local", "local_gpu")
 def resolve_config(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str]) -> Any:
     """Defaults < ``config_file`` < typed parameters that differ from their defaults < ``overrides``.
 
+    ``params`` are dotted keys (see :func:`~espnet3_flows.orchestration.parameters.dotted_values`).
+
     A config that names no input runs the job's demo (generated data; for x-vectors also a
     random-weight model).
     """
     spec = get_job(job)
     schema = spec.config_class
     defaults = OmegaConf.to_container(OmegaConf.structured(schema))
-    changed = {k: v for k, v in _flatten(params) if _lookup(defaults, k) != v}
+    changed = {k: v for k, v in params.items() if _lookup(defaults, k) != v}
     cfg = load_config(schema, config_file, overrides, params=changed)
     demo = spec.demo_settings(cfg)
     if demo:
         cfg = load_config(schema, base=OmegaConf.to_container(OmegaConf.merge(to_plain(cfg), demo)))
     return cfg
-
-
-def _flatten(params: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The parameters that were given (not ``None``), as (dotted key, value)."""
-    return [(k, v) for k, v in params.items() if v is not None]
 
 
 def _lookup(d: Any, dotted: str) -> Any:
@@ -57,38 +55,32 @@ def _lookup(d: Any, dotted: str) -> Any:
     return d
 
 
-def _parameter_default(defaults: dict[str, Any], key: str) -> Any:
-    """A flow parameter's default: its config key's, or ``None`` (not passed on) for an empty one."""
-    value = _lookup(defaults, key)
-    return None if value in (None, "", {}, [], "???") or not isinstance(value, (str, int, float, bool, dict, list)) \
-        else value
-
-
 @functools.lru_cache(maxsize=None)
 def job_flow(job: str) -> Flow:
-    """The Prefect flow of a registered job, with its typed parameters (the UI's form) from the
-    job's :class:`~espnet3_flows.job_registry.JobSpec`: each sets one config key, defaults to that
-    key's default, and wins over ``config_file`` when it differs from it; ``overrides`` win over
-    both. A flow module holds ``<job> = job_flow("<job>")``."""
+    """The Prefect flow of a registered job. Its typed parameters (the UI's form) are the job's
+    config keys (:func:`~espnet3_flows.orchestration.parameters.form_fields`: every key, sections
+    as nested forms, credentials left out): each defaults to its key's default and wins over
+    ``config_file`` when it differs from it; ``overrides`` win over both. A flow module holds
+    ``<job> = job_flow("<job>")``."""
     spec = get_job(job)
-    defaults = OmegaConf.to_container(OmegaConf.structured(spec.config_class))
-    params = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, annotation=p.annotation,
-                                default=_parameter_default(defaults, p.key)) for p in spec.flow_parameters]
+    schema = spec.config_class
+    fields = form_fields(schema)
+    params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.annotation, default=f.default)
+              for f in fields]
     params += [inspect.Parameter("config_file", inspect.Parameter.KEYWORD_ONLY, annotation=str | None, default=None),
                inspect.Parameter("overrides", inspect.Parameter.KEYWORD_ONLY, annotation=list[str] | None,
                                  default=None)]
-    docs = [(p.name, p.doc) for p in spec.flow_parameters]
+    docs = [(f.name, f.doc) for f in fields]
     docs += [("config_file", "Optional YAML config (on the worker's file system); the other parameters override "
                              "it when they differ from their defaults."),
-             ("overrides", "Extra `key=value` overrides, e.g. `[\"parallel.options.queue=gpu\"]`.")]
+             ("overrides", "Extra `key=value` overrides, e.g. `[\"parallel.options.queue=gpu\"]`; credentials are "
+                           "refused here (give them to the worker's environment).")]
 
     def run(**values: Any) -> dict[str, Any]:
         overrides = values.pop("overrides", None)
         config_file = values.pop("config_file", None)
         _refuse_secrets(overrides)
-        given = {p.key: values.get(p.name) for p in spec.flow_parameters}
-        given = {k: (v or None) if isinstance(v, (dict, list)) else v for k, v in given.items()}
-        cfg = resolve_config(job, config_file, given, overrides or [])
+        cfg = resolve_config(job, config_file, dotted_values(schema, values), overrides or [])
         return run_job(job, cfg, progress=sys.stderr.isatty())  # validated once, above; the UI has its own bar
 
     run.__signature__ = inspect.Signature(params, return_annotation=dict[str, Any])  # type: ignore[attr-defined]

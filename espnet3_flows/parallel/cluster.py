@@ -76,7 +76,7 @@ class ParallelConfig:
             ``dask scheduler --scheduler-file PATH``; its ``address`` is read when a run starts.
     """
 
-    env: str = "local"
+    env: str = field(default="local", metadata={"choices": ENVS})
     n_workers: int = 0
     threads_per_worker: int = 1
     options: dict[str, Any] = field(default_factory=dict)

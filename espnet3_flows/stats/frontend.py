@@ -56,7 +56,7 @@ class FrontendConfig:
             in their last frames.
     """
 
-    type: str = "fbank"
+    type: str = field(default="fbank", metadata={"choices": FRONTEND_TYPES})
     sampling_rate: int = 16000
     num_mel_bins: int = 80
     frame_shift: float = 0.01

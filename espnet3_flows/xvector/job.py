@@ -54,7 +54,7 @@ class XVectorConfig:
         savedir: Where speechbrain links the model files (a temporary directory by default).
     """
 
-    toolkit: str = "speechbrain"
+    toolkit: str = field(default="speechbrain", metadata={"choices": TOOLKITS})
     pretrained_model: str = ""
     model: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"

@@ -43,7 +43,7 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
 
         prefect = str(venv / "bin" / "prefect")
         out = tmp_path / "out"
-        params = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(out), "parallel_env": "serial"}
+        params = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(out), "parallel": {"env": "serial"}}
         ran = sh(prefect, "deployment", "run", "collect-stats/collect-stats", "--watch", "--params", json.dumps(params))
         assert ran.returncode == 0, ran.stdout + ran.stderr
         assert (out / "valid" / "feats_stats.npz").is_file()

@@ -67,17 +67,18 @@ def test_deploy_trigger_and_schedule(tmp_path, demo_corpus):
                     run = run_deployment(
                         "collect-stats/collect-stats", timeout=300,
                         parameters={"manifests": {"valid": demo_corpus["valid"]}, "output_dir": "exp/stats",
-                                    "shard_size": 4, "parallel_env": "serial"})
+                                    "shard_size": 4, "parallel": {"env": "serial"}})
                     assert run.state is not None and run.state.is_completed(), run.state
                     xvectors = run_deployment(
                         "extract-xvectors/extract-xvectors", timeout=300,
                         parameters={"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(tmp_path / "xv"),
-                                    "pretrained_model": str(model), "shard_size": 6, "parallel_env": "serial"})
+                                    "xvector": {"pretrained_model": str(model)}, "shard_size": 6,
+                                    "parallel": {"env": "serial"}})
                     assert xvectors.state is not None and xvectors.state.is_completed(), xvectors.state
                     features = run_deployment(  # a job that only declares itself: its flow is generated
                         "extract-features/extract-features", timeout=300,
                         parameters={"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(tmp_path / "xf"),
-                                    "shard_size": 4, "parallel_env": "serial"})
+                                    "shard_size": 4, "parallel": {"env": "serial"}})
                     assert features.state is not None and features.state.is_completed(), features.state
 
                     async def read_nightly():

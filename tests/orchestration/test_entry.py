@@ -9,40 +9,64 @@ from espnet3_flows.orchestration.entry import job_flow, resolve_config
 from espnet3_flows.stats.job import CollectStatsConfig
 
 
-@pytest.mark.parametrize("job", ["collect_stats", "extract_xvectors"])
-def test_parameter_schema_has_types_defaults_and_descriptions(job):
-    flow = job_flow(job)
-    props = flow.parameters.model_dump()["properties"]
-    assert props["parallel_env"]["default"] == "local"
-    assert props["on_error"]["enum"] == ["fail", "skip"] or "anyOf" in props["on_error"] or "$ref" in str(props)
-    assert props["shard_size"]["type"] == "integer"
-    for name, spec in props.items():
-        assert spec.get("description"), f"parameter {name} has no description in the UI form"
+JOBS = ["collect_stats", "extract_xvectors", "extract_features"]
 
 
-def test_typed_parameter_defaults_are_the_config_defaults():
-    """A parameter left at its default must mean the config's default (it is not passed on)."""
-    import dataclasses
-    import inspect
+def _form_keys(schema: dict, node: dict, prefix: str = "") -> dict[str, dict]:
+    """Dotted key → its field in the flow's parameter schema (sections opened)."""
+    out = {}
+    for name, spec in node["properties"].items():
+        ref = spec.get("$ref") or next((s["$ref"] for s in spec.get("allOf", []) if "$ref" in s), None)
+        if ref:
+            out.update(_form_keys(schema, schema["definitions"][ref.rsplit("/", 1)[1]], f"{prefix}{name}."))
+        else:
+            out[prefix + name] = spec
+    return out
 
-    from espnet3_flows.parallel.cluster import ParallelConfig
-    from espnet3_flows.xvector.job import XVectorJobConfig
 
-    stats, parallel = CollectStatsConfig(), ParallelConfig()
-    xv = {f.name: f.default for f in dataclasses.fields(XVectorJobConfig)}  # it has no valid default instance
-    collect_stats, extract_xvectors = job_flow("collect_stats"), job_flow("extract_xvectors")
-    expected = {collect_stats: {"output_dir": stats.output_dir, "shard_size": stats.shard_size,
-                                "batch_size": stats.batch_size, "on_error": stats.on_error,
-                                "frontend_type": stats.frontend.type, "sampling_rate": stats.frontend.sampling_rate,
-                                "num_mel_bins": stats.frontend.num_mel_bins,
-                                "write_collected_feats": stats.write_collected_feats,
-                                "parallel_env": stats.parallel.env, "n_workers": stats.parallel.n_workers},
-                extract_xvectors: {"shard_size": xv["shard_size"], "on_error": xv["on_error"],
-                                   "parallel_env": parallel.env, "n_workers": parallel.n_workers}}
-    for flow, defaults in expected.items():
-        params = inspect.signature(flow.fn).parameters
-        for name, value in defaults.items():
-            assert params[name].default == value, f"{flow.name}: {name} defaults to {params[name].default!r}, config to {value!r}"
+@pytest.mark.parametrize("job", JOBS)
+def test_the_form_has_every_config_key_with_its_default_and_description_but_no_credential(job):
+    from omegaconf import OmegaConf
+
+    from espnet3_flows.config import describe_keys
+    from espnet3_flows.orchestration.jobs import get_job
+
+    schema_class = get_job(job).config_class
+    schema = job_flow(job).parameters.model_dump()
+    form = _form_keys(schema, schema)
+    hidden = {"storage_options", *getattr(schema_class, "CONFIG_ALIASES", {})}
+    sections = {k.rsplit(".", 1)[0] for k in describe_keys(schema_class) if "." in k}
+    expected = {k for k in describe_keys(schema_class)
+                if k not in sections and not any(k == h or k.startswith(h + ".") for h in hidden)}
+    assert set(form) == expected | {"config_file", "overrides"}
+    assert not any(k.startswith("storage_options") for k in form)  # credentials never in the form
+    defaults = OmegaConf.to_container(OmegaConf.structured(schema_class))
+    for key in expected:
+        value = defaults
+        for part in key.split("."):
+            value = value[part]
+        assert form[key].get("default") == value, f"{job}: {key} defaults to {form[key].get('default')!r}, not {value!r}"
+        assert form[key].get("description"), f"{job}: {key} has no description in the UI form"
+    assert form["on_error"]["enum"] == ["fail", "skip"] and "slurm" in form["parallel.env"]["enum"]
+    assert form["shard_size"]["type"] == "integer"
+
+
+def test_section_parameters_set_only_the_keys_that_differ_from_their_defaults(tmp_path, demo_corpus):
+    """The UI sends a whole section (every key filled with its default): only the changed keys
+    are set, so a config file's other keys in that section stand."""
+    from espnet3_flows.orchestration.parameters import dotted_values, form_fields
+
+    conf = tmp_path / "stats.yaml"
+    conf.write_text(f"manifests:\n  valid: {demo_corpus['valid']}\nparallel:\n  env: serial\n  n_workers: 3\n"
+                    "frontend:\n  num_mel_bins: 40\n")
+    fields = {f.name: f for f in form_fields(CollectStatsConfig)}
+    parallel = fields["parallel"].annotation(env="slurm")  # what a filled form sends: n_workers=0 too
+    frontend = fields["frontend"].default.model_copy(update={"dither": 0.5})
+    values = dotted_values(CollectStatsConfig, {"parallel": parallel, "frontend": frontend, "shard_size": 9})
+    cfg = resolve_config("collect_stats", str(conf), values, [])
+    assert cfg.parallel.env == "slurm" and cfg.parallel.n_workers == 3  # changed in the form; the file's stands
+    assert cfg.frontend.num_mel_bins == 40 and cfg.frontend.dither == 0.5  # the file's key stands beside it
+    assert cfg.shard_size == 9 and cfg.manifests == {"valid": demo_corpus["valid"]}
 
 
 def test_precedence_defaults_file_params_overrides(tmp_path, demo_corpus):

@@ -269,7 +269,7 @@ def scenario(tmp_path_factory, moto_server, demo_corpus) -> Scenario:
                 sc.deployed_run_id, sc.deployed_state, name = asyncio.run(_trigger_and_wait(
                     server.api_url, worker, timeout=420, parameters={
                         "manifests": {"valid": demo_corpus["valid"]}, "output_dir": f"s3://{sc.bucket}/deployed",
-                        "shard_size": 4, "parallel_env": "serial"}))
+                        "shard_size": 4, "parallel": {"env": "serial"}}))
                 # let the flow-run process exit (its last logs are sent on exit)
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline and f"flow run {name!r} exited" not in worker.log_tail(200):

@@ -1,0 +1,113 @@
+"""A job's config as its flow's typed parameters: the Prefect UI's form for every key.
+
+Each top-level config key is one flow parameter of the key's type; a section (``frontend``,
+``parallel``, ``xvector``) is a pydantic model mirroring its dataclass, so the UI renders a nested
+form with every key, its default and its description (from the dataclass's ``Attributes:``).
+Credentials (``storage_options``) and alias keys are left out: flow parameters are stored and
+shown in plain text. Values are only type-checked here; the config's own checks run once, after
+the file, the parameters and the overrides are merged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from espnet3_flows.config import describe_keys
+
+#: Config keys that never become flow parameters (credentials: see README, "Credentials")
+SECRET_KEYS = frozenset({"storage_options"})
+
+
+@dataclasses.dataclass(frozen=True)
+class FormField:
+    """One flow parameter: a top-level config key."""
+
+    name: str
+    annotation: Any
+    default: Any
+    doc: str
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _annotation(f: dataclasses.Field, kind: Any) -> Any:
+    """The field's type, or a ``Literal`` of its ``choices`` (field metadata): a drop-down in the UI."""
+    choices = f.metadata.get("choices")
+    return typing.Literal[tuple(choices)] if choices else kind
+
+
+def _hidden(schema: type) -> frozenset[str]:
+    return SECRET_KEYS | frozenset(getattr(schema, "CONFIG_ALIASES", {}))
+
+
+@functools.lru_cache(maxsize=None)
+def section_model(section: type, prefix: str = "", hidden: frozenset[str] = frozenset()) -> type[BaseModel]:
+    """A pydantic model with the fields of the dataclass ``section`` (types, defaults and
+    descriptions; nested dataclasses as nested models), without the dotted keys in ``hidden``."""
+    docs = describe_keys(section)
+    hints = typing.get_type_hints(section)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(section):
+        key = prefix + f.name
+        if key in hidden:
+            continue
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            model = section_model(kind, key + ".", hidden)
+            fields[f.name] = (model, Field(default_factory=model, description=docs.get(f.name) or None))
+        else:
+            fields[f.name] = (_annotation(f, kind), Field(default=_default(f), description=docs.get(f.name) or None))
+    return create_model(f"{section.__name__}Form", __config__=ConfigDict(extra="forbid"),
+                        __doc__=(section.__doc__ or "").strip().split("\n\n")[0], **fields)
+
+
+def form_fields(schema: type) -> list[FormField]:
+    """The flow parameters of a job's config ``schema``: its top-level keys, in order, less
+    credentials and aliases."""
+    hidden = _hidden(schema)
+    docs = describe_keys(schema)
+    hints = typing.get_type_hints(schema)
+    out = []
+    for f in dataclasses.fields(schema):
+        if f.name in hidden:
+            continue
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            model = section_model(kind, f.name + ".", hidden)
+            first = " ".join((kind.__doc__ or "").split("\n\n")[0].split())
+            doc = docs.get(f.name, "")
+            out.append(FormField(f.name, model, model(), first if not doc or doc.startswith("See ") else doc))
+        else:
+            out.append(FormField(f.name, _annotation(f, kind), _default(f), docs.get(f.name, "")))
+    return out
+
+
+def dotted_values(schema: type, values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flow parameter values as dotted config keys: sections are opened down to their keys
+    (``{"parallel": {"env": "slurm"}}`` → ``{"parallel.env": "slurm"}``); any other value, a
+    mapping such as ``manifests`` too, is one key's whole value."""
+    hints = typing.get_type_hints(schema)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(schema):
+        if f.name not in values:
+            continue
+        value = values[f.name]
+        if isinstance(value, BaseModel):
+            value = value.model_dump()
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):
+            out.update(dotted_values(kind, value, f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = value
+    return out
