@@ -181,22 +181,34 @@ def import_target(target: str, key: str = "_target_") -> Any:
         raise ConfigError(f"{key}: cannot import {target!r}: {exc}") from None
 
 
-def check_targets(spec: Mapping[str, Any], key: str) -> None:
-    """Import every ``_target_`` in ``spec`` (nested mappings too), so that a typo is a config
-    error on the driver before any cluster starts, not a failure on every worker."""
-    if "_target_" in spec:
-        import_target(spec["_target_"], f"{key}._target_")
-    for name, value in spec.items():
-        if isinstance(value, Mapping):
+def check_targets(spec: Any, key: str) -> None:
+    """Import every ``_target_`` in ``spec`` (in nested mappings and lists too), so that a typo is
+    a config error on the driver before any cluster starts, not a failure on every worker."""
+    if isinstance(spec, Mapping):
+        if "_target_" in spec:
+            import_target(spec["_target_"], f"{key}._target_")
+        for name, value in spec.items():
             check_targets(value, f"{key}.{name}")
+    elif isinstance(spec, (list, tuple)):
+        for i, value in enumerate(spec):
+            check_targets(value, f"{key}[{i}]")
 
 
-def instantiate(spec: Mapping[str, Any]) -> Any:
-    """Build ``spec["_target_"](**rest)`` (nested ``_target_`` mappings are built too)."""
-    spec = dict(spec)
-    cls = import_target(spec.pop("_target_"))
-    args = {k: instantiate(v) if isinstance(v, Mapping) and "_target_" in v else v for k, v in spec.items()}
-    return cls(**args)
+def instantiate(spec: Mapping[str, Any], key: str = "_target_") -> Any:
+    """Build the object ``spec`` describes with Hydra's ``instantiate``, as ESPnet3 does:
+    ``_target_`` with keyword arguments, ``_args_``, ``_partial_``, ``_recursive_`` and nested
+    targets in mappings and lists; containers reach the object as plain ``dict``/``list``.
+
+    Raises:
+        ConfigError: naming ``key`` and Hydra's reason, when building fails.
+    """
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate as hydra_instantiate
+
+    try:
+        return hydra_instantiate(dict(spec), _convert_="all")
+    except InstantiationException as exc:
+        raise ConfigError(f"{key}: {' '.join(str(exc).split())}") from exc
 
 
 def describe_keys(schema: type) -> dict[str, str]:

@@ -122,3 +122,22 @@ def test_split_cli_args():
         split_cli_args(["positional"])
     with pytest.raises(ConfigError, match="unexpected argument '--x=1'"):
         split_cli_args(["--x=1"])
+
+
+def test_targets_are_built_by_hydra_as_in_espnet3():
+    import functools
+
+    from espnet3_flows.config import check_targets, instantiate
+
+    spec = {"_target_": "collections.OrderedDict", "_args_": [[["a", 1], ["b", 2]]]}
+    assert list(instantiate(spec).items()) == [("a", 1), ("b", 2)]  # positional _args_
+    partial = instantiate({"_target_": "fractions.Fraction", "_partial_": True, "numerator": 3})
+    assert isinstance(partial, functools.partial) and partial(denominator=4) == 0.75
+    nested = instantiate({"_target_": "builtins.dict", "parts": [{"_target_": "fractions.Fraction", "numerator": 1,
+                                                                  "denominator": 2}, 5]})
+    assert nested["parts"][0] == 0.5 and type(nested["parts"]) is list  # targets in lists, plain containers
+    with pytest.raises(ConfigError, match=r"^frontend\.model: .*fractions\.Fraction"):
+        instantiate({"_target_": "fractions.Fraction", "numerator": "x"}, "frontend.model")
+    with pytest.raises(ConfigError, match=r"frontend\.model\.layers\[1\]\._target_: cannot import 'no_such\.Layer'"):
+        check_targets({"_target_": "builtins.dict", "layers": [{"_target_": "builtins.list"},
+                                                               {"_target_": "no_such.Layer"}]}, "frontend.model")

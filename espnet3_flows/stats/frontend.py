@@ -239,7 +239,7 @@ def build_frontend(cfg: FrontendConfig) -> Frontend | None:
     if cfg.type == "fbank":
         return FbankFrontend(cfg)
     if cfg.type == "model":
-        return model_frontend(instantiate(cfg.model), cfg.device, cfg.max_batch_samples)
+        return model_frontend(instantiate(cfg.model, "frontend.model"), cfg.device, cfg.max_batch_samples)
     if cfg.type == "espnet2":
         from espnet3_flows.stats.espnet_frontend import build_espnet2_frontend
 

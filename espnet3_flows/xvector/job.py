@@ -201,7 +201,7 @@ def check_model_source(xv: XVectorConfig) -> None:
 def build_embedder(xv: XVectorConfig) -> Any:
     """The embedding callable of the configured toolkit, built once per worker."""
     if xv.toolkit == "custom":
-        return instantiate(xv.model)
+        return instantiate(xv.model, "xvector.model")
     from espnet3_flows.xvector.model import load_speechbrain_encoder, speechbrain_embedder
 
     savedir = xv.savedir or tempfile.mkdtemp(prefix="espnet3-speechbrain-")
