@@ -4,8 +4,8 @@ The lhotse side is ``DynamicBucketingSampler``.
 
 Both sides see the same utterances (lognormal durations, median 4 s, sigma 0.5, clipped
 to [0.5, 30] s, whole 10 ms frames) and the same budget: lhotse's ``max_duration`` caps
-``batch size * longest cut`` in a batch, which is our ``numel`` budget with
-``batch_bins = max_duration / 0.01`` frames. Padding is measured identically for both:
+``batch size * longest cut`` in a batch, which is what our ``length`` batches' ``max_duration``
+means too. Padding is measured identically for both:
 ``(padded - real) / padded`` frames with ``padded = sum(batch size * longest)``.
 
 Run ``python benchmarks/bench_batching.py [--quick]``; writes
@@ -60,10 +60,10 @@ def measure(lengths: np.ndarray, batches: list[list[int]], budget: float) -> dic
 
 
 def ours(cuts: Any, max_duration: float) -> tuple[np.ndarray, list[list[int]], float]:
-    """Our numel plan under the padded budget; returns (lengths, batches, seconds)."""
+    """Our plan under lhotse's budget (``max_duration``: n * longest); returns (lengths, batches, seconds)."""
     start = time.perf_counter()
     table = LengthTable.from_cuts(cuts, frame_shift=FRAME_SHIFT)
-    plan = build_batch_plan(table, BatchConfig(batch_bins=round(max_duration / FRAME_SHIFT)))
+    plan = build_batch_plan(table, BatchConfig(batch_type="length", max_duration=max_duration))
     return table.primary, plan.batches, time.perf_counter() - start
 
 
@@ -93,7 +93,7 @@ def _spread(values: list[float]) -> dict[str, float]:
     }
 
 
-OURS = "ours numel (sorted greedy)"
+OURS = "ours length max_duration (sorted greedy)"
 
 
 def run(quick: bool = False) -> dict[str, Any]:

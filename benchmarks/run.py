@@ -69,7 +69,7 @@ def _xvector_plot(result: dict[str, Any], path: Path) -> None:
 
 
 def _batching_result(raw: dict[str, Any], quick: bool) -> dict[str, Any]:
-    ours = "ours numel (sorted greedy)"
+    ours = importlib.import_module("bench_batching").OURS
     targets = []
     for duration, met in raw["target_met"].items():
         rows = [r for r in raw["rows"] if str(r["max_duration"]) == duration]

@@ -73,6 +73,13 @@ def _parse_descending(text: str) -> bool | None:
     return choices[text.lower()]
 
 
+def _parse_bool(text: str) -> bool:
+    choices = {"true": True, "false": False}
+    if text.lower() not in choices:
+        raise argparse.ArgumentTypeError("expected true or false")
+    return choices[text.lower()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m espnet3_flows.batching``."""
     parser = argparse.ArgumentParser(
@@ -92,16 +99,29 @@ def build_parser() -> argparse.ArgumentParser:
     inputs.add_argument(
         "--frame-shift", type=float, help="seconds per length unit of the first shape file"
     )
-    strategy = parser.add_argument_group("strategy")
-    strategy.add_argument("--batch-type", choices=["sorted", "numel", "length"], default="numel")
-    strategy.add_argument("--batch-size", type=int, help="rows per batch (sorted)")
-    strategy.add_argument("--batch-bins", type=int, help="padded element budget (numel)")
-    strategy.add_argument("--max-frames", type=float, help="total length budget (length)")
-    strategy.add_argument("--max-duration", type=float, help="total seconds budget (length)")
+    strategy = parser.add_argument_group(
+        "strategy", "ESPnet2's spellings work too: --batch_type, --batch_bins, --batch_size, --sort_in_batch, "
+                    "--sort_batch")
+    strategy.add_argument("--batch-type", "--batch_type", choices=["sorted", "numel", "length"], default="numel")
+    strategy.add_argument("--batch-size", "--batch_size", type=int, help="rows per batch (sorted)")
+    strategy.add_argument(
+        "--batch-bins", "--batch_bins", type=int,
+        help="numel: padded elements n*sum(max_len*dim); length: padded lengths n*sum(max_len) over "
+             "every shape file (ESPnet2)")
+    strategy.add_argument("--max-frames", type=float, help="length: n * longest first-column length")
+    strategy.add_argument(
+        "--max-duration", type=float, help="length: n * longest duration in seconds (lhotse's max_duration)")
+    strategy.add_argument(
+        "--padding", type=_parse_bool, default=True, metavar="{true,false}",
+        help="length: count rows at the batch's longest length (true, default) or their own (false)")
     strategy.add_argument(
         "--is-descending", type=_parse_descending, default=True, metavar="{true,false,none}",
         help="sort longest first, shortest first, or keep file order (default: true)",
     )
+    strategy.add_argument("--sort-in-batch", "--sort_in_batch", choices=["descending", "ascending"],
+                          help="ids within a batch longest or shortest first (default: fill order)")
+    strategy.add_argument("--sort-batch", "--sort_batch", choices=["descending", "ascending"],
+                          help="batches long to short or short to long (default: fill order)")
     strategy.add_argument("--ngpu", type=int, default=1, help="devices each batch is split over")
     strategy.add_argument(
         "--uneven", choices=["borrow", "drop"], default="borrow",
@@ -137,7 +157,10 @@ def main(argv: Sequence[str] | None = None) -> BatchReport:
         batch_bins=args.batch_bins,
         max_frames=args.max_frames,
         max_duration=args.max_duration,
+        padding=args.padding,
         is_descending=args.is_descending,
+        sort_in_batch=args.sort_in_batch,
+        sort_batch=args.sort_batch,
         ngpu=args.ngpu,
         uneven=args.uneven,
         group_by=args.group_by,

@@ -9,12 +9,14 @@ from espnet3_flows.errors import Espnet3FlowsError
 
 BatchType = Literal["sorted", "numel", "length"]
 UnevenPolicy = Literal["borrow", "drop"]
+SortOrder = Literal["descending", "ascending"]
 
 _BUDGET_OF = {
     "sorted": ("batch_size",),
     "numel": ("batch_bins",),
-    "length": ("max_frames", "max_duration"),
+    "length": ("batch_bins", "max_frames", "max_duration"),
 }
+_SORT_ORDERS = ("descending", "ascending", None)
 
 
 class BatchConfigError(Espnet3FlowsError, ValueError):
@@ -26,19 +28,30 @@ class BatchConfig:
     """How utterances are grouped into batches.
 
     Attributes:
-        batch_type: ``sorted``: fixed ``batch_size`` on length-sorted rows.
-            ``numel``: as many rows as fit the padded budget ``batch_bins``:
-            ``n * sum_c(max_len_c * dim_c) <= batch_bins`` over the shape columns
-            (ESPnet2 ``numel``). ``length``: as many rows as fit a total real length
-            (first column) of ``max_frames`` units, or ``max_duration`` seconds
-            (ESPnet2 ``length`` without padding).
+        batch_type: ESPnet2's batch types, with ESPnet2's meaning of ``batch_bins``.
+            ``sorted``: fixed ``batch_size`` on length-sorted rows. ``numel``: as many rows as
+            fit ``batch_bins`` padded elements, ``n * sum_c(max_len_c * dim_c)`` over the shape
+            columns. ``length``: as many rows as fit a length budget: ``batch_bins`` over every
+            shape column, ``n * sum_c(max_len_c)`` (ESPnet2's ``length`` with its default
+            ``padding``); or the first column only, ``n * max_len`` ≤ ``max_frames`` (its
+            units), or ``n * max_len * frame_shift`` ≤ ``max_duration`` seconds (lhotse's
+            ``max_duration``: the batch's padded duration).
         batch_size: Rows per batch for ``sorted``.
-        batch_bins: Padded-element budget for ``numel``.
-        max_frames: Total-length budget for ``length``, in the table's units.
-        max_duration: Total-length budget for ``length`` in seconds (needs the table's
-            ``frame_shift``).
+        batch_bins: Budget of ``numel`` (padded elements) or ``length`` (padded lengths,
+            summed over the shape columns), as ESPnet2's ``--batch_bins``.
+        max_frames: Padded length budget of ``length`` on the first column, in its units.
+        max_duration: Padded duration budget of ``length`` in seconds, as lhotse's
+            ``max_duration`` (needs the table's ``frame_shift``).
+        padding: For ``length``: count each row at the batch's longest length (``True``, what a
+            padded tensor costs; ESPnet2's default), or at its own (``False``: sums of real
+            lengths, ESPnet2's ``padding: false``, lhotse's concatenated cuts).
         is_descending: Sort longest first (``True``), shortest first (``False``), or keep
-            file order (``None``).
+            file order (``None``) before filling batches.
+        sort_in_batch: ESPnet2's ``sort_in_batch``: ids within each batch longest first
+            (``descending``) or shortest first (``ascending``); ``None`` keeps the fill order.
+        sort_batch: ESPnet2's ``sort_batch``: batches in the file from short to long
+            (``ascending``) or long to short (``descending``), by their longest row; ``None``
+            keeps the fill order.
         ngpu: Devices one batch is split across (DataParallel). Batch sizes are kept
             multiples of ``ngpu``; see :func:`build_batch_plan` for the remainder.
         uneven: What to do with rows (for ``ngpu``) or batches (for ``world_size``) that
@@ -53,7 +66,10 @@ class BatchConfig:
     batch_bins: int | None = None
     max_frames: float | None = None
     max_duration: float | None = None
+    padding: bool = True
     is_descending: bool | None = True
+    sort_in_batch: SortOrder | None = None
+    sort_batch: SortOrder | None = None
     ngpu: int = 1
     uneven: UnevenPolicy = "borrow"
     group_by: bool = False
@@ -88,6 +104,11 @@ class BatchConfig:
             raise BatchConfigError(f"uneven must be 'borrow' or 'drop', got {self.uneven!r}")
         if self.is_descending not in (True, False, None):
             raise BatchConfigError(f"is_descending must be True, False or None, got {self.is_descending!r}")
+        for name in ("sort_in_batch", "sort_batch"):
+            if getattr(self, name) not in _SORT_ORDERS:
+                raise BatchConfigError(f"{name} must be 'descending', 'ascending' or None, got {getattr(self, name)!r}")
+        if self.padding not in (True, False):
+            raise BatchConfigError(f"padding must be True or False, got {self.padding!r}")
 
     @property
     def budget_name(self) -> str:

@@ -111,8 +111,8 @@ def read_batch_file(path: PathLike) -> list[list[str]]:
 def _budget_in_units(table: LengthTable, config: BatchConfig) -> float:
     if config.batch_type == "sorted":
         return float(config.batch_size)  # type: ignore[arg-type]
-    if config.batch_type == "numel":
-        return float(config.batch_bins)  # type: ignore[arg-type]
+    if config.batch_bins is not None:  # numel, or length over every column (ESPnet2)
+        return float(config.batch_bins)
     if config.max_frames is not None:
         return float(config.max_frames)
     if table.frame_shift is None:
@@ -163,8 +163,7 @@ class _CostMeter:
         if self.kind == "sorted":
             return min(int(budget), total - start)
         if self.kind == "length":
-            running = np.cumsum(self.cols[0, start:])
-            return int(np.searchsorted(running, budget, side="right"))
+            return self._length_fit(start, budget)
         maxes = np.zeros(self.cols.shape[0])
         weight = 0.0
         n = 0
@@ -177,6 +176,25 @@ class _CostMeter:
                 break
             n += 1
         return n
+
+    def _length_fit(self, start: int, budget: float) -> int:
+        """``fit_count`` of ``length``, vectorised over a window that doubles until the budget
+        is crossed (work proportional to the batch, not to the rest of the segment)."""
+        cols = self.cols if self.config.batch_bins is not None else self.cols[:1]  # ESPnet2: every column
+        total = cols.shape[1]
+        window = 256
+        while True:
+            block = cols[:, start:min(total, start + window)]
+            if self.config.padding:  # n * sum_c(max_len_c) of the first n rows
+                cost = np.arange(1, block.shape[1] + 1) * np.maximum.accumulate(block, axis=1).sum(axis=0)
+            else:  # sum of real lengths
+                cost = np.cumsum(block.sum(axis=0))
+            over = np.flatnonzero(cost > budget)
+            if over.size:
+                return int(over[0])
+            if start + window >= total:
+                return block.shape[1]
+            window *= 2
 
 
 def _plan_segment(
@@ -230,7 +248,8 @@ def build_batch_plan(table: LengthTable, config: BatchConfig) -> BatchPlan:
     batch of a segment can then be uneven: ``uneven='drop'`` leaves its extra rows out
     (recorded in ``plan.dropped``); ``uneven='borrow'`` repeats rows of that batch to
     fill it, or, when that would break the budget, splits the extra rows off into a
-    batch of their own topped up with their nearest neighbours.
+    batch of their own topped up with their nearest neighbours. Last, ``sort_in_batch`` and
+    ``sort_batch`` order the ids within each batch and the batches, as ESPnet2's samplers do.
 
     Args:
         table: Lengths to batch.
@@ -254,6 +273,7 @@ def build_batch_plan(table: LengthTable, config: BatchConfig) -> BatchPlan:
         seg_batches, seg_dropped = _plan_segment(meter, segment, budget, config)
         batches.extend(seg_batches)
         dropped.extend(seg_dropped)
+    batches = _espnet2_order(table, config, batches)
     oversized = _find_oversized(table, config, batches, budget)
     return BatchPlan(
         ids=list(table.ids),
@@ -265,8 +285,21 @@ def build_batch_plan(table: LengthTable, config: BatchConfig) -> BatchPlan:
     )
 
 
+def _espnet2_order(table: LengthTable, config: BatchConfig, batches: list[list[int]]) -> list[list[int]]:
+    """Apply ``sort_in_batch`` (ids within a batch) and ``sort_batch`` (batches in the plan) by
+    the first column's length, as ESPnet2's samplers do; stable, so equal lengths keep their order."""
+    primary = table.primary
+    if config.sort_in_batch is not None:
+        sign = -1 if config.sort_in_batch == "descending" else 1
+        batches = [sorted(b, key=lambda r: sign * primary[r]) for b in batches]
+    if config.sort_batch is not None:
+        sign = -1 if config.sort_batch == "descending" else 1
+        batches = sorted(batches, key=lambda b: sign * max(primary[r] for r in b))
+    return batches
+
+
 def batch_cost(table: LengthTable, config: BatchConfig, batch: list[int]) -> float:
-    """The budget a batch uses under ``config.batch_type`` (rows, padded bins or total length).
+    """The budget a batch uses under ``config.batch_type`` (rows, padded bins or lengths).
 
     Args:
         table: The table the batch indexes.
@@ -277,7 +310,8 @@ def batch_cost(table: LengthTable, config: BatchConfig, batch: list[int]) -> flo
         return float(len(batch))
     block = table.lengths[:, batch]
     if config.batch_type == "length":
-        return float(block[0].sum())
+        cols = block if config.batch_bins is not None else block[:1]
+        return float(len(batch) * cols.max(axis=1).sum()) if config.padding else float(cols.sum())
     return float(len(batch) * (block.max(axis=1) * np.asarray(table.dims)).sum())
 
 

@@ -71,6 +71,21 @@ def test_cli_shape_list_group_by_and_json(write_file, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["num_batches"] == 2
 
 
+def test_espnet2_spellings_are_accepted(shape_files, tmp_path):
+    ids, frames, feats, text, _ = shape_files
+    length_of = dict(zip(ids, frames))
+    main(["--shape-file", str(feats), "--shape-file", str(text), "--batch_type", "length", "--batch_bins", "4000",
+          "--sort_in_batch", "ascending", "--sort_batch", "descending", "--output-dir", str(tmp_path),
+          "--split", "train"])
+    batches = read_batch_file(tmp_path / "batches" / "train.txt")
+    assert sorted(u for b in batches for u in b) == sorted(ids)
+    longest = [max(length_of[u] for u in b) for b in batches]
+    assert longest == sorted(longest, reverse=True)  # sort_batch descending
+    assert all([length_of[u] for u in b] == sorted(length_of[u] for u in b) for b in batches)  # ascending inside
+    saved = json.loads((tmp_path / "batches" / "train.json").read_text())["report"]["config"]
+    assert saved["batch_type"] == "length" and saved["batch_bins"] == 4000 and saved["padding"] is True
+
+
 def test_module_entry_point_and_errors(shape_files, write_file, tmp_path):
     _, _, feats, _, _ = shape_files
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}

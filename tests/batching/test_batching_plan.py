@@ -95,14 +95,51 @@ def test_numel_counts_every_column_times_its_dim():
     assert plan.batches == [[0, 1], [2]]
 
 
-def test_length_budget_counts_real_frames(make_table, lognormal_frames):
+def test_length_budgets_mean_what_lhotse_and_espnet2_read_them_as(make_table, lognormal_frames):
+    from lhotse.dataset.sampling.base import TimeConstraint
+    from lhotse.testing.dummies import dummy_cut
+
     frames = lognormal_frames(500)
     table = make_table(frames)
-    plan = build_batch_plan(table, BatchConfig(batch_type="length", max_frames=6000))
+    # max_duration is lhotse's: the batch's padded duration, n * longest <= max_duration
+    plan = build_batch_plan(table, BatchConfig(batch_type="length", max_duration=60.0))
     assert_each_row_once(plan, len(frames))
-    assert all(frames[b].sum() <= 6000 for b in plan.batches)
-    by_seconds = build_batch_plan(table, BatchConfig(batch_type="length", max_duration=60.0))
-    assert by_seconds.batches == plan.batches
+    order, seen = flat(plan), 0
+    for i, batch in enumerate(plan.batches):
+        constraint = TimeConstraint(max_duration=60.0)
+        for row in batch:
+            constraint.add(dummy_cut(row, duration=frames[row] * 0.01))
+        assert not constraint.exceeded(), batch  # lhotse accepts every batch of ours
+        seen += len(batch)
+        if i + 1 < len(plan.batches):  # and ours are full: the next row would exceed it
+            constraint.add(dummy_cut(-1, duration=frames[order[seen]] * 0.01))
+            assert constraint.exceeded()
+    assert build_batch_plan(table, BatchConfig(batch_type="length", max_frames=6000)).batches == plan.batches
+    # padding=False sums real lengths: fuller batches, none over the budget
+    real = build_batch_plan(table, BatchConfig(batch_type="length", max_frames=6000, padding=False))
+    assert all(frames[b].sum() <= 6000 for b in real.batches) and len(real) < len(plan)
+
+
+def test_length_batch_bins_counts_every_shape_column_as_espnet2():
+    table = LengthTable(ids=["a", "b", "c", "d"], lengths=[[100, 90, 80, 10], [10, 30, 5, 2]],
+                        dims=[80, 500], column_names=["feats", "text"])
+    config = BatchConfig(batch_type="length", batch_bins=2 * (100 + 30))  # n * sum_c(max_len_c), dims ignored
+    assert batch_cost(table, config, [0, 1]) == 2 * (100 + 30)
+    assert build_batch_plan(table, config).batches == [[0, 1], [2, 3]]
+    unpadded = BatchConfig(batch_type="length", batch_bins=250, padding=False)
+    assert batch_cost(table, unpadded, [0, 1]) == 100 + 90 + 10 + 30
+
+
+def test_sort_in_batch_and_sort_batch_order_as_espnet2(make_table):
+    table = make_table([5, 3, 9, 1, 7, 2, 8, 4])
+    base = build_batch_plan(table, BatchConfig(batch_type="sorted", batch_size=3))
+    plan = build_batch_plan(table, BatchConfig(batch_type="sorted", batch_size=3, sort_in_batch="ascending",
+                                               sort_batch="ascending"))
+    lengths = [[table.primary[r] for r in b] for b in plan.batches]
+    assert lengths == [[1, 2], [3, 4, 5], [7, 8, 9]]
+    assert sorted(map(sorted, plan.batches)) == sorted(map(sorted, base.batches))  # same batches, reordered
+    with pytest.raises(BatchConfigError, match="sort_batch"):
+        BatchConfig(batch_bins=10, sort_batch="up")
 
 
 def test_max_duration_needs_frame_shift(make_table):
