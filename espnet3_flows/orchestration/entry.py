@@ -81,13 +81,29 @@ def job_flow(job: str) -> Flow:
         config_file = values.pop("config_file", None)
         _refuse_secrets(overrides)
         cfg = resolve_config(job, config_file, dotted_values(schema, values), overrides or [])
-        return run_job(job, cfg, progress=sys.stderr.isatty())  # validated once, above; the UI has its own bar
+        return run_job(job, cfg, progress=show_progress())  # validated once, above
 
     run.__signature__ = inspect.Signature(params, return_annotation=dict[str, Any])  # type: ignore[attr-defined]
     run.__doc__ = spec.description + "\n\nArgs:\n" + "".join(
         f"    {name}: {' '.join(doc.split())}\n" for name, doc in docs)
     run.__name__ = run.__qualname__ = job
     return flow(run, name=spec.title, description=spec.description, log_prints=True)
+
+
+def show_progress(flow_run: Any = None) -> bool:
+    """Whether a flow draws a terminal progress bar: only when started from a terminal, never
+    in a deployment's run (a worker's flow-run process: its output is no one's terminal, and
+    the UI shows progress as an artifact).
+
+    Args:
+        flow_run: The flow run (default: the current one).
+    """
+    if flow_run is None:
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        flow_run = ctx.flow_run if ctx else None
+    return sys.stderr.isatty() and getattr(flow_run, "deployment_id", None) is None
 
 
 def _refuse_secrets(overrides: Sequence[str] | None) -> None:

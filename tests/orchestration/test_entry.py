@@ -83,3 +83,17 @@ def test_demo_corpus_when_no_manifest(tmp_path):
     cfg = resolve_config("collect_stats", None, {}, [f"output_dir={tmp_path}/exp/stats", "demo_utterances=10"])
     assert set(cfg.manifests) == {"train", "valid", "test"}
     assert (tmp_path / "exp" / "demo_data" / "train.tsv").is_file()
+
+
+def test_no_progress_bar_in_a_deployment_run_even_on_a_terminal(monkeypatch):
+    import uuid
+
+    from prefect.client.schemas.objects import FlowRun
+
+    from espnet3_flows.orchestration.entry import show_progress
+
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    assert show_progress(FlowRun(flow_id=uuid.uuid4()))  # python flows/<job>.py in a terminal
+    assert not show_progress(FlowRun(flow_id=uuid.uuid4(), deployment_id=uuid.uuid4()))
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False)
+    assert not show_progress(FlowRun(flow_id=uuid.uuid4()))  # output to a file or a pipe
