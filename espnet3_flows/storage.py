@@ -143,9 +143,7 @@ class Storage:
                 replace_atomically(dest, lambda f: f.write(data))
             else:
                 self.fs.pipe_file(dest, data)
-        except OSError as exc:
-            raise StorageError(f"cannot write {self.uri(rel)}: {exc}") from exc
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - OSError, or any of the fsspec back ends' types
             raise StorageError(f"cannot write {self.uri(rel)}: {exc}") from exc
         return self.uri(rel)
 
