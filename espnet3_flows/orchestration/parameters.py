@@ -68,7 +68,7 @@ def section_model(section: type, prefix: str = "", hidden: frozenset[str] = froz
             fields[f.name] = (model, Field(default_factory=model, description=docs.get(f.name) or None))
         else:
             fields[f.name] = (_annotation(f, kind), Field(default=_default(f), description=docs.get(f.name) or None))
-    return create_model(f"{section.__name__}Form", __config__=ConfigDict(extra="forbid"),
+    return create_model(f"{section.__name__}Form", __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
                         __doc__=(section.__doc__ or "").strip().split("\n\n")[0], **fields)
 
 
