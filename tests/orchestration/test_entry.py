@@ -97,3 +97,26 @@ def test_no_progress_bar_in_a_deployment_run_even_on_a_terminal(monkeypatch):
     assert not show_progress(FlowRun(flow_id=uuid.uuid4(), deployment_id=uuid.uuid4()))
     monkeypatch.setattr("sys.stderr.isatty", lambda: False)
     assert not show_progress(FlowRun(flow_id=uuid.uuid4()))  # output to a file or a pipe
+
+
+def test_prefect_validates_the_form_and_a_typo_in_a_section_is_named(demo_corpus, tmp_path):
+    """What a deployment run goes through: Prefect validates the parameters against the form
+    (filling every section's defaults), and only the keys given reach the config."""
+    from prefect.exceptions import ParameterTypeError, SignatureMismatchError
+
+    from espnet3_flows.orchestration.parameters import dotted_values
+    from espnet3_flows.xvector.job import XVectorJobConfig
+
+    ecapa_dir = tmp_path / "model"  # the model is loaded later (preflight), not by the config
+    flow = job_flow("extract_xvectors")
+    given = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(tmp_path / "xv"),
+             "xvector": {"pretrained_model": str(ecapa_dir)}, "parallel": {"env": "serial"}}
+    values = flow.validate_parameters(given)
+    cfg = resolve_config("extract_xvectors", None, dotted_values(XVectorJobConfig, values), [])
+    assert cfg.xvector.pretrained_model == str(ecapa_dir) and cfg.parallel.env == "serial"
+    assert cfg.output_dir == str(tmp_path / "xv") == cfg.xvector.save_path
+    assert cfg.xvector.batch_size == 0 and cfg.shard_size == 128  # the rest: defaults
+    with pytest.raises(ParameterTypeError, match="pretrained_modle"):
+        flow.validate_parameters(given | {"xvector": {"pretrained_modle": "/m"}})
+    with pytest.raises(SignatureMismatchError, match="storage_options"):  # credentials are no parameter
+        flow.validate_parameters(given | {"storage_options": {"key": "AKIA..."}})
