@@ -84,8 +84,8 @@ class FeatureRunner(UtteranceRunner):
             r["text"], r["speaker"] = utt.text, utt.speaker
         return out
 
-    def open_sink(self, staging: Path) -> FeatureSink:
-        return FeatureSink(staging)
+    def open_sink(self, staging: Path, shard: Shard) -> FeatureSink:
+        return FeatureSink(staging, posixpath.join(self.split, "feats", f"feats.{shard.name}.ark"))
 
     def init_state(self) -> dict[str, Any]:
         """Counts of the shard (its rows are in ``rows.tsv``); this is also the shard's result."""
@@ -98,11 +98,6 @@ class FeatureRunner(UtteranceRunner):
             state["samples"] += int(r["speech_len"])
             state["dim"] = int(r["feats"].shape[1])
         return state
-
-    def publish_rel(self, shard: Shard, name: str) -> str:
-        if name == "feats.ark":  # beside the split's outputs: the scp lines point here
-            return posixpath.join(self.split, "feats", f"feats.{shard.name}.ark")
-        return super().publish_rel(shard, name)
 
     def publish(self, results: list[ShardResult]) -> dict[str, Any]:
         return publish_split(self, results)

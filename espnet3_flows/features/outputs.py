@@ -31,12 +31,15 @@ ROWS = "rows.tsv"  # a shard's per-utterance rows (written by FeatureSink)
 
 class FeatureSink(ShardSink):
     """An extract-features shard's files: the features as ``feats.ark``/``feats.scp`` and
-    ``rows.tsv`` (``utt_id, samples, frames, dim, text, speaker`` per utterance, in manifest order)."""
+    ``rows.tsv`` (``utt_id, samples, frames, dim, text, speaker`` per utterance, in manifest order).
+    The ark is published at ``ark_rel``, beside the split's outputs (their scp lines point there).
+    """
 
-    def __init__(self, staging: Path):
+    def __init__(self, staging: Path, ark_rel: str):
         import kaldiio
 
         super().__init__(staging)
+        self.ark_rel = ark_rel
         self.rows = open(staging / ROWS, "w", encoding="utf-8")
         self.ark = kaldiio.WriteHelper(f"ark,scp:{staging / 'feats.ark'},{staging / 'feats.scp'}")
 
@@ -53,6 +56,9 @@ class FeatureSink(ShardSink):
     def finish(self) -> None:
         self.rows.close()
         self.ark.close()
+
+    def destination(self, name: str) -> str | None:
+        return self.ark_rel if name == "feats.ark" else None
 
 
 def frame_shift_seconds(fe: FrontendConfig) -> float:

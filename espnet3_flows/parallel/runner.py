@@ -129,9 +129,9 @@ class BaseRunner:
         """The JSON record of an item skipped under ``on_error: skip``."""
         return {"idx": int(idx), "reason": f"{type(exc).__name__}: {exc}"}
 
-    def open_sink(self, staging: Path) -> ShardSink | None:
-        """The shard's writer on its local staging directory (default: none, the shard writes no
-        files); see :class:`~espnet3_flows.parallel.sink.ShardSink`."""
+    def open_sink(self, staging: Path, shard: Shard) -> ShardSink | None:
+        """The writer of ``shard``'s files on its local staging directory (default: none, the
+        shard writes no files); see :class:`~espnet3_flows.parallel.sink.ShardSink`."""
         return None
 
     def init_state(self) -> Any:
@@ -169,15 +169,6 @@ class BaseRunner:
     def shard_rel(self, shard: Shard, *parts: str) -> str:
         """Path of a shard's file relative to ``output_dir``."""
         return posixpath.join(*(p for p in (self.shard_subdir, shard.name, *parts) if p))
-
-    def publish_rel(self, shard: Shard, name: str) -> str:
-        """Where a staged shard file is published, relative to ``output_dir`` (default: the shard dir)."""
-        return self.shard_rel(shard, name)
-
-    def lists_published(self, rel: str) -> bool:
-        """Whether a shard's ``done`` record lists this published file (default: yes). Jobs that
-        publish one file per item say no for those: they are counted instead."""
-        return True
 
     def load_done(self, shard: Shard) -> ShardResult | None:
         """The shard's ``done`` record if it matches the current shard hash."""
@@ -227,8 +218,9 @@ class BaseRunner:
     def run_shard(self, shard: Shard, env: Mapping[str, Any]) -> ShardResult:
         """Compute one shard and publish it: files first, the ``done`` record last.
 
-        ``files`` of the result lists the published files that :meth:`lists_published` keeps;
-        the others (e.g. one file per utterance) are only counted, so done records stay small.
+        ``files`` of the result lists the published files the sink lists
+        (:meth:`~espnet3_flows.parallel.sink.ShardSink.listed`); the others (e.g. one file per
+        utterance) are only counted, so done records stay small.
         """
         env = self.shard_env(shard, env)
         self.check_env_keys(list(env))
@@ -236,7 +228,7 @@ class BaseRunner:
         t0 = time.perf_counter()
         staging = Path(tempfile.mkdtemp(prefix=f"espnet3-{shard.name}-", dir=self.staging_dir))
         try:
-            sink = self.open_sink(staging)
+            sink = self.open_sink(staging, shard)
             state = self.init_state()
             skipped: list[dict[str, Any]] = []
             for chunk in _chunks(shard.items, self.batch_size):
@@ -254,9 +246,9 @@ class BaseRunner:
             if store is not None:
                 store.remove(self.shard_rel(shard, DONE))
                 for name in sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()):
-                    rel = self.publish_rel(shard, name)
+                    rel = (sink.destination(name) if sink is not None else None) or self.shard_rel(shard, name)
                     store.publish_file(staging / name, rel)
-                    if self.lists_published(rel):
+                    if sink is None or sink.listed(name):
                         files.append(rel)
                     else:
                         res.published_elsewhere += 1

@@ -125,8 +125,9 @@ class CollectStatsRunner(UtteranceRunner):
             out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f, "tokens": c})
         return out
 
-    def open_sink(self, staging: Path) -> StatsShardSink:
-        return StatsShardSink(staging, self.cfg.collected_feats_format if self.cfg.write_collected_feats else None)
+    def open_sink(self, staging: Path, shard: Shard) -> StatsShardSink:
+        return StatsShardSink(staging, self.cfg.collected_feats_format if self.cfg.write_collected_feats else None,
+                              posixpath.join(self.split, "collect_feats"), shard.name)
 
     def init_state(self) -> dict[str, Any]:
         return {"acc": StatsAccumulator(), "utterances": 0, "samples": [0, None, None], "frames": [0, None, None],
@@ -148,17 +149,6 @@ class CollectStatsRunner(UtteranceRunner):
         """Counts, sums and extremes of the shard (its rows are in ``shapes.tsv``)."""
         return {"stats": state["acc"].to_dict(), "utterances": state["utterances"],
                 "samples": state["samples"], "frames": state["frames"], "native_rates": state["rates"]}
-
-    def lists_published(self, rel: str) -> bool:
-        return not rel.endswith(".npy")  # one per utterance: counted, not listed
-
-    def publish_rel(self, shard: Shard, name: str) -> str:
-        if name.startswith("npy/"):  # per-utterance features go straight to their final place
-            return posixpath.join(self.split, "collect_feats", "data_feats", name[len("npy/"):])
-        if name in ("feats.ark", "feats.scp"):
-            stem, ext = name.split(".")
-            return posixpath.join(self.split, "collect_feats", f"{stem}.{shard.name}.{ext}")
-        return super().publish_rel(shard, name)
 
     def publish(self, results: list[ShardResult]) -> dict[str, Any]:
         return publish_split(self, results)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import posixpath
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,15 +30,22 @@ EPS = 1e-20  # ESPnet2 GlobalMVN's floor on the variance
 class StatsShardSink(ShardSink):
     """A collect-stats shard's files: ``shapes.tsv`` (one ``utt_id, samples, frames,dim[, tokens]``
     row per utterance, in manifest order) and, with ``feats_format``, the features: a Kaldi
-    ``feats.ark``/``feats.scp`` (``"ark"``) or one ``npy/<utt>.npy`` each (``"npy"``).
+    ark/scp (``"ark"``), published as ``<collect_feats>/feats.<shard>.{ark,scp}``, or one
+    ``.npy`` each (``"npy"``), published straight to ``<collect_feats>/data_feats/<utt>.npy``
+    (ESPnet2's layout) and counted, not listed.
 
     Args:
         staging: The shard's staging directory.
         feats_format: ``None`` (no features written), ``"ark"`` or ``"npy"``.
+        collect_feats: The split's ``collect_feats`` directory, relative to the output location.
+        shard_name: The shard's name (``split.<hash>``).
     """
 
-    def __init__(self, staging: Path, feats_format: str | None = None):
+    def __init__(self, staging: Path, feats_format: str | None = None, collect_feats: str = "collect_feats",
+                 shard_name: str = ""):
         super().__init__(staging)
+        self.collect_feats = collect_feats
+        self.shard_name = shard_name
         self.shapes = open(staging / SHAPES, "w", encoding="utf-8")
         self.feats_format = feats_format
         self.ark = None
@@ -63,6 +71,17 @@ class StatsShardSink(ShardSink):
         self.shapes.close()
         if self.ark is not None:
             self.ark.close()
+
+    def destination(self, name: str) -> str | None:
+        if name.startswith("npy/"):
+            return posixpath.join(self.collect_feats, "data_feats", name[len("npy/"):])
+        if name in ("feats.ark", "feats.scp"):
+            stem, ext = name.split(".")
+            return posixpath.join(self.collect_feats, f"{stem}.{self.shard_name}.{ext}")
+        return None
+
+    def listed(self, name: str) -> bool:
+        return not name.endswith(".npy")
 
 
 def merge_stats(results: list[ShardResult]) -> StatsAccumulator:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import posixpath
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -261,8 +260,8 @@ class XVectorRunner(UtteranceRunner):
         return [{"utt_id": u.utt_id, "speaker": u.speaker, "samples": len(w), "embedding": e}
                 for u, w, e in zip(utts, waves, emb)]
 
-    def open_sink(self, staging: Path) -> EmbeddingSink:
-        return EmbeddingSink(staging)
+    def open_sink(self, staging: Path, shard: Shard) -> EmbeddingSink:
+        return EmbeddingSink(staging, self.outputs_rel)
 
     def init_state(self) -> dict[str, Any]:
         """Counts of the shard and the embeddings' dimension (its rows are in ``utts.tsv``, its
@@ -275,14 +274,6 @@ class XVectorRunner(UtteranceRunner):
         for r in result:
             state["dim"] = int(np.asarray(r["embedding"]).shape[0])
         return state
-
-    def lists_published(self, rel: str) -> bool:
-        return not rel.endswith(".pt")  # one per utterance: counted, not listed
-
-    def publish_rel(self, shard: Shard, name: str) -> str:
-        if name.startswith("pt/"):  # per-utterance tensors go straight to their final place
-            return posixpath.join(self.outputs_rel, name[len("pt/"):])
-        return super().publish_rel(shard, name)
 
     def publish(self, results: list[ShardResult]) -> dict[str, Any]:
         return publish_split(self, results)

@@ -197,11 +197,13 @@ def write_speaker_xvector_ark_scp(
 
 class EmbeddingSink(ShardSink):
     """An x-vector shard's files: ``utts.tsv`` (``utt_id, speaker, samples`` per utterance, in
-    manifest order), one ``pt/{utt_id}.pt`` per utterance and ``xvector.ark/.scp``. Embeddings are
-    kept until :meth:`finish` (a shard's are a few MB) so that the ark is written in one go."""
+    manifest order), ``xvector.ark/.scp``, and one ``{utt_id}.pt`` per utterance, published
+    straight to the split's outputs (``outputs_rel``) and counted, not listed. Embeddings are kept
+    until :meth:`finish` (a shard's are a few MB) so that the ark is written in one go."""
 
-    def __init__(self, staging: Path):
+    def __init__(self, staging: Path, outputs_rel: str = ""):
         super().__init__(staging)
+        self.outputs_rel = outputs_rel
         self.embeddings: dict[str, np.ndarray] = {}
         self.rows = open(staging / UTTS, "w", encoding="utf-8")
 
@@ -215,3 +217,9 @@ class EmbeddingSink(ShardSink):
         if self.embeddings:
             write_utterance_tensors(self.staging / "pt", self.embeddings)
             write_xvector_ark_scp(self.staging, self.embeddings, name="xvector")
+
+    def destination(self, name: str) -> str | None:
+        return f"{self.outputs_rel}/{name[len('pt/'):]}" if name.startswith("pt/") else None
+
+    def listed(self, name: str) -> bool:
+        return not name.endswith(".pt")

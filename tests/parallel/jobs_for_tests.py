@@ -61,7 +61,7 @@ class ScaleSumRunner(BaseRunner):
             os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-shard
         return [(i, float(scale * data[i])) for i in ids]
 
-    def open_sink(self, staging: Path):
+    def open_sink(self, staging: Path, shard):
         return ValuesSink(staging)
 
     def init_state(self):

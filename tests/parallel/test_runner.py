@@ -131,7 +131,7 @@ class _FinishFailsOnce(ValuesSink):
 class _PublishingRunner(ScaleSumRunner):
     """``publish`` writes a total file once all shards are done; ``merge`` stays pure."""
 
-    def open_sink(self, staging):
+    def open_sink(self, staging, shard):
         return _FinishFailsOnce(staging)
 
     def publish(self, results):
