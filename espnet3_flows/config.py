@@ -94,6 +94,21 @@ def load_config(
     return obj
 
 
+def check_choices(obj: Any, prefix: str = "") -> None:
+    """Raise :class:`ConfigError` for a field of the config dataclass ``obj`` whose value is not
+    one of its ``choices`` (field metadata, the same list the UI form offers as a drop-down),
+    naming the key, the choices and the closest one."""
+    import difflib
+
+    for f in dataclasses.fields(obj):
+        choices = f.metadata.get("choices")
+        value = getattr(obj, f.name)
+        if choices and value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{prefix}{f.name} must be one of {tuple(choices)}, got {value!r}{hint}")
+
+
 def rename_aliases(layer: DictConfig, aliases: Mapping[str, str]) -> DictConfig:
     """``layer`` with each alias key (dotted) moved to the key it names; both given with
     different values is a :class:`ConfigError`."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from espnet3_flows.audio import RecordingCache, recording_key
-from espnet3_flows.config import ConfigError
+from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.demo import DEMO_UTTERANCES
 from espnet3_flows.fingerprints import FINGERPRINT_MODES
 from espnet3_flows.manifest import ON_ERROR_POLICIES, SkippedItem, Utterance, read_manifest_slice, write_skipped_tsv
@@ -107,12 +107,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.pipe_timeout > 0:
             raise ConfigError(f"pipe_timeout must be a positive number of seconds, got {self.pipe_timeout}")
-        if self.on_error not in ON_ERROR_POLICIES:
-            raise ConfigError(f"on_error must be one of {ON_ERROR_POLICIES}, got {self.on_error!r}")
+        check_choices(self)  # on_error, fingerprint
         if self.shard_size < 1:
             raise ConfigError(f"shard_size must be >= 1, got {self.shard_size}")
-        if self.fingerprint not in FINGERPRINT_MODES:
-            raise ConfigError(f"fingerprint must be one of {FINGERPRINT_MODES}, got {self.fingerprint!r}")
         after = getattr(super(), "__post_init__", None)  # the next config base's checks (SplitsConfig)
         if after is not None:
             after()

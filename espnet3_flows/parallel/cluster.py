@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import dask
 
-from espnet3_flows.config import ConfigError
+from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.parallel.forkserver import DASK_TRIM_DEFAULT, drop_inherited_trim_threshold, local_worker_start, worker_start_method
 
 _LOG = logging.getLogger(__name__)
@@ -88,10 +88,7 @@ class ParallelConfig:
     scheduler_file: str = ""
 
     def __post_init__(self) -> None:
-        if self.env not in ENVS:
-            close = difflib.get_close_matches(str(self.env), ENVS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"parallel.env: unknown environment {self.env!r}{hint}; choose one of {', '.join(ENVS)}")
+        check_choices(self, "parallel.")
         if self.n_workers < 0:
             raise ConfigError(f"parallel.n_workers must be >= 0, got {self.n_workers}")
         if self.start_method not in START_METHODS:

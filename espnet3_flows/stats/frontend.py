@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from espnet3_flows.audio import check_audio_settings
-from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
+from espnet3_flows.config import ConfigError, check_choices, check_targets, instantiate, to_plain
 
 FRONTEND_TYPES = ("fbank", "none", "model", "espnet2")
 #: Version of the fbank computation, hashed into collect-stats shards: features that differ even
@@ -72,8 +72,7 @@ class FrontendConfig:
     max_batch_samples: int = 0
 
     def __post_init__(self) -> None:
-        if self.type not in FRONTEND_TYPES:
-            raise ConfigError(f"frontend.type must be one of {FRONTEND_TYPES}, got {self.type!r}")
+        check_choices(self, "frontend.")
         if self.type == "model":
             if "_target_" not in self.model:
                 raise ConfigError("frontend.type=model needs frontend.model._target_ (a class path)")

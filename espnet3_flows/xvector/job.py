@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 
 from espnet3_flows.audio import AudioConfig, check_audio_settings, read_audio
-from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
+from espnet3_flows.config import ConfigError, check_choices, check_targets, instantiate, to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.runner import WHOLE_SHARD, BaseRunner, ShardResult
 from espnet3_flows.sharding import Shard
@@ -100,8 +100,7 @@ class XVectorJobConfig(EngineConfig, SplitsConfig):
         xv = self.xvector
         if xv.batch_size < 0:
             raise ConfigError(f"xvector.batch_size must be >= 0, got {xv.batch_size}")
-        if xv.toolkit not in TOOLKITS:
-            raise ConfigError(f"xvector.toolkit must be one of {TOOLKITS}, got {xv.toolkit!r}")
+        check_choices(xv, "xvector.")
         if self.is_demo:
             return  # filled in by demo_settings before the run
         if xv.toolkit == "speechbrain" and not xv.pretrained_model:
