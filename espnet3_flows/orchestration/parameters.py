@@ -51,23 +51,34 @@ def _hidden(schema: type) -> frozenset[str]:
     return SECRET_KEYS | frozenset(getattr(schema, "CONFIG_ALIASES", {}))
 
 
+def _fields(section: type, prefix: str, hidden: frozenset[str]) -> list[FormField]:
+    """The form fields of the dataclass ``section`` (its keys below ``prefix``), less ``hidden``:
+    a nested dataclass becomes a nested model (its default: that model with its defaults)."""
+    docs = describe_keys(section)
+    hints = typing.get_type_hints(section)
+    out = []
+    for f in dataclasses.fields(section):
+        if prefix + f.name in hidden:
+            continue
+        kind, doc = hints[f.name], docs.get(f.name, "")
+        if dataclasses.is_dataclass(kind):
+            model = section_model(kind, f"{prefix}{f.name}.", hidden)
+            if not doc or doc.startswith("See "):  # a pointer to the class: its first paragraph instead
+                doc = " ".join((kind.__doc__ or "").split("\n\n")[0].split())
+            out.append(FormField(f.name, model, model(), doc))
+        else:
+            out.append(FormField(f.name, _annotation(f, kind), _default(f), doc))
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def section_model(section: type, prefix: str = "", hidden: frozenset[str] = frozenset()) -> type[BaseModel]:
     """A pydantic model with the fields of the dataclass ``section`` (types, defaults and
     descriptions; nested dataclasses as nested models), without the dotted keys in ``hidden``."""
-    docs = describe_keys(section)
-    hints = typing.get_type_hints(section)
-    fields: dict[str, Any] = {}
-    for f in dataclasses.fields(section):
-        key = prefix + f.name
-        if key in hidden:
-            continue
-        kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
-            model = section_model(kind, key + ".", hidden)
-            fields[f.name] = (model, Field(default_factory=model, description=docs.get(f.name) or None))
-        else:
-            fields[f.name] = (_annotation(f, kind), Field(default=_default(f), description=docs.get(f.name) or None))
+    fields = {f.name: (f.annotation, Field(default_factory=f.annotation, description=f.doc or None))
+              if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)
+              else (f.annotation, Field(default=f.default, description=f.doc or None))
+              for f in _fields(section, prefix, hidden)}
     return create_model(f"{section.__name__}Form", __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
                         __doc__=(section.__doc__ or "").strip().split("\n\n")[0], **fields)
 
@@ -75,22 +86,7 @@ def section_model(section: type, prefix: str = "", hidden: frozenset[str] = froz
 def form_fields(schema: type) -> list[FormField]:
     """The flow parameters of a job's config ``schema``: its top-level keys, in order, less
     credentials and aliases."""
-    hidden = _hidden(schema)
-    docs = describe_keys(schema)
-    hints = typing.get_type_hints(schema)
-    out = []
-    for f in dataclasses.fields(schema):
-        if f.name in hidden:
-            continue
-        kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
-            model = section_model(kind, f.name + ".", hidden)
-            first = " ".join((kind.__doc__ or "").split("\n\n")[0].split())
-            doc = docs.get(f.name, "")
-            out.append(FormField(f.name, model, model(), first if not doc or doc.startswith("See ") else doc))
-        else:
-            out.append(FormField(f.name, _annotation(f, kind), _default(f), docs.get(f.name, "")))
-    return out
+    return _fields(schema, "", _hidden(schema))
 
 
 def dotted_values(schema: type, values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
