@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Union
 
@@ -66,18 +67,21 @@ class _AppendColumn(argparse.Action):
         setattr(namespace, self.dest, columns)
 
 
-def _parse_descending(text: str) -> bool | None:
-    choices = {"true": True, "false": False, "none": None}
-    if text.lower() not in choices:
-        raise argparse.ArgumentTypeError("expected true, false or none")
-    return choices[text.lower()]
+def _word_parser(choices: dict[str, Any]) -> Any:
+    """An argparse ``type`` taking one of the words in ``choices`` (any case) to its value."""
+    names = list(choices)
+    expected = f"expected {', '.join(names[:-1])} or {names[-1]}"
+
+    def parse(text: str) -> Any:
+        if text.lower() not in choices:
+            raise argparse.ArgumentTypeError(expected)
+        return choices[text.lower()]
+
+    return parse
 
 
-def _parse_bool(text: str) -> bool:
-    choices = {"true": True, "false": False}
-    if text.lower() not in choices:
-        raise argparse.ArgumentTypeError("expected true or false")
-    return choices[text.lower()]
+_parse_bool = _word_parser({"true": True, "false": False})
+_parse_descending = _word_parser({"true": True, "false": False, "none": None})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,21 +155,7 @@ def main(argv: Sequence[str] | None = None) -> BatchReport:
     args = parser.parse_args(argv)
     if not args.columns:
         parser.error("give at least one --shape-file or --shape-list")
-    config = BatchConfig(
-        batch_type=args.batch_type,
-        batch_size=args.batch_size,
-        batch_bins=args.batch_bins,
-        max_frames=args.max_frames,
-        max_duration=args.max_duration,
-        padding=args.padding,
-        is_descending=args.is_descending,
-        sort_in_batch=args.sort_in_batch,
-        sort_batch=args.sort_batch,
-        ngpu=args.ngpu,
-        uneven=args.uneven,
-        group_by=args.group_by,
-        strict=args.strict,
-    )
+    config = BatchConfig(**{f.name: getattr(args, f.name) for f in fields(BatchConfig)})  # one option per setting
     columns: list[ColumnSource] = args.columns
     table = LengthTable.from_shape_files(
         columns, frame_shift=args.frame_shift, group_file=args.group_file
