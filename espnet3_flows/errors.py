@@ -23,3 +23,16 @@ class Espnet3FlowsError(Exception):
 
 class BadItemError(Espnet3FlowsError, ValueError):
     """An input item that cannot be processed (the message names why); never a code bug."""
+
+
+class ItemError(Espnet3FlowsError, RuntimeError):
+    """``forward`` failed on an item under ``on_error: fail``; the message names the item."""
+
+
+class ShardFailure(Espnet3FlowsError, RuntimeError):
+    """One or more shards failed; the others finished and were published, and a rerun resumes."""
+
+
+class ItemFailure(ShardFailure, ItemError):
+    """A run stopped by a bad item under ``on_error: fail`` (an :class:`ItemError` and a
+    :class:`ShardFailure`): the message names the item."""

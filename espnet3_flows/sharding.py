@@ -72,7 +72,7 @@ class Shard:
         hash: Content hash over the items' keys, the job config and the code salt.
         source: Where a worker reads this shard's items (JSON-able, job-defined: e.g. a byte
             range of a manifest); ``None`` when items are plain indices.
-        indices: The item indices ``forward`` receives when they are not ``range(start, stop)``.
+        indices: The items ``forward`` receives (ints or strings) when they are not ``range(start, stop)``.
     """
 
     index: int
@@ -80,7 +80,7 @@ class Shard:
     stop: int
     hash: str
     source: Mapping[str, Any] | None = field(default=None, repr=False, compare=False, hash=False)
-    indices: tuple[int, ...] | None = field(default=None, repr=False)
+    indices: tuple[Any, ...] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -93,7 +93,7 @@ class Shard:
         return self.stop - self.start
 
     @property
-    def items(self) -> Sequence[int]:
+    def items(self) -> Sequence[Any]:
         """The item indices of this shard, in order."""
         return self.indices if self.indices is not None else range(self.start, self.stop)
 
@@ -103,7 +103,7 @@ class Shard:
         if self.source is not None:
             d["source"] = dict(self.source)
         if self.indices is not None:
-            d["indices"] = [int(i) for i in self.indices]
+            d["indices"] = list(self.indices)
         return d
 
     @classmethod
@@ -111,7 +111,7 @@ class Shard:
         """Inverse of :meth:`to_dict`."""
         indices = d.get("indices")
         return cls(int(d["index"]), int(d["start"]), int(d["stop"]), str(d["hash"]), d.get("source"),
-                   tuple(int(i) for i in indices) if indices is not None else None)
+                   tuple(indices) if indices is not None else None)
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def plan_shards(
     shard_size: int,
     config: Mapping[str, Any] | None = None,
     salt: str | None = None,
-    indices: Sequence[int] | None = None,
+    indices: Sequence[Any] | None = None,
     cut_keys: Sequence[str] | None = None,
 ) -> ShardPlan:
     """Cut items into content-defined shards in input order and hash each one.
@@ -210,14 +210,14 @@ def plan_shards(
         shard_size: Mean items per shard (>= 1).
         config: The job config that affects outputs.
         salt: Code-version salt; :func:`code_salt` by default.
-        indices: The item indices ``forward`` will receive; ``range(len(item_keys))`` by default.
+        indices: The items ``forward`` will receive (ints or strings); ``range(len(item_keys))`` by default.
         cut_keys: Item identities that decide boundaries (e.g. utterance ids); the item keys
             by default.
     """
     salt = code_salt() if salt is None else salt
     config_hash = digest(config or {})
     cutter = ShardCutter(shard_size, config_hash, salt)
-    idx = None if indices is None else tuple(int(i) for i in indices)
+    idx = None if indices is None else tuple(int(i) if hasattr(i, "__index__") else i for i in indices)
     if idx is not None and len(idx) != len(item_keys):
         raise ValueError("indices and item_keys must have the same length")
     if cut_keys is not None and len(cut_keys) != len(item_keys):

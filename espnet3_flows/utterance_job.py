@@ -16,8 +16,8 @@ from espnet3_flows.fingerprints import FINGERPRINT_MODES
 from espnet3_flows.manifest import ON_ERROR_POLICIES, SkippedItem, Utterance, read_manifest_slice, write_skipped_tsv
 from espnet3_flows.manifest_plan import plan_manifest
 from espnet3_flows.parallel.cluster import ParallelConfig
-from espnet3_flows.parallel.provider import EnvironmentProvider
-from espnet3_flows.parallel.runner import BaseRunner
+from espnet3_flows.parallel.base_runner import BaseRunner
+from espnet3_flows.parallel.env_provider import EnvironmentProvider
 from espnet3_flows.sharding import Shard, ShardPlan
 from espnet3_flows.storage import Storage
 
@@ -147,13 +147,13 @@ class JobEnvProvider(EnvironmentProvider):
 @runtime_checkable
 class SplitRunner(Protocol):
     """What orchestration uses of a job's runner: one split's planning, shards, done records and
-    publish step. :class:`UtteranceRunner` (a :class:`~espnet3_flows.parallel.runner.BaseRunner` over a
+    merge. :class:`UtteranceRunner` (a :class:`~espnet3_flows.parallel.base_runner.BaseRunner` over a
     manifest) provides all of it; a job's ``runners`` factory returns one per split."""
 
     split: str
     shard_subdir: str
     provider: EnvironmentProvider
-    batch_size: int | None
+    batch_size: int | str | None
     on_error: str
 
     @property
@@ -180,7 +180,7 @@ class SplitRunner(Protocol):
 
     def run_shard(self, shard: Shard, env: Mapping[str, Any]) -> Any: ...
 
-    def publish(self, results: list[Any]) -> Any: ...
+    def merge(self, shard_dirs: list[Any]) -> Any: ...
 
 
 def publish_split_files(store: Storage, rel: str, staged: Sequence[tuple[str, Path]], skipped: Sequence[SkippedItem],
@@ -247,15 +247,19 @@ class UtteranceRunner(BaseRunner):
             ``<split>/shards``).
         batch_size: Items per ``forward`` call (``None``: one item per call, ``"shard"``: all of the
             shard's items in one call).
-        **kwargs: Further :class:`~espnet3_flows.parallel.runner.BaseRunner` arguments.
+        **kwargs: Further :class:`~espnet3_flows.parallel.base_runner.BaseRunner` arguments.
     """
 
+    #: the built-in jobs' merges read shard directories through :attr:`storage`: on a remote
+    #: output they receive the directories' URLs, nothing is downloaded
+    download_shards_for_merge = False
     #: the job's config (the dataclass its ``jobspec`` names)
     cfg: Any
     split: str
     manifest: str
     input_options: Mapping[str, Any]
-    fingerprint: str = "stat"
+    #: how input files are fingerprinted (``cfg.fingerprint``: ``stat`` or ``manifest``)
+    fingerprint_mode: str = "stat"
     allow_pipes: bool = False
     _manifest_skipped: list[SkippedItem] | None = None
 
@@ -266,7 +270,7 @@ class UtteranceRunner(BaseRunner):
         self.split = split
         self.manifest = manifest
         self.input_options = cfg.storage_options
-        self.fingerprint = cfg.fingerprint
+        self.fingerprint_mode = cfg.fingerprint
         self.allow_pipes = cfg.allow_pipes
         super().__init__(provider, batch_size=batch_size,
                          output_dir=output_dir if output_dir is not None else cfg.output_dir,
@@ -288,7 +292,7 @@ class UtteranceRunner(BaseRunner):
             raise TypeError(f"{type(self).__name__} plans its shards from the manifest; call run() without indices")
         store = self.storage
         planned = plan_manifest(self.manifest, self.split, self.shard_size, self.hash_config(), on_error=self.on_error,
-                                fingerprint=self.fingerprint, storage_options=self.input_options, spool=store,
+                                fingerprint=self.fingerprint_mode, storage_options=self.input_options, spool=store,
                                 spool_rel=posixpath.join(self.shard_subdir, "inputs"), allow_pipes=self.allow_pipes)
         self._manifest_skipped = planned.skipped
         return planned.plan
@@ -300,15 +304,18 @@ class UtteranceRunner(BaseRunner):
         return list(self._manifest_skipped)
 
     def shard_env(self, shard: Shard, env: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The env plus ``dataset`` (the shard's utterances, read from its byte range of the
+        manifest), ``split`` and ``outputs_rel`` (where the split's merged outputs go)."""
         source = shard.source or {}
         utts = read_manifest_slice(source, self.split, self.input_options)
         if len(utts) != shard.num_items:
             raise RuntimeError(f"split {self.split!r}, {shard.name}: read {len(utts)} utterances where the plan "
                                f"has {shard.num_items}")
-        return {**env, "dataset": ShardDataset(self.split, utts, shard.start, str(source.get("cwd") or ""))}
+        return {**env, "dataset": ShardDataset(self.split, utts, shard.start, str(source.get("cwd") or "")),
+                "split": self.split, "outputs_rel": self.outputs_rel}
 
     def shard_env_keys(self) -> tuple[str, ...]:
-        return ("dataset",)
+        return ("dataset", "split", "outputs_rel")
 
     def describe_item(self, idx: int, env: Mapping[str, Any]) -> str:
         return env["dataset"][idx].where(self.split)

@@ -74,7 +74,7 @@ def test_every_jobs_runner_is_a_split_runner_and_errors_share_one_root(tmp_path,
     from espnet3_flows import errors
     from espnet3_flows.config import ConfigError, load_config
     from espnet3_flows.manifest import ManifestError
-    from espnet3_flows.parallel.runner import ItemError, ShardFailure
+    from espnet3_flows.errors import ItemError, ShardFailure
     from espnet3_flows.storage import StorageError
     from espnet3_flows.utterance_job import SplitRunner
 

@@ -263,8 +263,7 @@ def test_adding_wav_scp_lines_recomputes_only_new_shards(tmp_path):
     again = _run(_stats_cfg(d, out, "frontend.type=none", "shard_size=10"))
     assert again.merged["utterances"] == len(grown)
     new = set(ids[1:30:2])
-    receiving = [s for s in again.shards
-                 if any(u.utt_id in new for u in read_manifest_slice(s.shard.source, "train"))]
+    receiving = [s for s in again.plan.shards if any(u.utt_id in new for u in read_manifest_slice(s.source, "train"))]
     assert 0 < again.computed <= len(receiving) + 2
     assert again.cached >= len(again.shards) - len(receiving) - 2 > 0
 

@@ -8,16 +8,13 @@ each split's ``feats.scp``, ``feats_shape`` and ``cuts.jsonl.gz`` (see
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from espnet3_flows.audio import AudioConfig
 from espnet3_flows.config import ConfigError
-from espnet3_flows.features.outputs import FeatureSink, publish_split
-from espnet3_flows.parallel.runner import ShardResult
-from espnet3_flows.sharding import Shard
+from espnet3_flows.features.outputs import FeatureShardWriter, publish_split, shard_ark_rel
 from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
 from espnet3_flows.stats.job import CollectStatsRunner
 from espnet3_flows.utterance_job import EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner
@@ -84,23 +81,34 @@ class FeatureRunner(UtteranceRunner):
             r["text"], r["speaker"] = utt.text, utt.speaker
         return out
 
-    def open_sink(self, staging: Path, shard: Shard) -> FeatureSink:
-        return FeatureSink(staging, posixpath.join(self.split, "feats", f"feats.{shard.name}.ark"))
+    # -- the shard's files and state: ESPnet3's writer hooks --
+    @staticmethod
+    def open_writers(shard_dir: Path, output_dir: str, outputs_rel: str, **env: Any) -> dict[str, Any]:
+        """The shard's ark (beside the split's outputs), its scp and ``rows.tsv`` (see
+        :class:`~espnet3_flows.features.outputs.FeatureShardWriter`)."""
+        shard_dir = Path(shard_dir)
+        return {"shard": FeatureShardWriter(shard_dir, Path(output_dir) / shard_ark_rel(outputs_rel, shard_dir.name))}
 
-    def init_state(self) -> dict[str, Any]:
-        """Counts of the shard (its rows are in ``rows.tsv``); this is also the shard's result."""
-        return {"utterances": 0, "frames": 0, "samples": 0, "dim": None}
-
-    def reduce_state(self, state: dict[str, Any], result: list[dict[str, Any]]) -> dict[str, Any]:
+    @staticmethod
+    def write_record(writers: dict[str, Any], result: list[dict[str, Any]], state: dict[str, Any],
+                     **env: Any) -> None:
+        """Write the utterances' features and rows; count them in the shard's state."""
+        writers["shard"].write(result)
         for r in result:
-            state["utterances"] += 1
-            state["frames"] += int(r["feats"].shape[0])
-            state["samples"] += int(r["speech_len"])
+            state["utterances"] = state.get("utterances", 0) + 1
+            state["frames"] = state.get("frames", 0) + int(r["feats"].shape[0])
+            state["samples"] = state.get("samples", 0) + int(r["speech_len"])
             state["dim"] = int(r["feats"].shape[1])
-        return state
 
-    def publish(self, results: list[ShardResult]) -> dict[str, Any]:
-        return publish_split(self, results)
+    @staticmethod
+    def close_writers(writers: dict[str, Any], state: dict[str, Any], **env: Any) -> dict[str, Any]:
+        """Close the files; the shard's counts (its rows are in ``rows.tsv``)."""
+        writers["shard"].close()
+        return {key: state.get(key, 0 if key != "dim" else None) for key in ("utterances", "frames", "samples", "dim")}
+
+    def merge(self, shard_dirs: list[Any]) -> dict[str, Any]:
+        """The split's ``feats.scp``, ``feats_shape``, ``cuts.jsonl.gz`` and summary."""
+        return publish_split(self, [self.done_record(d) for d in shard_dirs])
 
 
 def feature_runners(cfg: ExtractFeaturesConfig) -> list[FeatureRunner]:

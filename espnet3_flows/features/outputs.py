@@ -20,30 +20,33 @@ from typing import Any, Iterator
 
 from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
-from espnet3_flows.parallel.sink import ShardSink
 from espnet3_flows.storage import Storage
 from espnet3_flows.stats.frontend import FrontendConfig
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
 
 
-ROWS = "rows.tsv"  # a shard's per-utterance rows (written by FeatureSink)
+ROWS = "rows.tsv"  # a shard's per-utterance rows (written by FeatureShardWriter)
 
 
-class FeatureSink(ShardSink):
-    """An extract-features shard's files: the features as ``feats.ark``/``feats.scp`` and
-    ``rows.tsv`` (``utt_id, samples, frames, dim, text, speaker`` per utterance, in manifest order).
-    The ark is published at ``ark_rel``, beside the split's outputs (their scp lines point there).
+class FeatureShardWriter:
+    """An extract-features shard's files: the features in one Kaldi ark (published beside the
+    split's outputs, at :func:`shard_ark_rel`) with its scp, and ``rows.tsv`` (``utt_id, samples,
+    frames, dim, text, speaker`` per utterance, in manifest order), both in the shard's directory.
+
+    Args:
+        shard_dir: The shard's directory (staged).
+        ark: Where the ark goes (staged, beside the split's outputs).
     """
 
-    def __init__(self, staging: Path, ark_rel: str):
+    def __init__(self, shard_dir: Path, ark: Path):
         import kaldiio
 
-        super().__init__(staging)
-        self.ark_rel = ark_rel
-        self.rows = open(staging / ROWS, "w", encoding="utf-8")
-        self.ark = kaldiio.WriteHelper(f"ark,scp:{staging / 'feats.ark'},{staging / 'feats.scp'}")
+        ark.parent.mkdir(parents=True, exist_ok=True)
+        self.rows = open(shard_dir / ROWS, "w", encoding="utf-8")
+        self.ark = kaldiio.WriteHelper(f"ark,scp:{ark},{shard_dir / 'feats.scp'}")
 
-    def add(self, idx: Any, result: list[dict[str, Any]]) -> None:
+    def write(self, result: list[dict[str, Any]]) -> None:
+        """Write one ``forward`` result's utterances."""
         import numpy as np
 
         for r in result:
@@ -53,12 +56,15 @@ class FeatureSink(ShardSink):
             self.rows.write(f"{r['utt_id']}\t{r['speech_len']}\t{f.shape[0]}\t{f.shape[1]}\t{text}\t"
                             f"{r['speaker']}\n")
 
-    def finish(self) -> None:
+    def close(self) -> None:
+        """Complete the files."""
         self.rows.close()
         self.ark.close()
 
-    def destination(self, name: str) -> str | None:
-        return self.ark_rel if name == "feats.ark" else None
+
+def shard_ark_rel(outputs_rel: str, shard: str) -> str:
+    """A shard's feature ark, relative to the output location."""
+    return f"{outputs_rel}/feats/feats.{shard}.ark"
 
 
 def frame_shift_seconds(fe: FrontendConfig) -> float:
@@ -69,18 +75,16 @@ def frame_shift_seconds(fe: FrontendConfig) -> float:
 
 
 def _shard_file(result: ShardResult, name: str) -> str:
-    """The published file of a shard's done record: ``feats.ark`` (beside the split's outputs),
-    or ``feats.scp`` / ``rows.tsv`` (in the shard's directory)."""
-    want = (lambda f: f.endswith(".ark")) if name == "feats.ark" else (lambda f: f.rsplit("/", 1)[-1] == name)
-    rel = next((f for f in result.files if want(f)), None)
+    """A file in a shard's directory (``feats.scp``, ``rows.tsv``), as its done record lists it."""
+    rel = next((f for f in result.files if f.rsplit("/", 1)[-1] == name), None)
     if rel is None:
         raise RuntimeError(f"{result.shard.name}: its done record lists no {name}; rerun to recompute it")
     return rel
 
 
-def _shard_rows(store: Storage, result: ShardResult) -> Iterator[tuple[list[str], str]]:
+def _shard_rows(store: Storage, result: ShardResult, outputs_rel: str) -> Iterator[tuple[list[str], str]]:
     """(row fields, ``<ark URI>:<offset>``) of each utterance of one shard, in manifest order."""
-    ark_uri = store.uri(_shard_file(result, "feats.ark"))
+    ark_uri = store.uri(shard_ark_rel(outputs_rel, result.shard.name))
     offsets = {}
     for line in store.read_bytes(_shard_file(result, "feats.scp")).decode("utf-8").splitlines():
         key, _, loc = line.partition(" ")
@@ -129,7 +133,7 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
                 open(stage / "feats_shape", "w", encoding="utf-8") as shape, \
                 gzip.open(stage / "cuts.jsonl.gz", "wt", encoding="utf-8") as cuts:
             for r in results:
-                for (utt, n, n_frames, dim, text, speaker), loc in _shard_rows(store, r):
+                for (utt, n, n_frames, dim, text, speaker), loc in _shard_rows(store, r, rel):
                     scp.write(f"{utt} {loc}\n")
                     shape.write(f"{utt} {n_frames},{dim}\n")
                     cuts.write(json.dumps(_cut(utt, int(n_frames), int(dim), text, speaker, shift, fe.sampling_rate,
@@ -141,7 +145,7 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
         staged = [(name, stage / name) for name in ("feats.scp", "feats_shape", "cuts.jsonl.gz")] if n_utts else []
         summary = {"split": split, "utterances": n_utts, "frames": frames,
                    "seconds": float(samples / fe.sampling_rate), "feature_dim": dims.pop() if len(dims) == 1 else None,
-                   "frame_shift": shift, "frontend": kind, **shard_summary(results)}
+                   "frame_shift": shift, "frontend": kind, **shard_summary([r.status() for r in results])}
         return publish_split_files(store, rel, staged, skipped, summary)
     finally:
         shutil.rmtree(stage, ignore_errors=True)

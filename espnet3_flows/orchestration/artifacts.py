@@ -71,6 +71,31 @@ def publish_table_artifact(job: str, summaries: list[Mapping[str, Any]]) -> None
     create_table_artifact(rows, key=artifact_key(job, "splits"), description=f"{job}: all splits")
 
 
+def publish_runner_artifact(title: str, planned: Any, merged: Any, wall: float) -> None:
+    """A report of a runner's run (:func:`~espnet3_flows.orchestration.flows.runner_flow`): the
+    runner, its output, shards computed and reused, and what ``merge`` returned."""
+    runner, shards = planned.runner, planned.statuses
+    cls = type(runner)
+    store = runner.storage
+    rows = [("Runner", f"`{cls.__module__}.{cls.__qualname__}`"),
+            ("Output", f"[{store.uri(runner.shard_subdir)}]({_link(store.uri(runner.shard_subdir))})" if store else "—"),
+            ("Items", _fmt(planned.plan.num_items)), ("Shards", _fmt(len(shards))),
+            ("Shards computed", _fmt(sum(not s.cached for s in shards))),
+            ("Shards cached", _fmt(sum(s.cached for s in shards))), ("Wall (s)", _fmt(wall)),
+            ("Merge returned", _describe(merged))]
+    lines = [f"# {title}", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+    create_markdown_artifact("\n".join(lines), key=artifact_key(title, "report"), description=f"{title}: summary")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Mapping):
+        keys = ", ".join(f"`{k}`" for k in list(value)[:12])
+        return f"a dict of {len(value)} key(s): {keys}" + (" …" if len(value) > 12 else "")
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value):,} item(s)"
+    return "nothing" if value is None else f"a {type(value).__name__}"
+
+
 class ProgressArtifact:
     """A progress artifact updated as shards finish (a percentage in the UI).
 

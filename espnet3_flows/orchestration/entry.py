@@ -17,7 +17,7 @@ from prefect import Flow, flow
 from espnet3_flows.config import ConfigError, describe_keys, load_config, split_cli_args, to_plain
 from espnet3_flows.orchestration.console import quiet_console, quiet_local_workers
 from espnet3_flows.orchestration.flows import run_job
-from espnet3_flows.orchestration.job_run import JobRun, plan_job
+from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.parameters import dotted_values, form_fields
@@ -148,7 +148,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         quiet_local_workers(not verbose and cfg.parallel.env in LOCAL_ENVS)
     except Exception as exc:  # noqa: BLE001 - a config, manifest or storage error: one line
         return _report(exc, verbose)
-    planned: list[JobRun] = []
+    planned: list[PlannedFlow] = []
 
     def plan_now() -> bool:  # overlaps the private API server's start
         preflight(job, cfg)
@@ -163,7 +163,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
             run = planned[0]
             if api is False:  # nothing to compute or merge: no server, no flow, no cluster
                 summaries = run.unchanged_summaries or {}
-                print(f"{job}: nothing to compute: all {run.total_shards} shard(s) of {len(run.splits)} split(s) "
+                print(f"{job}: nothing to compute: all {run.total_shards} shard(s) of {len(run.runners)} split(s) "
                       f"were done earlier (planned in {run.plan_seconds:.1f} s); outputs in {cfg.output_dir}")
             else:
                 if not verbose:
@@ -220,11 +220,11 @@ def _dry_run(job: str, cfg: Any) -> int:
     would compute. Starts no server or cluster and publishes no output."""
     preflight(job, cfg, output=False)
     run = plan_job(job, cfg, publish=False)
-    print(f"{job} (dry run): {run.total_shards} shard(s) in {len(run.splits)} split(s), planned in "
+    print(f"{job} (dry run): {run.total_shards} shard(s) in {len(run.runners)} split(s), planned in "
           f"{run.plan_seconds:.1f} s; output {cfg.output_dir}")
-    for split in run.splits:
+    for split in run.runners:
         pending = split.pending
-        print(f"  {split.split}: {split.plan.num_items} utterances in {len(split.plan.shards)} shard(s): "
+        print(f"  {split.runner.split}: {split.plan.num_items} utterances in {len(split.plan.shards)} shard(s): "
               f"{len(split.done)} done, {len(pending)} to compute ({sum(s.num_items for s in pending)} utterances), "
               f"{len(split.runner.manifest_skipped())} manifest line(s) skipped")
     return 0

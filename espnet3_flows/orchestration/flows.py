@@ -1,14 +1,19 @@
-"""The Prefect flows: pending shard tasks on the configured task runner, merge-and-publish, artifacts."""
+"""The Prefect flows: the engine's scheduler with Prefect's task runner as its executor — a task
+per pending shard, a merge task per runner, progress and report artifacts — for the registered
+jobs (:func:`run_job`) and for any :class:`~espnet3_flows.parallel.base_runner.BaseRunner`
+(:func:`runner_flow`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
-import queue
+import re
+import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Sequence
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from prefect import flow, get_run_logger
@@ -17,33 +22,30 @@ from prefect.tasks import exponential_backoff
 
 from espnet3_flows.config import load_config, to_plain
 from espnet3_flows.orchestration import console
-from espnet3_flows.orchestration.artifacts import ProgressArtifact, publish_split_artifacts, publish_table_artifact
+from espnet3_flows.orchestration.artifacts import (
+    ProgressArtifact,
+    publish_runner_artifact,
+    publish_split_artifacts,
+    publish_table_artifact,
+)
+from espnet3_flows.orchestration.job_run import PlannedFlow, current_run, plan_job, running
+from espnet3_flows.orchestration.jobs import get_job, preflight
+from espnet3_flows.orchestration.local_server import drain_prefect_clients, prefect_api
 from espnet3_flows.orchestration.prefect_compat import (
     cache_settings_hydration,
     cache_settings_serialization,
     share_tls_contexts,
 )
-from espnet3_flows.orchestration.job_run import JobRun, SplitRun, current_run, plan_job, running
-from espnet3_flows.orchestration.jobs import get_job, preflight
-from espnet3_flows.orchestration.local_server import drain_prefect_clients
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
+from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, get_parallel_config, parallel_is_set
 from espnet3_flows.parallel.forkserver import worker_start_method
-from espnet3_flows.parallel.runner import ShardFailure
-from espnet3_flows.parallel.worker_env import (
-    env_keys,
-    install_runners,
-    installed_plugins,
-    register_runner,
-    uninstall_runners,
-)
+from espnet3_flows.parallel.scheduler import SUBMIT_WINDOW, PlannedRunner, plan_runner, run_planned
+from espnet3_flows.parallel.worker_env import get_env, install_runners, installed_plugins, register_runner, uninstall_runners
+from espnet3_flows.sharding import Shard
 from espnet3_flows.storage import redact
 
 log = logging.getLogger("espnet3_flows")
-
-#: Shard tasks in flight at once: enough to keep hundreds of workers busy, few enough that the
-#: driver's futures and the scheduler's tasks stay flat in the number of shards.
-SUBMIT_WINDOW = 256
 
 
 def shown_config(cfg: Any) -> dict[str, Any]:
@@ -53,9 +55,8 @@ def shown_config(cfg: Any) -> dict[str, Any]:
     return shown
 
 
-def run_job(job: str, config: Any = None, progress: bool = True,
-            planned: JobRun | None = None) -> dict[str, Any]:
-    """Plan a job, then run its pending shards as a subflow on the task runner its ``parallel``
+def run_job(job: str, config: Any = None, progress: bool = True, planned: PlannedFlow | None = None) -> dict[str, Any]:
+    """Plan a job, then run its pending shards as a flow on the task runner its ``parallel``
     section asks for, and merge and publish every split.
 
     Shards finished earlier (a ``done`` record with the same hash) are never submitted: they are
@@ -73,35 +74,86 @@ def run_job(job: str, config: Any = None, progress: bool = True,
         Split name → published summary.
     """
     spec = get_job(job)
-    share_tls_contexts()
-    cache_settings_serialization()
     if planned is None:
         cfg = config if isinstance(config, spec.config_class) else load_config(spec.config_class, base=config or {})
         preflight(job, cfg)
         planned = plan_job(job, cfg)
     run, cfg = planned, planned.cfg
-    _export_api_url()
     log.info("%s: %d split(s), %d shard(s): %d done earlier, %d to compute (%d utterances); planned in %.1f s",
-             job, len(run.splits), run.total_shards, run.done_shards, run.pending_shards, run.pending_items,
+             job, len(run.runners), run.total_shards, run.done_shards, run.pending_shards, run.pending_items,
              run.plan_seconds)
     kept = run.unchanged_summaries
     if kept is not None:
         log.info("%s: nothing to compute and every split's outputs are up to date", job)
         if _in_flow():
-            for split in run.splits:
-                publish_split_artifacts(job, kept[split.split], split.runner.storage, split.runner.outputs_rel)
+            for p in run.runners:
+                publish_split_artifacts(job, kept[p.runner.split], p.runner.storage, p.runner.outputs_rel)
             publish_table_artifact(job, list(kept.values()))
         return kept
+    return _run_flow(run, f"{job.replace('_', '-')}-shards", shown_config(cfg), progress)
+
+
+def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: ParallelConfig | Any = None,
+                retries: int = 2, retry_delay_seconds: float = 2.0, progress: bool | None = None,
+                name: str | None = None) -> Any:
+    """Run any :class:`~espnet3_flows.parallel.base_runner.BaseRunner` as a Prefect flow and return
+    what its ``merge`` returns.
+
+    The same shard lifecycle as ``runner(indices)``, with a Prefect task per pending shard (Prefect
+    retries for infrastructure errors, never for a bad item) and one for the merge, a progress
+    artifact and a report artifact. Shards done earlier are counted and never submitted. Called
+    inside a ``@flow`` of your own, it runs there as a subflow.
+
+    Args:
+        runner: The runner (ESPnet3's contract; see :mod:`espnet3_flows.parallel.base_runner`).
+        indices: Its items, as for ``runner(indices)`` (``None`` for a runner that plans from its
+            own input).
+        parallel: Where shards run: a ``parallel`` mapping or
+            :class:`~espnet3_flows.parallel.cluster.ParallelConfig` (a ``DaskTaskRunner`` on its
+            cluster; ``serial`` in this process); by default what ``set_parallel`` set, else ``serial``.
+        retries: Retries of a failed shard task.
+        retry_delay_seconds: First retry delay (doubling, jittered by up to 50 %).
+        progress: Show a terminal progress bar (default: when stderr is a terminal).
+        name: The flow's name (default: the runner's class name in kebab case).
+
+    Returns:
+        What ``runner.merge(shard_dirs)`` returned.
+    """
+    cfg = as_parallel_config(parallel) if parallel is not None else (
+        get_parallel_config() if parallel_is_set() else ParallelConfig(env="serial"))
+    title = name or _kebab(type(runner).__name__)
+    shown = {"runner": f"{type(runner).__module__}.{type(runner).__qualname__}", "parallel": to_plain(cfg)}
+    api = contextlib.nullcontext() if _in_flow() else prefect_api(needs_server=cfg.env != "serial")
+    with runner.output_scope(), api:
+        t0 = time.perf_counter()
+        planned = plan_runner(runner, indices)
+        run = PlannedFlow(title, [planned], cfg, retries, retry_delay_seconds, plan_seconds=time.perf_counter() - t0,
+                          started=t0)
+        shown |= {"output_dir": str(runner.output_dir), "shard_subdir": runner.shard_subdir,
+                  "items": planned.plan.num_items, "shards": run.total_shards}
+        return _run_flow(run, title, shown, sys.stderr.isatty() if progress is None else progress)
+
+
+def _kebab(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", name).lower()
+
+
+def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool) -> Any:
+    """Run :func:`shard_flow` for ``run`` on the task runner its ``parallel`` asks for (in-process
+    for merges only)."""
+    share_tls_contexts()
+    cache_settings_serialization()
+    _export_api_url()
     if run.pending_shards:
-        prestart_workers(cfg.parallel, spec.worker_modules)
-        warn_if_dask_client_open(cfg.parallel)
-        warn_if_api_unreachable(cfg.parallel)
-        runner, start_method = make_task_runner(cfg.parallel)
+        prestart_workers(run.parallel, run.worker_modules)
+        warn_if_dask_client_open(run.parallel)
+        warn_if_api_unreachable(run.parallel)
+        task_runner, start_method = make_task_runner(run.parallel)
     else:  # only merges: in this process
-        runner, start_method = ThreadPoolTaskRunner(max_workers=1), "spawn"
-    sub = shard_flow.with_options(task_runner=runner, name=f"{job.replace('_', '-')}-shards")
+        task_runner, start_method = ThreadPoolTaskRunner(max_workers=1), "spawn"
+    sub = shard_flow.with_options(task_runner=task_runner, name=name)
     with running(run), worker_start_method(start_method):  # the cluster starts inside the flow
-        return sub(job=job, config=shown_config(cfg), progress=progress)
+        return sub(title=run.title, config=shown, progress=progress)
 
 
 def _in_flow() -> bool:
@@ -142,38 +194,17 @@ def warn_if_api_unreachable(parallel: Any) -> bool:
 
 
 def _export_api_url() -> None:
-    """Put the API URL in the environment: Dask workers (local processes, SLURM jobs) inherit it."""
+    """Put the API URL in the environment: Dask workers (local processes, SLURM jobs) inherit it.
+    Inside a flow without a configured server (Prefect's temporary one), that server's URL."""
+    from prefect.context import FlowRunContext
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
+    if not url:
+        client = getattr(FlowRunContext.get(), "client", None)
+        url = getattr(client, "api_url", None)
     if url and not os.environ.get("PREFECT_API_URL"):
         os.environ["PREFECT_API_URL"] = str(url)
-
-
-def _prepare_workers(splits: list[SplitRun]) -> dict[str, list[str]]:
-    """Install each split's runner where its shards will run; return runner key → env keys.
-
-    On a Dask task runner this starts the cluster (or connects to it), then on every worker at
-    once: shares Prefect's TLS contexts, imports Prefect's task engine, installs the runners and
-    builds their envs (also on workers that join later). A runner already installed on a
-    long-lived cluster by an earlier run is not sent again. Elsewhere the runners are registered
-    in this process, where the tasks run. A failing setup raises here, naming the provider,
-    before any shard runs.
-    """
-    from prefect.context import FlowRunContext
-    from prefect_dask import DaskTaskRunner
-
-    ctx = FlowRunContext.get()
-    task_runner = ctx.task_runner if ctx else None
-    runners = {s.key: s.runner for s in splits}
-    if not isinstance(task_runner, DaskTaskRunner):
-        for key, runner in runners.items():
-            register_runner(key, runner)
-        return {key: env_keys(runner.provider) for key, runner in runners.items()}
-    client = task_runner.client  # starts the cluster
-    if PrefectWorkerSetup.name not in installed_plugins(client):
-        client.register_plugin(PrefectWorkerSetup())  # present workers now, later ones (SLURM) as they join
-    return install_runners(client, runners)
 
 
 class PrefectWorkerSetup(WorkerPlugin):
@@ -195,125 +226,109 @@ class PrefectWorkerSetup(WorkerPlugin):
         await asyncio.to_thread(drain_prefect_clients)  # off the loop: Prefect's drain blocks
 
 
-def _pending_work(run: JobRun) -> Iterator[tuple[int, Any]]:
-    for k, split in enumerate(run.splits):
-        for shard in split.pending:
-            yield k, shard
+class PrefectExecutor:
+    """The scheduler's executor inside a flow: shards and merges as Prefect tasks on the flow's
+    task runner. On a ``DaskTaskRunner`` the runners are installed on every worker once (their
+    envs built there at once); on the in-process runner (``serial``) in this process.
+
+    Args:
+        run: The planned run (its retry settings).
+    """
+
+    window = SUBMIT_WINDOW
+    fail_fast = False
+
+    def __init__(self, run: PlannedFlow):
+        from prefect.context import FlowRunContext
+        from prefect_dask import DaskTaskRunner
+
+        ctx = FlowRunContext.get()
+        task_runner = ctx.task_runner if ctx else None
+        self.client = task_runner.client if isinstance(task_runner, DaskTaskRunner) else None  # starts the cluster
+        self.address = run.parallel.env == "address"
+        self.ready: float | None = None
+        # Prefect's exponential backoff (first, 2x, 4x, ...) jittered by up to 50 %, so shards that
+        # failed together (a store outage) do not all retry at the same instant
+        self.task = shard_task.with_options(retries=run.retries, retry_condition_fn=retry_unless_bad_item,
+                                            retry_delay_seconds=exponential_backoff(run.retry_delay_seconds),
+                                            retry_jitter_factor=0.5)
+
+    def prepare(self, planned: Sequence[PlannedRunner]) -> dict[str, list[str]]:
+        """Install every runner where its shards run and build their envs at once (also on
+        workers that join later); a failing setup raises here, naming the provider."""
+        runners = {p.key: p.runner for p in planned}
+        if self.client is None:
+            for key, runner in runners.items():
+                register_runner(key, runner)
+            keys = {key: sorted(get_env(runner.provider, local=True)) for key, runner in runners.items()}
+        else:
+            if PrefectWorkerSetup.name not in installed_plugins(self.client):
+                self.client.register_plugin(PrefectWorkerSetup())  # present workers now, later ones as they join
+            keys = install_runners(self.client, runners)
+        self.ready = time.perf_counter()
+        for p in planned:
+            log.debug("%s: env ready (%s)", p.label, ", ".join(keys[p.key]))
+        return keys
+
+    def submit_shard(self, planned: PlannedRunner, shard: Shard) -> Any:
+        return self.task.submit(planned.key, planned.name, shard, self.client is None, planned.run_id)
+
+    def submit_merge(self, planned: PlannedRunner, statuses: list[Any]) -> Any:
+        return merge_task.submit(planned.runner, planned.name, [s.to_tuple() for s in statuses])
+
+    def release(self, planned: Sequence[PlannedRunner]) -> None:
+        if self.client is not None and self.address:  # a long-lived cluster: leave no plugin behind
+            uninstall_runners(self.client, [p.key for p in planned])
 
 
 @flow(name="shards", log_prints=True, validate_parameters=False)
-def shard_flow(job: str, config: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Submit one task per pending shard of every split, then merge and publish each split.
+def shard_flow(title: str, config: dict[str, Any], progress: bool = True) -> Any:
+    """Submit one task per pending shard of every runner, then merge each runner.
 
-    Called by :func:`run_job`, which plans the run and hands it over in-process
-    (:func:`~espnet3_flows.orchestration.job_run.running`); ``config`` is the masked copy shown
-    in the UI.
+    Called by :func:`run_job` and :func:`runner_flow`, which plan the run and hand it over
+    in-process (:func:`~espnet3_flows.orchestration.job_run.running`); ``config`` is what the UI
+    shows of it (credentials masked).
     """
     logger = get_run_logger()
     run = current_run()
-    cfg = run.cfg
     t0 = time.perf_counter()
-    logger.info("%s: %d split(s), %d shard(s): %d done earlier (cached), %d to compute; output %s (options %s)",
-                job, len(run.splits), run.total_shards, run.done_shards, run.pending_shards, cfg.output_dir,
-                redact(cfg.storage_options))
-    busy = [s for s in run.splits if s.pending]
-    if busy:  # install every runner and build every worker's env at once, then check env keys
-        keys = _prepare_workers(busy)
-        for split in busy:
-            split.runner.check_env_keys(keys[split.key])
-            logger.info("%s %s: env ready (%s)", job, split.split, ", ".join(keys[split.key]))
-    try:
-        return _run_shards(job, run, t0, progress, logger)
-    finally:
-        if busy and cfg.parallel.env == "address":  # a long-lived cluster: leave no plugin behind
-            from prefect.context import FlowRunContext
+    output = run.cfg.output_dir if run.cfg is not None else config.get("output_dir")
+    options = redact(run.cfg.storage_options) if run.cfg is not None else {}
+    logger.info("%s: %d runner(s), %d shard(s): %d done earlier (cached), %d to compute; output %s (options %s)",
+                title, len(run.runners), run.total_shards, run.done_shards, run.pending_shards, output, options)
+    meter = ProgressArtifact(title, run.total_shards, done=run.done_shards)
+    executor = PrefectExecutor(run)
+    first: list[float] = []
 
-            uninstall_runners(FlowRunContext.get().task_runner.client, [s.key for s in busy])
-
-
-def _run_shards(job: str, run: JobRun, t0: float, progress: bool, logger: Any) -> dict[str, Any]:
-    """Submit the pending shards (at most :data:`SUBMIT_WINDOW` at once), merge each split when its
-    last shard is in, publish artifacts; raise :class:`ShardFailure` naming every failed shard."""
-    from tqdm.auto import tqdm
-
-    cfg = run.cfg
-    t_ready = time.perf_counter()  # workers ready
-    meter = ProgressArtifact(job, run.total_shards, done=run.done_shards)
-    bar = tqdm(total=run.total_shards, initial=run.done_shards, desc=job, unit="shard", disable=not progress)
-    # Prefect's exponential backoff (first, 2x, 4x, ...) jittered by up to 50 %, so shards that
-    # failed together (a store outage) do not all retry at the same instant
-    task = shard_task.with_options(retries=cfg.retries, retry_condition_fn=retry_unless_bad_item,
-                                   retry_delay_seconds=exponential_backoff(cfg.retry_delay_seconds),
-                                   retry_jitter_factor=0.5)
-    remaining = [len(s.pending) for s in run.splits]
-    computed: list[dict[int, dict[str, Any]]] = [{} for _ in run.splits]
-    failures: list[tuple[str, BaseException]] = []
-    merges: dict[int, Any] = {}
-    finished: queue.SimpleQueue[tuple[int, Any, Any]] = queue.SimpleQueue()
-    work = _pending_work(run)
-    in_flight = 0
-    first_done: float | None = None
-
-    def submit_next() -> None:
-        nonlocal in_flight
-        item = next(work, None)
-        if item is None:
-            return
-        k, shard = item
-        fut = task.submit(run.splits[k].key, run.splits[k].split, shard)
-        fut.add_done_callback(lambda f, k=k, shard=shard: finished.put((k, shard, f)))
-        in_flight += 1
-
-    def merge(k: int) -> None:
-        split = run.splits[k]
-        entries = [(s.index, s.hash, s.index not in computed[k] or bool(computed[k][s.index]["reused"]))
-                   for s in split.plan.shards]
-        merges[k] = merge_task.submit(split.runner, entries)
-
-    for k, split in enumerate(run.splits):
-        if not split.pending:
-            merge(k)  # nothing to compute, but the plan changed (e.g. lines removed): merge again
-    for _ in range(SUBMIT_WINDOW):
-        submit_next()
-    while in_flight:
-        k, shard, fut = finished.get()
-        in_flight -= 1
-        submit_next()
-        remaining[k] -= 1
-        try:
-            rec = fut.result()
-        except Exception as exc:  # noqa: BLE001 - collect every failure, report after all finish
-            failures.append((f"{run.splits[k].runner.shard_subdir}/{shard.name}", exc))
-            continue
-        first_done = first_done or time.perf_counter()
-        computed[k][shard.index] = rec
-        bar.update(1)
+    def on_shard(k: int, status: Any) -> None:
+        if not first:
+            first.append(time.perf_counter())
         meter.advance()
-        if remaining[k] == 0 and not any(n.startswith(run.splits[k].runner.shard_subdir + "/") for n, _ in failures):
-            merge(k)
-    bar.close()
-    meter.finish()
-    summaries: dict[str, Any] = {}
+
+    try:
+        merged = run_planned(run.runners, executor, progress=progress, desc=title, on_shard=on_shard)
+    finally:
+        meter.finish()
     wall = time.perf_counter() - t0
-    for k, split in enumerate(run.splits):
-        if k not in merges:
-            continue
-        summary = merges[k].result()
-        summary["wall_seconds"] = wall
-        summary["plan_seconds"] = run.plan_seconds
-        summary["time_to_first_shard_seconds"] = (first_done - run.started) if first_done else None
-        summary["workers_ready_seconds"] = t_ready - t0
-        computed_utts = sum(r["num_items"] for r in computed[k].values() if not r["reused"])
-        summary["throughput_utt_per_s"] = computed_utts / wall if wall > 0 else None
-        summary["realtime_factor"] = summary.get("seconds", 0.0) / wall if wall > 0 and computed_utts else None
-        publish_split_artifacts(job, summary, split.runner.storage, split.runner.outputs_rel)
-        summaries[split.split] = summary
-        logger.info("%s %s: %s utterances, %s shard(s) computed, %s cached, %s skipped", job, split.split,
+    if run.job is None:
+        publish_runner_artifact(title, run.runners[0], merged[0], wall)
+        return merged[0]
+    return _report_splits(run, merged, wall, {"time_to_first_shard_seconds": (first[0] - run.started) if first else None,
+                                              "workers_ready_seconds": (executor.ready or t0) - t0}, logger)
+
+
+def _report_splits(run: PlannedFlow, merged: list[Any], wall: float, timing: dict[str, Any], logger: Any) -> dict[str, Any]:
+    """A job's split summaries with the run's timing, published as report artifacts."""
+    summaries: dict[str, Any] = {}
+    for p, summary in zip(run.runners, merged):
+        computed = sum(s.num_items for s in p.computed.values() if not s.cached)
+        summary = {**summary, "wall_seconds": wall, "plan_seconds": run.plan_seconds, **timing,
+                   "throughput_utt_per_s": computed / wall if wall > 0 else None,
+                   "realtime_factor": summary.get("seconds", 0.0) / wall if wall > 0 and computed else None}
+        publish_split_artifacts(run.title, summary, p.runner.storage, p.runner.outputs_rel)
+        summaries[p.runner.split] = summary
+        logger.info("%s %s: %s utterances, %s shard(s) computed, %s cached, %s skipped", run.title, p.runner.split,
                     summary.get("utterances"), summary.get("shards_computed"), summary.get("shards_cached"),
                     summary.get("skipped"))
-    if failures:
-        names = ", ".join(n for n, _ in failures[:20]) + (" ..." if len(failures) > 20 else "")
-        raise ShardFailure(f"{len(failures)} shard(s) failed ({names}); finished shards are published and a rerun "
-                           f"resumes. First error: {failures[0][1]}") from failures[0][1]
-    publish_table_artifact(job, list(summaries.values()))
+    publish_table_artifact(run.title, list(summaries.values()))
     return summaries

@@ -1,4 +1,5 @@
-"""A planned run of a job: per split its runner, shard plan and finished shards (no Prefect here)."""
+"""A planned flow run: its runners (one per split for a job), their shard plans and finished
+shards, and the settings the flow's tasks take (no Prefect here)."""
 
 from __future__ import annotations
 
@@ -10,70 +11,48 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from espnet3_flows.orchestration.jobs import get_job
-from espnet3_flows.parallel.results import ShardResult
-from espnet3_flows.parallel.worker_env import runner_key
-from espnet3_flows.sharding import Shard, ShardPlan
-from espnet3_flows.utterance_job import SplitRunner
+from espnet3_flows.parallel.cluster import ParallelConfig
+from espnet3_flows.parallel.scheduler import PlannedRunner, plan_runner
 
 
 @dataclass
-class SplitRun:
-    """One split of a run.
+class PlannedFlow:
+    """What a flow works on, planned on the driver and handed to the flow in-process (so nothing
+    is planned twice and no credential travels as a flow parameter).
 
     Attributes:
-        runner: The split's runner (config, provider, outputs).
-        plan: Its shard plan (per shard: boundaries, hash, source).
-        done: Shards finished earlier (matching ``done`` records), by index.
-        key: The runner's key (how shard tasks name it on workers).
+        title: How logs and artifacts name the run (a job's name, or the runner's).
+        runners: The planned runners (a job: one per split).
+        parallel: Where the shards run.
+        retries: Retries of a failed shard task (infrastructure errors only, never a bad item).
+        retry_delay_seconds: First retry delay (exponential backoff, jittered).
+        job: The registered job, or ``None`` for a user's runner (:func:`runner_flow`).
+        cfg: The job's config (``None`` for a user's runner).
+        worker_modules: Modules forked local workers preload.
+        plan_seconds: How long planning took.
+        started: When planning started (``time.perf_counter()``).
     """
 
-    runner: SplitRunner
-    plan: ShardPlan
-    done: dict[int, ShardResult]
-    key: str
-
-    @property
-    def split(self) -> str:
-        """The split's name."""
-        return str(self.runner.split)
-
-    @property
-    def pending(self) -> list[Shard]:
-        """Shards to compute, in plan order."""
-        return [s for s in self.plan.shards if s.index not in self.done]
-
-    def published_summary(self) -> dict[str, Any] | None:
-        """The split's published ``summary.json`` if it was merged from exactly this plan's shards."""
-        store = self.runner.storage
-        if store is None:
-            return None
-        summary = store.read_json(self.runner.outputs_rel, "summary.json")
-        if summary and summary.get("plan_digest") == self.plan.digest:
-            return summary
-        return None
-
-
-@dataclass
-class JobRun:
-    """A job's run, planned: the splits, what is done and what is pending. Built once on the
-    driver (:func:`plan_job`) and handed to the flow in-process, so nothing is planned twice and
-    no credential travels as a flow parameter."""
-
-    job: str
-    cfg: Any
-    splits: list[SplitRun]
+    title: str
+    runners: list[PlannedRunner]
+    parallel: ParallelConfig
+    retries: int = 2
+    retry_delay_seconds: float = 2.0
+    job: str | None = None
+    cfg: Any = None
+    worker_modules: tuple[str, ...] = ()
     plan_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
     @property
     def total_shards(self) -> int:
-        """Shards in every split's plan."""
-        return sum(len(s.plan.shards) for s in self.splits)
+        """Shards in every runner's plan."""
+        return sum(len(p.plan.shards) for p in self.runners)
 
     @property
     def done_shards(self) -> int:
         """Shards finished earlier."""
-        return sum(len(s.done) for s in self.splits)
+        return sum(len(p.done) for p in self.runners)
 
     @property
     def pending_shards(self) -> int:
@@ -82,47 +61,55 @@ class JobRun:
 
     @property
     def pending_items(self) -> int:
-        """Utterances in the shards to compute."""
-        return sum(s.num_items for split in self.splits for s in split.pending)
+        """Items in the shards to compute."""
+        return sum(s.num_items for p in self.runners for s in p.pending)
 
     @functools.cached_property
     def unchanged_summaries(self) -> dict[str, dict[str, Any]] | None:
-        """Every split's published summary when nothing is pending and no split needs merging
+        """A job's published summaries, by split, when nothing is pending and no split needs merging
         again (its outputs were merged from exactly this plan), else ``None``. Read once per run:
         the CLI asks before it waits for the server, and again before the flow."""
-        if self.pending_shards:
+        if self.job is None or self.pending_shards:
             return None
         out = {}
-        for split in self.splits:
-            summary = split.published_summary()
+        for p in self.runners:
+            summary = published_summary(p)
             if summary is None:
                 return None
-            out[split.split] = {**summary, "shards_computed": 0, "shards_cached": len(split.plan.shards)}
+            out[p.runner.split] = {**summary, "shards_computed": 0, "shards_cached": len(p.plan.shards)}
         return out
 
 
-def plan_job(job: str, cfg: Any, publish: bool = True) -> JobRun:
+def published_summary(planned: PlannedRunner) -> dict[str, Any] | None:
+    """A job split's published ``summary.json`` if it was merged from exactly this plan's shards."""
+    store = planned.runner.storage
+    if store is None:
+        return None
+    summary = store.read_json(planned.runner.outputs_rel, "summary.json")
+    if summary and summary.get("plan_digest") == planned.plan.digest:
+        return summary
+    return None
+
+
+def plan_job(job: str, cfg: Any, publish: bool = True) -> PlannedFlow:
     """Plan every split of ``job`` (streaming its manifest), publish each plan's ``manifest.json``
     (unless ``publish`` is false: a dry run) and read the ``done`` records of its shards."""
+    spec = get_job(job)
     t0 = time.perf_counter()
-    splits = []
-    for runner in get_job(job).build_runners(cfg):
-        plan = runner.plan()
-        if publish:
-            runner.write_plan(plan)
-        splits.append(SplitRun(runner, plan, runner.collect_done(plan), runner_key(runner)))
-    return JobRun(job, cfg, splits, time.perf_counter() - t0, t0)
+    runners = [plan_runner(runner, None, publish) for runner in spec.build_runners(cfg)]
+    return PlannedFlow(job, runners, cfg.parallel, cfg.retries, cfg.retry_delay_seconds, job, cfg,
+                       tuple(spec.worker_modules), time.perf_counter() - t0, t0)
 
 
 #: The planned run a flow works on, set around the flow call by whoever planned it: the flow's
 #: parameters (stored by the server, shown in the UI) then carry neither the plan nor any
 #: credential. Reached through functions: a flow function is pickled by value for Dask, and a
 #: ``ContextVar`` in its globals cannot be.
-_CURRENT: contextvars.ContextVar[JobRun | None] = contextvars.ContextVar("espnet3_current_run", default=None)
+_CURRENT: contextvars.ContextVar[PlannedFlow | None] = contextvars.ContextVar("espnet3_current_run", default=None)
 
 
 @contextlib.contextmanager
-def running(run: JobRun) -> Iterator[JobRun]:
+def running(run: PlannedFlow) -> Iterator[PlannedFlow]:
     """Make ``run`` the current run (see :func:`current_run`) for the duration of the block."""
     token = _CURRENT.set(run)
     try:
@@ -131,9 +118,9 @@ def running(run: JobRun) -> Iterator[JobRun]:
         _CURRENT.reset(token)
 
 
-def current_run() -> JobRun:
+def current_run() -> PlannedFlow:
     """The run set by :func:`running`; raises when there is none."""
     run = _CURRENT.get()
     if run is None:
-        raise RuntimeError("no planned run: the shards flow runs inside run_job() (or a job's flow)")
+        raise RuntimeError("no planned run: the shards flow runs inside run_job() or runner_flow()")
     return run

@@ -309,15 +309,21 @@ def make_cluster(cfg: ParallelConfig) -> Any:
 _CURRENT: ParallelConfig | None = None
 
 
+def as_parallel_config(config: ParallelConfig | Any) -> ParallelConfig:
+    """``config`` as a :class:`ParallelConfig`: one already, or a mapping / OmegaConf node of its
+    keys (validated: an unknown key or a bad value is a :class:`ConfigError` naming it)."""
+    if isinstance(config, ParallelConfig):
+        return config
+    from espnet3_flows.config import load_config, to_plain
+
+    return load_config(ParallelConfig, base=to_plain(config))
+
+
 def set_parallel(config: ParallelConfig | Any | None) -> None:
     """Set the process-wide ``parallel`` config used by :func:`get_client` and runners (ESPnet3's
     API); ``None`` clears it, so runners without a client run in-process again."""
     global _CURRENT
-    if config is not None and not isinstance(config, ParallelConfig):
-        from espnet3_flows.config import load_config, to_plain
-
-        config = load_config(ParallelConfig, base=to_plain(config))
-    _CURRENT = config
+    _CURRENT = None if config is None else as_parallel_config(config)
 
 
 def parallel_is_set() -> bool:

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from espnet3_flows.parallel.provider import EnvironmentProvider, check_env
+from espnet3_flows.parallel.env_provider import EnvironmentProvider, check_env, checked_setup_fn, provider_token
 from espnet3_flows.sharding import digest
 
 #: Most environments (models) a process keeps, and most runners (small: config and plan options):
@@ -34,9 +34,10 @@ def get_env(provider: EnvironmentProvider, local: bool = False) -> dict[str, Any
 
     On a Dask worker the :class:`EnvSetupPlugin` usually built it already at worker start;
     otherwise (e.g. a worker that joined later, or a Prefect task runner) it is built here
-    once, from ``build_worker_setup_fn()``. ``local=True`` builds with ``build_env_local()``.
+    once, from ``build_worker_setup_fn()``. ``local=True`` builds with ``build_env_local()`` (an
+    in-process run, as ESPnet3's local runs do), kept apart from the worker-built one.
     """
-    token = provider.env_token()
+    token = provider_token(provider) + (":local" if local else "")
     env = _ENVS.get(token)
     if env is not None:
         return env
@@ -46,8 +47,7 @@ def get_env(provider: EnvironmentProvider, local: bool = False) -> dict[str, Any
             if local:
                 env = check_env(provider.build_env_local(), f"{type(provider).__name__}.build_env_local()")
             else:
-                fn = provider.checked_setup_fn()
-                env = check_env(fn(), f"the setup function of {type(provider).__name__}")
+                env = check_env(checked_setup_fn(provider)(), f"the setup function of {type(provider).__name__}")
             _keep(_ENVS, token, env)
     return env
 
@@ -82,14 +82,14 @@ class EnvSetupPlugin(WorkerPlugin):
 
 def plugin_for(provider: EnvironmentProvider) -> EnvSetupPlugin:
     """The worker plugin that builds ``provider``'s environment (its setup function is checked now)."""
-    return EnvSetupPlugin(provider.env_token(), provider.checked_setup_fn())
+    return EnvSetupPlugin(provider_token(provider), checked_setup_fn(provider))
 
 
 def runner_key(runner: Any) -> str:
     """A key naming a runner's work: its class, environment, output location and shard options."""
     store = runner.storage
     return digest({"cls": f"{type(runner).__module__}.{type(runner).__qualname__}",
-                   "env": runner.provider.env_token(), "output": store.uri() if store else None,
+                   "env": provider_token(runner.provider), "output": store.uri() if store else None,
                    "subdir": runner.shard_subdir, "on_error": runner.on_error, "batch_size": runner.batch_size,
                    "config": runner.hash_config()})[:24]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -12,14 +11,13 @@ import numpy as np
 from espnet3_flows.audio import AudioConfig, audio_header, load_audio
 from espnet3_flows.config import ConfigError, to_plain
 from espnet3_flows.errors import BadItemError
-from espnet3_flows.parallel.runner import ShardResult
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
 from espnet3_flows.stats.tokens import TokenConfig
 from espnet3_flows.utterance_job import EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner
 
-from espnet3_flows.stats.outputs import StatsShardSink, publish_split
+from espnet3_flows.stats.outputs import StatsShardWriter, publish_split
 
 @dataclass
 class CollectStatsConfig(EngineConfig, InputsConfig):
@@ -125,33 +123,46 @@ class CollectStatsRunner(UtteranceRunner):
             out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f, "tokens": c})
         return out
 
-    def open_sink(self, staging: Path, shard: Shard) -> StatsShardSink:
-        return StatsShardSink(staging, self.cfg.collected_feats_format if self.cfg.write_collected_feats else None,
-                              posixpath.join(self.split, "collect_feats"), shard.name)
+    def shard_env(self, shard: Shard, env: Mapping[str, Any]) -> Mapping[str, Any]:
+        feats = self.cfg.collected_feats_format if self.cfg.write_collected_feats else None
+        return {**super().shard_env(shard, env), "feats_format": feats}
 
-    def init_state(self) -> dict[str, Any]:
-        return {"acc": StatsAccumulator(), "utterances": 0, "samples": [0, None, None], "frames": [0, None, None],
-                "rates": {}}
+    # -- the shard's files and state: ESPnet3's writer hooks --
+    @staticmethod
+    def open_writers(shard_dir: Path, output_dir: str, split: str, feats_format: str | None = None,
+                     **env: Any) -> dict[str, Any]:
+        """``shapes.tsv`` in the shard's directory and, with ``feats_format``, the features under
+        the split's ``collect_feats/`` (see :class:`~espnet3_flows.stats.outputs.StatsShardWriter`)."""
+        return {"shard": StatsShardWriter(Path(shard_dir), Path(output_dir) / split / "collect_feats", feats_format)}
 
-    def reduce_state(self, state: dict[str, Any], result: list[dict[str, Any]]) -> dict[str, Any]:
+    @staticmethod
+    def write_record(writers: dict[str, Any], result: list[dict[str, Any]], state: dict[str, Any],
+                     **env: Any) -> None:
+        """Write the utterances' rows (and features), fold them into the shard's statistics."""
+        writers["shard"].write(result)
+        acc = state.setdefault("acc", StatsAccumulator())
         for r in result:
             f = r["feats"]
-            state["utterances"] += 1
-            rate = str(r["rate"])
-            state["rates"][rate] = state["rates"].get(rate, 0) + 1
-            _extend(state["samples"], int(r["speech_len"]))
+            state["utterances"] = state.get("utterances", 0) + 1
+            rates = state.setdefault("native_rates", {})
+            rates[str(r["rate"])] = rates.get(str(r["rate"]), 0) + 1
+            _extend(state.setdefault("samples", [0, None, None]), int(r["speech_len"]))
             if f is not None:
-                state["acc"].update(f)
-                _extend(state["frames"], int(f.shape[0]))
-        return state
+                acc.update(f)
+                _extend(state.setdefault("frames", [0, None, None]), int(f.shape[0]))
 
-    def finalize_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Counts, sums and extremes of the shard (its rows are in ``shapes.tsv``)."""
-        return {"stats": state["acc"].to_dict(), "utterances": state["utterances"],
-                "samples": state["samples"], "frames": state["frames"], "native_rates": state["rates"]}
+    @staticmethod
+    def close_writers(writers: dict[str, Any], state: dict[str, Any], **env: Any) -> dict[str, Any]:
+        """Close the files; the shard's counts, sums and extremes (its rows are in ``shapes.tsv``)."""
+        writers["shard"].close()
+        acc = state.pop("acc", None) or StatsAccumulator()
+        return {"stats": acc.to_dict(), "utterances": state.get("utterances", 0),
+                "samples": state.get("samples", [0, None, None]), "frames": state.get("frames", [0, None, None]),
+                "native_rates": state.get("native_rates", {})}
 
-    def publish(self, results: list[ShardResult]) -> dict[str, Any]:
-        return publish_split(self, results)
+    def merge(self, shard_dirs: list[Any]) -> dict[str, Any]:
+        """The split's ``feats_stats.npz``, shape files, keys and summary (see :func:`publish_split`)."""
+        return publish_split(self, [self.done_record(d) for d in shard_dirs])
 
 
 def _count_tokens(utt: Any, tokens: Any) -> int | None:

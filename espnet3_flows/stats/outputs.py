@@ -14,7 +14,6 @@ import numpy as np
 
 from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
-from espnet3_flows.parallel.sink import ShardSink
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.tokens import vocabulary_size
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
@@ -22,66 +21,60 @@ from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
 _LOG = logging.getLogger(__name__)
 
 
-SHAPES = "shapes.tsv"  # a shard's per-utterance rows (written by StatsShardSink)
+SHAPES = "shapes.tsv"  # a shard's per-utterance rows (written by StatsShardWriter)
 
 EPS = 1e-20  # ESPnet2 GlobalMVN's floor on the variance
 
 
-class StatsShardSink(ShardSink):
+class StatsShardWriter:
     """A collect-stats shard's files: ``shapes.tsv`` (one ``utt_id, samples, frames,dim[, tokens]``
-    row per utterance, in manifest order) and, with ``feats_format``, the features: a Kaldi
-    ark/scp (``"ark"``), published as ``<collect_feats>/feats.<shard>.{ark,scp}``, or one
-    ``.npy`` each (``"npy"``), published straight to ``<collect_feats>/data_feats/<utt>.npy``
-    (ESPnet2's layout) and counted, not listed.
+    row per utterance, in manifest order) in the shard's directory and, with ``feats_format``, the
+    features: a Kaldi ark ``<collect_feats>/feats.<shard>.ark`` with its scp (``feats.scp``) in the
+    shard's directory (``"ark"``), or one ``<collect_feats>/data_feats/<utt>.npy`` each (``"npy"``,
+    ESPnet2's layout).
 
     Args:
-        staging: The shard's staging directory.
+        shard_dir: The shard's directory (``split.<hash>``, staged).
+        collect_feats: The split's ``collect_feats`` directory (staged beside it).
         feats_format: ``None`` (no features written), ``"ark"`` or ``"npy"``.
-        collect_feats: The split's ``collect_feats`` directory, relative to the output location.
-        shard_name: The shard's name (``split.<hash>``).
     """
 
-    def __init__(self, staging: Path, feats_format: str | None = None, collect_feats: str = "collect_feats",
-                 shard_name: str = ""):
-        super().__init__(staging)
-        self.collect_feats = collect_feats
-        self.shard_name = shard_name
-        self.shapes = open(staging / SHAPES, "w", encoding="utf-8")
+    def __init__(self, shard_dir: Path, collect_feats: Path, feats_format: str | None = None):
+        self.npy_dir = collect_feats / "data_feats"
+        self.shapes = open(shard_dir / SHAPES, "w", encoding="utf-8")
         self.feats_format = feats_format
         self.ark = None
         if feats_format == "npy":
-            (staging / "npy").mkdir()
+            self.npy_dir.mkdir(parents=True, exist_ok=True)
         elif feats_format is not None:
             import kaldiio
 
-            self.ark = kaldiio.WriteHelper(f"ark,scp:{staging / 'feats.ark'},{staging / 'feats.scp'}")
+            collect_feats.mkdir(parents=True, exist_ok=True)
+            self.ark = kaldiio.WriteHelper(f"ark,scp:{collect_feats / shard_ark_name(shard_dir.name)},"
+                                           f"{shard_dir / 'feats.scp'}")
 
-    def add(self, idx: Any, result: list[dict[str, Any]]) -> None:
+    def write(self, result: list[dict[str, Any]]) -> None:
+        """Write one ``forward`` result's utterances."""
         for r in result:
             f = r["feats"]
             shape = "" if f is None else f"{f.shape[0]},{f.shape[1]}"
             tokens = "" if r.get("tokens") is None else f"\t{r['tokens']}"
             self.shapes.write(f"{r['utt_id']}\t{r['speech_len']}\t{shape}{tokens}\n")
             if self.feats_format == "npy":
-                np.save(self.staging / "npy" / f"{r['utt_id']}.npy", np.asarray(f, dtype=np.float32))
+                np.save(self.npy_dir / f"{r['utt_id']}.npy", np.asarray(f, dtype=np.float32))
             elif self.ark is not None:
                 self.ark(r["utt_id"], np.asarray(f, dtype=np.float32))
 
-    def finish(self) -> None:
+    def close(self) -> None:
+        """Complete the files."""
         self.shapes.close()
         if self.ark is not None:
             self.ark.close()
 
-    def destination(self, name: str) -> str | None:
-        if name.startswith("npy/"):
-            return posixpath.join(self.collect_feats, "data_feats", name[len("npy/"):])
-        if name in ("feats.ark", "feats.scp"):
-            stem, ext = name.split(".")
-            return posixpath.join(self.collect_feats, f"{stem}.{self.shard_name}.{ext}")
-        return None
 
-    def listed(self, name: str) -> bool:
-        return not name.endswith(".npy")
+def shard_ark_name(shard: str) -> str:
+    """The file name of a shard's feature ark in ``collect_feats/``."""
+    return f"feats.{shard}.ark"
 
 
 def merge_stats(results: list[ShardResult]) -> StatsAccumulator:
@@ -211,7 +204,7 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
             "seconds_min": float(samples[1] / sr) if n_utts else None,
             "seconds_max": float(samples[2] / sr) if n_utts else None,
             "native_sampling_rates": rates,
-            **shard_summary(results),
+            **shard_summary([r.status() for r in results]),
         }
         warning = low_rate_warning(split, rates, n_utts, sr)
         if warning:
@@ -253,11 +246,10 @@ def _merge_scp(runner: UtteranceRunner, results: list[ShardResult], dest: Path) 
                     utt = row.split("\t", 1)[0]
                     out.write(f"{utt} {store.uri(runner.split, 'collect_feats', 'data_feats', utt + '.npy')}\n")
                 continue
-            scp_rel = next((f for f in r.files if f.endswith(".scp")), None)
-            ark_rel = next((f for f in r.files if f.endswith(".ark")), None)
-            if scp_rel is None or ark_rel is None:
+            scp_rel = next((f for f in r.files if f.endswith("/feats.scp")), None)
+            if scp_rel is None:
                 continue
-            ark_uri = store.uri(ark_rel)
+            ark_uri = store.uri(runner.split, "collect_feats", shard_ark_name(r.shard.name))
             for line in store.read_bytes(scp_rel).decode("utf-8").splitlines():
                 key, _, loc = line.partition(" ")
                 out.write(f"{key} {ark_uri}:{loc.rsplit(':', 1)[1]}\n")

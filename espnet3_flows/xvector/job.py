@@ -14,11 +14,9 @@ import numpy as np
 from espnet3_flows.audio import AudioConfig, check_audio_settings, read_audio
 from espnet3_flows.config import ConfigError, check_choices, check_targets, instantiate, to_plain
 from espnet3_flows.errors import BadItemError
-from espnet3_flows.parallel.runner import WHOLE_SHARD, BaseRunner, ShardResult
-from espnet3_flows.sharding import Shard
+from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner
 from espnet3_flows.utterance_job import EngineConfig, JobEnvProvider, ShardDataset, SplitsConfig, UtteranceRunner
-
-from espnet3_flows.xvector.outputs import EmbeddingSink
+from espnet3_flows.xvector.outputs import EmbeddingWriter
 from espnet3_flows.xvector.publish import publish_split
 
 TOOLKITS = ("speechbrain", "custom")
@@ -259,23 +257,34 @@ class XVectorRunner(UtteranceRunner):
         return [{"utt_id": u.utt_id, "speaker": u.speaker, "samples": len(w), "embedding": e}
                 for u, w, e in zip(utts, waves, emb)]
 
-    def open_sink(self, staging: Path, shard: Shard) -> EmbeddingSink:
-        return EmbeddingSink(staging, self.outputs_rel)
+    # -- the shard's files and state: ESPnet3's writer hooks --
+    @staticmethod
+    def open_writers(shard_dir: Path, output_dir: str, outputs_rel: str, **env: Any) -> dict[str, Any]:
+        """The shard's ``utts.tsv`` and ark, and a ``.pt`` per utterance beside the split's outputs
+        (see :class:`~espnet3_flows.xvector.outputs.EmbeddingWriter`)."""
+        return {"shard": EmbeddingWriter(Path(shard_dir), Path(output_dir) / outputs_rel)}
 
-    def init_state(self) -> dict[str, Any]:
-        """Counts of the shard and the embeddings' dimension (its rows are in ``utts.tsv``, its
-        embeddings in its ark); this is also the shard's result."""
-        return {"utterances": 0, "samples": 0, "dim": None}
-
-    def reduce_state(self, state: dict[str, Any], result: list[dict[str, Any]]) -> dict[str, Any]:
-        state["utterances"] += len(result)
-        state["samples"] += sum(int(r["samples"]) for r in result)
+    @staticmethod
+    def write_record(writers: dict[str, Any], result: list[dict[str, Any]], state: dict[str, Any],
+                     **env: Any) -> None:
+        """Keep the embeddings for the shard's files; count the utterances and samples."""
+        writers["shard"].write(result)
+        state["utterances"] = state.get("utterances", 0) + len(result)
+        state["samples"] = state.get("samples", 0) + sum(int(r["samples"]) for r in result)
         for r in result:
             state["dim"] = int(np.asarray(r["embedding"]).shape[0])
-        return state
 
-    def publish(self, results: list[ShardResult]) -> dict[str, Any]:
-        return publish_split(self, results)
+    @staticmethod
+    def close_writers(writers: dict[str, Any], state: dict[str, Any], **env: Any) -> dict[str, Any]:
+        """Write the shard's files; its counts and the embeddings' dimension (its rows are in
+        ``utts.tsv``, its embeddings in its ark)."""
+        writers["shard"].close()
+        return {"utterances": state.get("utterances", 0), "samples": state.get("samples", 0),
+                "dim": state.get("dim")}
+
+    def merge(self, shard_dirs: list[Any]) -> dict[str, Any]:
+        """The split's ``{tag}.{ark,scp}``, speaker means ``spk_{tag}.{ark,scp}``, ``utt2spk`` and summary."""
+        return publish_split(self, [self.done_record(d) for d in shard_dirs])
 
 
 def _model_fingerprint(source: str) -> str:

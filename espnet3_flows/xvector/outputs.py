@@ -1,6 +1,6 @@
 """Writers for x-vectors in the ESPnet2 TTS layout: per-utterance .pt files, kaldi ark/scp, speaker means.
 
-Functions over local directories, and the shard writer :class:`EmbeddingSink`; publishing
+Functions over local directories, and the shard writer :class:`EmbeddingWriter`; publishing
 (upload / atomic rename) is the caller's job. Layout written into ``out_dir``::
 
     {utt_id}.pt           float32 tensor [D] per utterance (torch.save, loads with weights_only=True)
@@ -21,10 +21,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from espnet3_flows.manifest import validate_utt_id
-from espnet3_flows.parallel.sink import ShardSink
 from espnet3_flows.storage import replace_atomically
 
-UTTS = "utts.tsv"  # a shard's per-utterance rows (written by EmbeddingSink)
+UTTS = "utts.tsv"  # a shard's per-utterance rows (written by EmbeddingWriter)
 
 _SCP_VALUE_RE = re.compile(r"^(?P<path>.+):(?P<offset>[0-9]+)(?P<slice>\[[^\]]*\])?$")
 
@@ -195,31 +194,32 @@ def write_speaker_xvector_ark_scp(
     return write_xvector_ark_scp(out_dir, spk_embeddings, name=name, kind="speaker")
 
 
-class EmbeddingSink(ShardSink):
+class EmbeddingWriter:
     """An x-vector shard's files: ``utts.tsv`` (``utt_id, speaker, samples`` per utterance, in
-    manifest order), ``xvector.ark/.scp``, and one ``{utt_id}.pt`` per utterance, published
-    straight to the split's outputs (``outputs_rel``) and counted, not listed. Embeddings are kept
-    until :meth:`finish` (a shard's are a few MB) so that the ark is written in one go."""
+    manifest order) and ``xvector.ark/.scp`` in the shard's directory, and one ``{utt_id}.pt`` per
+    utterance beside the split's outputs. Embeddings are kept until :meth:`close` (a shard's are a
+    few MB) so that the ark is written in one go.
 
-    def __init__(self, staging: Path, outputs_rel: str = ""):
-        super().__init__(staging)
-        self.outputs_rel = outputs_rel
+    Args:
+        shard_dir: The shard's directory (staged).
+        pt_dir: Where the ``.pt`` files go (staged: the split's output directory).
+    """
+
+    def __init__(self, shard_dir: Path, pt_dir: Path):
+        self.shard_dir = shard_dir
+        self.pt_dir = pt_dir
         self.embeddings: dict[str, np.ndarray] = {}
-        self.rows = open(staging / UTTS, "w", encoding="utf-8")
+        self.rows = open(shard_dir / UTTS, "w", encoding="utf-8")
 
-    def add(self, idx: Any, result: list[dict[str, Any]]) -> None:
+    def write(self, result: list[dict[str, Any]]) -> None:
+        """Keep one ``forward`` result's embeddings and write their rows."""
         for r in result:
             self.embeddings[r["utt_id"]] = r["embedding"]
             self.rows.write(f"{r['utt_id']}\t{r['speaker']}\t{r['samples']}\n")
 
-    def finish(self) -> None:
+    def close(self) -> None:
+        """Write the ``.pt`` files and the ark."""
         self.rows.close()
         if self.embeddings:
-            write_utterance_tensors(self.staging / "pt", self.embeddings)
-            write_xvector_ark_scp(self.staging, self.embeddings, name="xvector")
-
-    def destination(self, name: str) -> str | None:
-        return f"{self.outputs_rel}/{name[len('pt/'):]}" if name.startswith("pt/") else None
-
-    def listed(self, name: str) -> bool:
-        return not name.endswith(".pt")
+            write_utterance_tensors(self.pt_dir, self.embeddings)
+            write_xvector_ark_scp(self.shard_dir, self.embeddings, name="xvector")

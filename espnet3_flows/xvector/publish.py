@@ -103,7 +103,7 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
             "embedding_dim": dims.pop() if len(dims) == 1 else None,
             "speakers": len(speakers),
             "utterances_without_speaker": without_speaker,
-            **shard_summary(results),
+            **shard_summary([r.status() for r in results]),
         }
         return publish_split_files(store, rel, staged, skipped, summary)
     finally:

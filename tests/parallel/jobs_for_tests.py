@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from espnet3_flows.parallel import BaseRunner, EnvironmentProvider, ShardSink
+from espnet3_flows.parallel import BaseRunner, EnvironmentProvider
 
 
 def _env(n: int, kill_marker: str | None = None, kill_at: int = -1) -> dict[str, Any]:
@@ -35,23 +35,9 @@ class DictReturningProvider(ArrayProvider):
         return _env(self.config["n"])
 
 
-class ValuesSink(ShardSink):
-    """``values.txt``: one ``idx value`` line per item."""
-
-    def __init__(self, staging: Path):
-        super().__init__(staging)
-        self.out = open(staging / "values.txt", "w")
-
-    def add(self, idx, result):
-        for i, v in result:
-            self.out.write(f"{i} {v!r}\n")
-
-    def finish(self):
-        self.out.close()
-
-
 class ScaleSumRunner(BaseRunner):
-    """Writes ``idx value`` lines per shard and sums ``scale * data[idx]``."""
+    """ESPnet3's writer hooks: ``values.txt`` (``idx value`` per item) in each shard's directory;
+    ``merge`` sums the values of every shard's file."""
 
     @staticmethod
     def forward(idx, data, scale, kill_marker, kill_at):
@@ -61,19 +47,19 @@ class ScaleSumRunner(BaseRunner):
             os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-shard
         return [(i, float(scale * data[i])) for i in ids]
 
-    def open_sink(self, staging: Path, shard):
-        return ValuesSink(staging)
+    @staticmethod
+    def open_writers(shard_dir, **env):
+        return {"values": open(Path(shard_dir) / "values.txt", "w")}
 
-    def init_state(self):
-        return {"sum": 0.0, "n": 0}
+    @staticmethod
+    def write_record(writers, result, state, **env):
+        for i, v in result:
+            writers["values"].write(f"{i} {v!r}\n")
+        state["n"] = state.get("n", 0) + len(result)
 
-    def reduce_state(self, state, result):
-        state["sum"] += sum(v for _, v in result)
-        state["n"] += len(result)
-        return state
-
-    def merge(self, results):
-        return {"sum": sum(r.result["sum"] for r in results), "n": sum(r.result["n"] for r in results)}
+    def merge(self, shard_dirs):
+        values = [float(line.split()[1]) for d in shard_dirs for line in (Path(d) / "values.txt").read_text().splitlines()]
+        return {"sum": sum(values), "n": len(values)}
 
 
 class NeedsMissingKeyRunner(ScaleSumRunner):

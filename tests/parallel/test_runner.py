@@ -6,16 +6,10 @@ import json
 
 import pytest
 
-from espnet3_flows.parallel import ProviderError
-from espnet3_flows.parallel.runner import DONE, PLAN
+from espnet3_flows.parallel import ProviderError, ShardFailure
+from espnet3_flows.parallel.base_runner import DONE, PLAN
 from espnet3_flows.storage import Storage
-from tests.parallel.jobs_for_tests import (
-    ArrayProvider,
-    DictReturningProvider,
-    NeedsMissingKeyRunner,
-    ScaleSumRunner,
-    ValuesSink,
-)
+from tests.parallel.jobs_for_tests import ArrayProvider, DictReturningProvider, NeedsMissingKeyRunner, ScaleSumRunner
 
 N = 53
 EXPECTED = 3.0 * 0.5 * sum(range(N))
@@ -50,7 +44,7 @@ def test_runner_results_layout_and_resume(where, kind, batch_size, request, tmp_
     for shard in out.plan.shards:
         done = store.read_json("job", shard.name, DONE)
         assert done["shard_hash"] == shard.hash and done["num_items"] == shard.num_items
-        assert done["files"] == [f"job/{shard.name}/values.txt"]
+        assert done["files"] == [f"job/{shard.name}/values.txt"] and done["result"]["n"] == shard.num_items
         lines = store.read_bytes("job", shard.name, "values.txt").decode().splitlines()
         assert [int(line.split()[0]) for line in lines] == list(shard.items)
     again = runner.run(range(N), client=client, progress=False)
@@ -118,43 +112,40 @@ def test_in_memory_run_without_output_dir():
     assert runner(range(20)) == out.merged  # ESPnet3's call form
 
 
-class _FinishFailsOnce(ValuesSink):
+class _CloseFailsOnce(ScaleSumRunner):
+    """``close_writers`` fails the first time (a full disk while closing the shard's files);
+    ``merge`` writes a total file, once every shard is done."""
+
     failed: list[bool] = []
 
-    def finish(self):
-        super().finish()
-        if not self.failed:
-            self.failed.append(True)
+    @staticmethod
+    def close_writers(writers, state, **env):
+        ScaleSumRunner.close_writers(writers, state)
+        if not _CloseFailsOnce.failed:
+            _CloseFailsOnce.failed.append(True)
             raise OSError("disk full while closing the shard's files")
 
-
-class _PublishingRunner(ScaleSumRunner):
-    """``publish`` writes a total file once all shards are done; ``merge`` stays pure."""
-
-    def open_sink(self, staging, shard):
-        return _FinishFailsOnce(staging)
-
-    def publish(self, results):
-        merged = self.merge(results)
-        self.storage.write_json("total.json", merged)
+    def merge(self, shard_dirs):
+        merged = super().merge(shard_dirs)
+        (self.output_dir / "total.json").write_text(json.dumps(merged))
         return {**merged, "published": True}
 
 
-def test_sink_failure_publishes_nothing_and_publish_is_the_last_step(tmp_path):
-    _FinishFailsOnce.failed.clear()
-    runner = _PublishingRunner(ArrayProvider({"n": 12}), output_dir=str(tmp_path / "out"), shard_subdir="job",
-                               shard_size=4)
+def test_failed_shard_publishes_nothing_and_merge_is_the_last_step(tmp_path):
+    _CloseFailsOnce.failed.clear()
+    runner = _CloseFailsOnce(ArrayProvider({"n": 12}), output_dir=str(tmp_path / "out"), shard_subdir="job",
+                             shard_size=4)
     store = runner.storage
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ShardFailure, match="disk full") as err:
         runner.run(range(12), progress=False)
+    assert isinstance(err.value.__cause__, OSError)
     plan = runner.plan(range(12))
     assert not any(store.exists(runner.shard_rel(s, DONE)) or store.exists(runner.shard_rel(s, "values.txt"))
-                   for s in plan.shards)  # the failed shard is the first: nothing of it is published
-    assert not store.exists("total.json")  # publish runs only when every shard is done
+                   for s in plan.shards)  # the failed shard is the first, and a run here stops at it
+    assert not store.exists("total.json")  # merge runs only when every shard is done
     out = runner.run(range(12), progress=False)
     assert out.merged == {"sum": 3.0 * 0.5 * sum(range(12)), "n": 12, "published": True}
     assert store.read_json("total.json") == {"sum": 3.0 * 0.5 * sum(range(12)), "n": 12}
-    assert runner.merge(out.shards) == {"sum": 3.0 * 0.5 * sum(range(12)), "n": 12}  # pure: no file, no flag
 
 
 def test_bad_runner_arguments():
@@ -162,6 +153,8 @@ def test_bad_runner_arguments():
         ScaleSumRunner(ArrayProvider({"n": 1}), on_error="ignore")
     with pytest.raises(ValueError, match="batch_size"):
         ScaleSumRunner(ArrayProvider({"n": 1}), batch_size=0)
+    with pytest.raises(TypeError, match="int or a str"):
+        ScaleSumRunner(ArrayProvider({"n": 1})).plan([0.5])
     with pytest.raises(ValueError, match="shard_size"):
         ScaleSumRunner(ArrayProvider({"n": 1}), shard_size=0)
 

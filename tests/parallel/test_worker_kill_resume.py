@@ -9,7 +9,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from espnet3_flows.parallel import ShardFailure
-from espnet3_flows.parallel.runner import DONE
+from espnet3_flows.parallel.base_runner import DONE
 from espnet3_flows.storage import Storage
 from tests.parallel.jobs_for_tests import ArrayProvider, ScaleSumRunner
 
@@ -37,7 +37,7 @@ def test_killed_worker_then_rerun_recomputes_only_unfinished(tmp_path):
     assert killed.index not in done_before and len(done_before) >= len(plan.shards) // 2
 
     rerun = crashing.run(range(N), progress=False)
-    assert {s.shard.index for s in rerun.shards if s.cached} == done_before
+    assert {s.index for s in rerun.shards if s.cached} == done_before
     assert rerun.computed == len(plan.shards) - len(done_before)
 
     clean = ScaleSumRunner(ArrayProvider({"n": N}), output_dir=str(tmp_path / "clean"), shard_size=10)

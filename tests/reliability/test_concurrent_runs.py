@@ -40,8 +40,9 @@ def test_two_concurrent_runs_same_output(demo_corpus, tmp_path):
             if p.is_alive():
                 p.kill()
     computed, shards = [c for c, _ in got], got[0][1]
-    # both did work on the same shards at once (a real race, not one run after the other)
-    assert all(c > 0 for c in computed) and sum(computed) > shards, (computed, shards)
+    # between them every shard was computed; a shard the other run published meanwhile is reused
+    # (each run reads a shard's done record again before it computes it), so one may compute none
+    assert sum(computed) >= shards, (computed, shards)
     clean = str(tmp_path / "clean")
     _run(demo_corpus["train"], clean, _NoBarrier())
     a, b = np.load(f"{out}/train/feats_stats.npz"), np.load(f"{clean}/train/feats_stats.npz")

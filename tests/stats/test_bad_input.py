@@ -15,7 +15,7 @@ import soundfile as sf
 
 from espnet3_flows.config import load_config
 from espnet3_flows.manifest import ManifestError
-from espnet3_flows.parallel.runner import ItemError
+from espnet3_flows.errors import ItemError
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
 
 SR = 16000

@@ -15,6 +15,7 @@ import torch
 
 from espnet3_flows.config import load_config
 from espnet3_flows.demo import make_demo_corpus
+from espnet3_flows.errors import ShardFailure
 from espnet3_flows.sharding import ShardPlan, shard_size_bounds
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
 from espnet3_flows.stats.outputs import espnet_mvn
@@ -328,8 +329,9 @@ def test_model_frontend_with_collect_stats_kwargs(corpus, tmp_path):
 
     # without the kwarg the model cannot run: the kwargs really are what reaches collect_feats
     bare = _config(manifest, str(tmp_path / "bare"), "frontend.type=model", f"frontend.model._target_={target}")
-    with pytest.raises(TypeError, match="scale"):
+    with pytest.raises(ShardFailure, match="scale") as err:
         _run(bare)
+    assert isinstance(err.value.__cause__, TypeError)
 
 
 # ---- resume ------------------------------------------------------------------------------
@@ -360,7 +362,7 @@ def test_resume_append_and_touch(tmp_path):
     assert [s.hash for s in grown.plan.shards[:kept]] == [s.hash for s in first.plan.shards[:kept]]
     # True when line 40 ended a shard by content: then that shard is unchanged too
     last_unchanged = grown.plan.shards[kept].hash == first.plan.shards[-1].hash
-    recomputed = [s.shard.index for s in grown.shards if not s.cached]
+    recomputed = [s.index for s in grown.shards if not s.cached]
     assert recomputed == list(range(kept + last_unchanged, n_grown))
     assert (grown.computed, grown.cached) == (len(recomputed), n_grown - len(recomputed))
     assert grown.merged["utterances"] == 44
@@ -378,7 +380,7 @@ def test_resume_append_and_touch(tmp_path):
     touched = _run(cfg)
     # the boundaries follow the ids, not the files: the plan keeps its shape
     assert [(s.start, s.stop) for s in touched.plan.shards] == [(s.start, s.stop) for s in grown.plan.shards]
-    assert [s.shard.index for s in touched.shards if not s.cached] == [_shard_of(touched.plan, 14)]
+    assert [s.index for s in touched.shards if not s.cached] == [_shard_of(touched.plan, 14)]
     assert (touched.computed, touched.cached) == (1, n_grown - 1)
     assert not np.array_equal(_npz(out / "train" / "feats_stats.npz")["sum"],
                               _npz(fresh / "train" / "feats_stats.npz")["sum"])

@@ -87,7 +87,7 @@ def test_dask_equals_serial_and_new_utterances_only_are_computed(ecapa_dir, demo
     last_unchanged = grown.plan.shards[kept].hash == first.plan.shards[-1].hash
     n_cached = kept + last_unchanged
     assert [s.cached for s in grown.shards] == [True] * n_cached + [False] * (len(grown.plan.shards) - n_cached)
-    assert grown.shards[-1].shard.stop == 12 and first.plan.num_items == 10
+    assert grown.plan.shards[-1].stop == 12 and first.plan.num_items == 10
     serial = _run(_cfg(ecapa_dir, manifest, tmp_path / "serial"))
     a = kaldiio.load_scp(str(tmp_path / "dask/xvector/valid/xvector.scp"))
     b = kaldiio.load_scp(str(tmp_path / "serial/xvector/valid/xvector.scp"))

@@ -1,0 +1,122 @@
+"""EnvironmentProvider: builds a job's environment (model, dataset) once per process or worker."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Mapping
+
+from espnet3_flows.config import to_plain
+from espnet3_flows.errors import Espnet3FlowsError
+from espnet3_flows.sharding import digest
+
+
+class ProviderError(Espnet3FlowsError, RuntimeError):
+    """The provider's environment is unusable (a setup function of the wrong kind, a missing key)."""
+
+
+class EnvironmentProvider(ABC):
+    """Builds the environment a runner's ``forward`` receives, as in ESPnet3.
+
+    ``build_env_local()`` returns the env dict for in-process runs (the driver);
+    ``build_worker_setup_fn()`` returns a zero-argument function that a Dask worker runs
+    once to build the same dict. The function must not capture ``self``: build it from
+    plain config values so it pickles small.
+
+    The engine also accepts providers that do not derive from this class (ESPnet3's own, or
+    any object with these two methods); see :func:`provider_token`.
+
+    Args:
+        config: The job's configuration (a dataclass, OmegaConf node or mapping).
+        params: Extra keyword parameters (e.g. ``{"device": "cuda:0"}``).
+    """
+
+    def __init__(self, config: Any, params: Mapping[str, Any] | None = None):
+        self.config = config
+        self.params = dict(params or {})
+
+    @abstractmethod
+    def build_env_local(self) -> dict[str, Any]:
+        """Build the env dict in this process."""
+
+    @abstractmethod
+    def build_worker_setup_fn(self) -> Callable[[], dict[str, Any]]:
+        """Return a zero-argument function that builds the env dict on a worker."""
+
+    def env_token(self) -> str:
+        """A key identifying this environment: the same config gives the same token on every worker."""
+        return _config_token(self)
+
+    def checked_setup_fn(self) -> Callable[[], dict[str, Any]]:
+        """``build_worker_setup_fn()``, checked to be a zero-argument callable (ESPnet3's common mistake)."""
+        return checked_setup_fn(self)
+
+
+def _config_token(provider: Any) -> str:
+    cls = type(provider)
+    return digest({"cls": f"{cls.__module__}.{cls.__qualname__}",
+                   "config": to_plain(getattr(provider, "config", None)),
+                   "params": to_plain(getattr(provider, "params", None))})[:24]
+
+
+def provider_token(provider: Any) -> str:
+    """The key of ``provider``'s environment in a process's registry: its ``env_token()`` when it
+    has one, else a digest of its class, ``config`` and ``params`` (equal configs share one env).
+    A provider whose config cannot be digested gets a token of its own, kept on the object (it
+    travels with it to the workers)."""
+    token = getattr(provider, "env_token", None)
+    if callable(token):
+        return str(token())
+    kept = getattr(provider, "_espnet3_flows_token", None)
+    if kept:
+        return kept
+    try:
+        kept = _config_token(provider)
+    except (TypeError, ValueError):
+        kept = f"{type(provider).__qualname__}-{uuid.uuid4().hex[:16]}"
+    try:
+        provider._espnet3_flows_token = kept
+    except AttributeError:  # slots or a frozen object: recomputed each time (equal for equal configs)
+        pass
+    return kept
+
+
+def checked_setup_fn(provider: Any) -> Callable[[], dict[str, Any]]:
+    """``provider.build_worker_setup_fn()``, checked to be a zero-argument callable.
+
+    Raises:
+        ProviderError: naming the provider, when it returned the env itself (ESPnet3's common
+            mistake: the model would be built on the driver and shipped to every worker), something
+            that is not callable, or a function that needs arguments.
+    """
+    name = type(provider).__name__
+    build = getattr(provider, "build_worker_setup_fn", None)
+    if not callable(build):
+        raise ProviderError(f"{name} has no build_worker_setup_fn(); a provider for Dask workers needs one that "
+                            "returns a zero-argument function building the env")
+    fn = build()
+    if isinstance(fn, Mapping):
+        raise ProviderError(
+            f"{name}.build_worker_setup_fn() returned a dict; it must return a "
+            "zero-argument function that builds the dict on the worker (otherwise the model "
+            "would be built on the driver and shipped to every worker)")
+    if not callable(fn):
+        raise ProviderError(f"{name}.build_worker_setup_fn() returned {type(fn).__name__}, not a zero-argument function")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn
+    required = [p.name for p in sig.parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if required:
+        raise ProviderError(
+            f"{name}.build_worker_setup_fn() returned a function that needs arguments {required}; it must take none")
+    return fn
+
+
+def check_env(env: Any, who: str) -> dict[str, Any]:
+    """Check that an environment is a dict with string keys."""
+    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+        raise ProviderError(f"{who} must return a dict with string keys, got {type(env).__name__}")
+    return env
