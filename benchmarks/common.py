@@ -30,7 +30,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 #: Shard size of the collect-stats runs unless a benchmark sweeps it. From bench_overhead's sweep on
 #: 2,000 utterances (two full runs, 4 cold flow runs per size): the flow's wall time falls all the
 #: way to 256 (pooled medians 20.4 s at 64, 19.3 s at 128, 15.8 s at 256) because every shard task
-#: costs ~190 ms of Prefect/Dask work, and a 256-utterance shard is still only ~1–2 s of compute.
+#: cost ~190 ms of Prefect/Dask work then (~20 ms since: README, "Prefect around the one scheduler"),
+#: and a 256-utterance shard is still only ~1–2 s of compute.
 #: The price is coarser incremental work: a +10 % append recomputes the partial last shard too
 #: (20 % of the cold run's utterances at 256 vs 10.8 % at 64); bench_overhead shows both sizes.
 SHARD_SIZE = 256

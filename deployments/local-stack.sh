@@ -69,8 +69,12 @@ serve)
     if healthy; then say "a Prefect server already answers at $URL"; else
         alive server && die "the server started earlier (pid $(cat "$DIR/server.pid")) does not answer; \`make stop\` first"
         # stream logs to clients: `prefect deployment run --watch` then shows a run's log lines
-        # (the cause of a failure) beside its events; Prefect's default streams events only
+        # (the cause of a failure) beside its events; Prefect's default streams events only.
+        # The event consumers write in batches (one SQL statement per 200 events, not per event:
+        # orchestration/local_server.py, SERVER_BATCHING)
         start_bg server env PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED=true PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED=true \
+            PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE=200 PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL=1 \
+            PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE=200 PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL=1 \
             "$PREFECT" server start --host 127.0.0.1 --port "$PORT"
         for _ in $(seq 240); do healthy && break; alive server || break; sleep 0.5; done
         healthy || { tail -n 30 "$DIR/server.log" >&2; die "the Prefect server did not start (log: $DIR/server.log)"; }

@@ -69,9 +69,10 @@ class EngineConfig:
         storage_options: fsspec options for the outputs and remote inputs (credentials,
             ``client_kwargs.endpoint_url``); never written to outputs or logs.
         shard_size: Utterances per shard (the unit of caching, retry and parallelism). Each
-            shard is one Prefect task (~0.1 s of bookkeeping on its worker); 1000 utterances of
-            2-6 s are ~1 s of work per worker, and at this size the flow's steady state equals
-            the engine's without Prefect. Lower it when there are more workers than shards.
+            shard is one Prefect task (~10 ms of Prefect's bookkeeping on its worker, and the API
+            server's recording of its states; ``benchmarks/README.md``); 1000 utterances of 2-6 s
+            are ~1 s of work per worker, and at this size the flow's steady state equals the
+            engine's without Prefect. Lower it when there are more workers than shards.
         on_error: ``fail`` stops the run at the first bad item (never retried: it fails the same
             way every time); ``skip`` lists it in ``skipped.tsv``.
         retries: Retries of a failed shard task (Prefect); for infrastructure errors only

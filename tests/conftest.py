@@ -91,11 +91,13 @@ def s3_output(moto_server, request: pytest.FixtureRequest) -> tuple[str, dict]:
 
 @pytest.fixture(scope="session")
 def dask_client():
-    """A real process-based ``distributed.LocalCluster`` with 2 single-threaded workers."""
+    """A real process-based ``distributed.LocalCluster`` with 2 single-threaded workers. Its client is
+    not the process's default: a default client would take over every later flow's Dask tasks
+    (prefect-dask runs them on it), whatever their ``parallel`` says."""
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        with Client(cluster) as client:
+        with Client(cluster, set_as_default=False) as client:
             yield client
 
 

@@ -108,6 +108,28 @@ def quiet_console(run_links: bool = False) -> None:
             handler.setFormatter(_OneLineFormatter(handler.formatter))
 
 
+class _CompletedShardFilter(logging.Filter):
+    """Drops the task engine's ``Finished in state Completed()`` of shard tasks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and getattr(record, "task_name", None) == SHARD_TASK
+                    and record.getMessage().startswith("Finished in state Completed"))
+
+
+#: The name of the shard tasks (``orchestration.shard_tasks``)
+SHARD_TASK = "shard"
+
+
+def quiet_completed_shards() -> None:
+    """Make Prefect's task engine in this process log nothing when a shard task completes
+    (idempotent): in a run of thousands of shards those lines are the whole log, each one also a
+    log record the API server writes, and the task run's state already says it. Retries,
+    failures, warnings and what a runner logs itself stay."""
+    logger = logging.getLogger("prefect.task_runs")
+    if not any(isinstance(f, _CompletedShardFilter) for f in logger.filters):
+        logger.addFilter(_CompletedShardFilter())
+
+
 def quiet_local_workers(quiet: bool = True) -> None:
     """Make worker processes started from now on by this process quiet (or not)."""
     if quiet:

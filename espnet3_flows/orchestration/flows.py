@@ -32,9 +32,11 @@ from espnet3_flows.orchestration.job_run import PlannedFlow, current_run, plan_j
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import drain_prefect_clients, prefect_api
 from espnet3_flows.orchestration.prefect_compat import (
+    cache_flow_context_serialization,
     cache_settings_hydration,
     cache_settings_serialization,
     share_tls_contexts,
+    untokenized_task_keys,
 )
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
@@ -142,7 +144,10 @@ def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool
     """Run :func:`shard_flow` for ``run`` on the task runner its ``parallel`` asks for (in-process
     for merges only)."""
     share_tls_contexts()
+    console.quiet_completed_shards()  # shard tasks of a serial run complete in this process
     cache_settings_serialization()
+    cache_flow_context_serialization()
+    untokenized_task_keys()
     _export_api_url()
     if run.pending_shards:
         prestart_workers(run.parallel, run.worker_modules)
@@ -217,6 +222,7 @@ class PrefectWorkerSetup(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
         console.apply_from_environment()
+        console.quiet_completed_shards()
         share_tls_contexts()
         cache_settings_hydration()
         for module in PREFECT_WORKER_MODULES:

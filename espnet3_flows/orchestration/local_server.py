@@ -20,20 +20,41 @@ _PR_SET_PDEATHSIG = 1
 #: Server loop services a private one-run API has no use for (deployment schedules, late-run
 #: marking, automations, worker heartbeats, lease and cancellation cleanup, vacuuming). Off, the
 #: idle server takes 1.4 % of a core instead of 2.6 %, CPU the Dask workers get back. Task-run
-#: recording and event persistence stay on: they are what the run's UI pages are built from.
+#: recording stays on: the run's flow and task runs, their states, logs and artifacts are in its
+#: database. The event persister (the raw event feed, read by the UI's event pages and by
+#: automations, neither of which this server has) is off: it took 4.4 s of the server's CPU in a
+#: 1,000-shard run beside the workers on this 2-core machine.
 _UNUSED_SERVICES = ("scheduler", "late_runs", "triggers", "foreman", "repossessor", "cancellation_cleanup",
-                    "cleanup_reconciler", "pause_expirations", "db_vacuum")
+                    "cleanup_reconciler", "pause_expirations", "db_vacuum", "event_persister")
+
+
+#: The server's event consumers write in batches. Prefect 3.8 records each task-run state event on
+#: its own (the task-run recorder's batch size is 1: a bulk INSERT compiled and committed per
+#: event, three per task run) and persists events 20 at a time: 33 s of the server's CPU in a
+#: 62 s run of 1,000 shard tasks on this 2-core machine, CPU the Dask workers beside it lose;
+#: batched, 13 s (``benchmarks/README.md``, scale). A task run's state then reaches the API up to
+#: a second later. The same settings are in ``deployments/local-stack.sh`` (``make serve``) and
+#: ``docker-compose.yml``; a test keeps them equal.
+SERVER_BATCHING = {
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "200",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
+}
 
 
 def server_environment() -> dict[str, str]:
     """Environment of the private server: this process's settings, no UI or analytics, the
-    unused services off (unless the user set them), and no ``PREFECT_API_URL`` of its own."""
+    unused services off and the event consumers batched (:data:`SERVER_BATCHING`; unless the user
+    set them), and no ``PREFECT_API_URL`` of its own."""
     from prefect.settings import get_current_settings
 
     env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
            "PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     for service in _UNUSED_SERVICES:
         env.setdefault(f"PREFECT_SERVER_SERVICES_{service.upper()}_ENABLED", "false")
+    for key, value in SERVER_BATCHING.items():
+        env.setdefault(key, value)
     env.pop("PREFECT_API_URL", None)
     return env
 

@@ -9,13 +9,14 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from espnet3_flows.errors import ItemError
+from espnet3_flows.orchestration.console import SHARD_TASK
 from espnet3_flows.parallel.merge_step import merge_runner
 from espnet3_flows.parallel.results import ShardStatus
 from espnet3_flows.parallel.scheduler import execute_shard
 from espnet3_flows.sharding import Shard
 
 
-@task(name="shard", cache_policy=NO_CACHE, persist_result=False, task_run_name="{label}/{shard.name}")
+@task(name=SHARD_TASK, cache_policy=NO_CACHE, persist_result=False, task_run_name="{label}/{shard.name}")
 def shard_task(runner_key: str, label: str, shard: Shard, local: bool = False, run_id: str = "") -> dict[str, Any]:
     """Compute one shard where the task runs: ``init_state`` → ``forward`` / ``reduce_state``* →
     ``finalize_state`` → publish → ``done`` (:func:`~espnet3_flows.parallel.scheduler.execute_shard`).

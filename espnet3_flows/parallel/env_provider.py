@@ -45,8 +45,12 @@ class EnvironmentProvider(ABC):
         """Return a zero-argument function that builds the env dict on a worker."""
 
     def env_token(self) -> str:
-        """A key identifying this environment: the same config gives the same token on every worker."""
-        return _config_token(self)
+        """A key identifying this environment: the same config gives the same token on every worker.
+        Computed once per provider object (a digest of its whole config: not per shard)."""
+        token = self.__dict__.get("_env_token")
+        if token is None:
+            token = self.__dict__["_env_token"] = _config_token(self)
+        return token
 
     def checked_setup_fn(self) -> Callable[[], dict[str, Any]]:
         """``build_worker_setup_fn()``, checked to be a zero-argument callable (ESPnet3's common mistake)."""

@@ -2,20 +2,42 @@
 
 from __future__ import annotations
 
-from espnet3_flows.orchestration.local_server import server_environment
+from pathlib import Path
+
+from espnet3_flows.orchestration.local_server import SERVER_BATCHING, server_environment
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_unused_services_off_recording_on_and_user_choice_kept(monkeypatch):
     monkeypatch.setenv("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED", "true")  # the user wants automations
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     env = server_environment()
-    for service in ("SCHEDULER", "LATE_RUNS", "FOREMAN", "REPOSSESSOR", "DB_VACUUM"):
+    for service in ("SCHEDULER", "LATE_RUNS", "FOREMAN", "REPOSSESSOR", "DB_VACUUM", "EVENT_PERSISTER"):
         assert env[f"PREFECT_SERVER_SERVICES_{service}_ENABLED"] == "false"
     assert env["PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED"].lower() == "true"  # Prefect re-serializes it as "True"
-    # what the run's pages are built from stays on
+    # what the run's flow and task runs are recorded by stays on
     assert "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED" not in env
-    assert "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED" not in env
     assert "PREFECT_API_URL" not in env and env["PREFECT_UI_ENABLED"] == "0"
+
+
+def test_event_consumers_batched_here_in_make_serve_and_in_compose(monkeypatch):
+    monkeypatch.setenv("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE", "7")  # a user's own choice wins
+    env = server_environment()
+    assert env["PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"] == "200"
+    assert env["PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE"] == "7"
+    from prefect.settings import Settings
+
+    monkeypatch.delenv("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE")
+    for key, value in SERVER_BATCHING.items():
+        monkeypatch.setenv(key, value)
+    services = Settings().server.services  # the names are Prefect's: its settings read them
+    assert (services.task_run_recorder.batch_size, services.event_persister.batch_size) == (200, 200)
+    assert (services.task_run_recorder.flush_interval, services.event_persister.flush_interval) == (1, 1)
+    stack = (ROOT / "deployments" / "local-stack.sh").read_text()
+    compose = (ROOT / "docker-compose.yml").read_text()
+    for key, value in SERVER_BATCHING.items():
+        assert f"{key}={value}" in stack and f'{key}: "{value}"' in compose, key
 
 
 def test_while_starting_runs_with_the_url_exported_before_the_server_answers(monkeypatch, tmp_path):

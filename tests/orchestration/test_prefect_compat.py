@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import prefect
+import pytest
 
 from espnet3_flows.orchestration import prefect_compat
 
@@ -24,11 +25,94 @@ def test_an_unverified_prefect_gets_no_patch(monkeypatch, caplog):
 
     monkeypatch.setattr(prefect, "__version__", "99.0.0")
     monkeypatch.setattr(prefect_compat, "_WARNED", [])
+    from prefect.context import EngineContext
+    from prefect_dask.client import PrefectDaskClient
+
     client_module = importlib.import_module("prefect.client.orchestration")
-    before = (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context)
+    before = (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context,
+              EngineContext.__dict__["serialize"], PrefectDaskClient.__dict__["submit"])
     with caplog.at_level("WARNING"):
         assert not prefect_compat.share_tls_contexts()
         assert not prefect_compat.cache_settings_serialization()
         assert not prefect_compat.cache_settings_hydration()
-    assert (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context) == before
+        assert not prefect_compat.cache_flow_context_serialization()
+        assert not prefect_compat.untokenized_task_keys()
+    assert (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context,
+            EngineContext.__dict__["serialize"], PrefectDaskClient.__dict__["submit"]) == before
     assert sum("99.0.0" in r.getMessage() for r in caplog.records) == 1  # one warning, not one per call
+
+
+def test_flow_context_serialized_once_per_flow_run_and_equal_to_prefects(prefect_harness):
+    from prefect import flow
+    from prefect.context import EngineContext
+
+    assert prefect_compat.cache_flow_context_serialization()
+    original = EngineContext.serialize.__wrapped__
+
+    @flow
+    def dump(n: int) -> tuple:
+        ctx = EngineContext.get()
+        first, second = ctx.serialize(), ctx.serialize()
+        first["parameters"] = "changed by a caller"  # a caller's change reaches no other caller
+        return first, second, ctx.serialize(), original(ctx)
+
+    first, second, third, plain = dump(1)
+    assert second == third == plain and first is not second
+    _, other, _, plain_other = dump(2)  # another flow run: dumped afresh
+    assert other == plain_other and other["parameters"] == {"n": 2} and other != second
+
+
+@pytest.mark.dask
+def test_prefect_tasks_on_dask_get_random_keys_other_functions_keep_theirs(prefect_harness):
+    import re
+
+    from distributed import LocalCluster
+    from prefect import task
+    from prefect_dask.client import PrefectDaskClient
+
+    assert prefect_compat.untokenized_task_keys()
+
+    @task
+    def double(x: int) -> int:
+        return 2 * x
+
+    # a cluster of its own, and no default client left behind (it would take over later flows' tasks)
+    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0")
+    client = PrefectDaskClient(cluster, set_as_default=False)
+    try:
+        future = client.submit(double, parameters={"x": 21}, return_type="result")
+        assert re.fullmatch(r"double-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", future.key), future.key
+        assert future.result() == 42
+        a, b = client.submit(sum, [1, 2]), client.submit(sum, [1, 2])  # pure functions: Dask's token, one key
+        assert a.key == b.key and a.result() == 3
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_flow_run_context_validated_once_per_thread_with_fresh_collections(prefect_harness):
+    import prefect.task_engine as task_engine
+    from prefect import flow
+    from prefect.context import FlowRunContext, serialize_context
+
+    assert prefect_compat.cache_settings_hydration()
+
+    @flow
+    def ship(n: int) -> dict:
+        return serialize_context()
+
+    serialized = ship(3)
+    seen = []
+    for _ in range(2):  # two tasks of the same flow run on one worker thread
+        with task_engine.hydrated_context(serialized):
+            ctx = FlowRunContext.get()
+            ctx.run_results[1] = "a task's result"  # what the task engine keeps per task
+            seen.append((ctx, ctx.client, ctx.run_results, ctx.flow_run.id, ctx.parameters))
+        assert FlowRunContext.get() is None
+    (first, client1, results1, run1, params1), (second, client2, results2, run2, params2) = seen
+    assert first is not second and results1 is not results2 and results2 == {1: "a task's result"}
+    assert client1 is client2 and run1 == run2 and params1 == params2 == {"n": 3}
+    assert second.detached and second.task_runner is not None
+    other = ship(4)  # another flow run: validated afresh
+    with task_engine.hydrated_context(other):
+        assert FlowRunContext.get().parameters == {"n": 4} and FlowRunContext.get().flow_run.id != run1
