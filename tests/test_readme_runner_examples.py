@@ -1,7 +1,8 @@
-"""The README's "Bring your own runner" examples, run as written: the Provider/Runner pair in this
-process, the same runner under ``runner_flow`` on a 2-worker LocalCluster, and a flow file of a
-user's own, outside this package, deployed with the README's ``prefect.yaml`` to a real Prefect
-server, triggered, its outputs read."""
+"""The README's "Bring your own runner" and "Coming from ESPnet3" examples, run as written: the
+Provider/Runner pair in this process, the same runner under ``runner_flow`` on a 2-worker
+LocalCluster, a flow file of a user's own, outside this package, deployed with the README's
+``prefect.yaml`` to a real Prefect server, triggered, its outputs read; and the HuBERT statistics
+through ``get_client(plugin)`` / ``parallel_map`` and through a ``setup_fn``."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def _run_example(name: str, namespace: dict) -> dict:
 
 
 def test_the_examples_are_there():
-    assert {"provider-runner", "runner-flow", "user-flow", "user-prefect-yaml"} <= set(examples())
+    assert {"provider-runner", "runner-flow", "user-flow", "user-prefect-yaml", "hubert-plugin", "setup-fn"} <= \
+        set(examples())
 
 
 def test_provider_runner_example(tmp_path, monkeypatch, capsys):
@@ -100,3 +102,48 @@ def test_a_users_flow_file_deploys_and_runs(tmp_path):
     lines = (out / "text").read_text().splitlines()
     assert len(lines) == 40 and lines[7] == "utt00007 UTTERANCE NUMBER 7"
     assert len(list(out.glob("split.*/done"))) >= 1
+
+
+def _wav_paths(demo_corpus: dict[str, str]) -> list[str]:
+    return [line.split("\t")[1] for line in Path(demo_corpus["valid"]).read_text().splitlines()[:6]]
+
+
+@pytest.mark.dask
+def test_hubert_plugin_example(demo_corpus):
+    import numpy as np
+    import soundfile as sf
+    import torch
+    import torchaudio
+
+    from espnet3_flows.parallel import set_parallel
+
+    paths = _wav_paths(demo_corpus)
+    torch.manual_seed(0)
+    try:
+        ns = _run_example("hubert-plugin", {"__name__": "readme_hubert_plugin", "wav_paths": paths})
+    finally:
+        set_parallel(None)
+    dim = ns["mean"].shape
+    assert dim == (768,) and np.isfinite(ns["var"]).all() and (ns["var"] > 0).all()
+    # the frames of each file, as the model gives them (weights differ per worker; the count does not)
+    model = torchaudio.models.hubert_base().eval()
+    expected = 0
+    for path in paths:
+        wav, _ = sf.read(path, dtype="float32")
+        with torch.inference_mode():
+            expected += model.extract_features(torch.from_numpy(wav)[None])[0][-1].shape[1]
+    assert ns["count"] == expected
+
+
+@pytest.mark.dask
+def test_setup_fn_example(demo_corpus, capsys):
+    from espnet3_flows.parallel import set_parallel
+
+    paths = _wav_paths(demo_corpus)
+    try:
+        ns = _run_example("setup-fn", {"__name__": "readme_setup_fn", "wav_paths": paths})
+    finally:
+        set_parallel(None)
+    assert len(ns["frames"]) == len(paths) and all(n > 0 for n in ns["frames"])
+    printed = [int(line) for line in capsys.readouterr().out.split()]
+    assert sorted(printed) == sorted(ns["frames"])

@@ -40,8 +40,9 @@ from espnet3_flows.orchestration.prefect_compat import (
 )
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
-from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, get_parallel_config, parallel_is_set
+from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config
 from espnet3_flows.parallel.forkserver import worker_start_method
+from espnet3_flows.parallel.parallel import get_parallel_config, parallel_is_set
 from espnet3_flows.parallel.scheduler import SUBMIT_WINDOW, PlannedRunner, plan_runner, run_planned
 from espnet3_flows.parallel.worker_env import get_env, install_runners, installed_plugins, register_runner, uninstall_runners
 from espnet3_flows.sharding import Shard

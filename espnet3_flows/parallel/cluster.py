@@ -3,7 +3,6 @@ running scheduler someone else started."""
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import importlib
 import inspect
@@ -11,7 +10,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import dask
 
@@ -74,6 +73,9 @@ class ParallelConfig:
             ``threads_per_worker``, ``start_method`` and ``allowed_failures`` are not used.
         scheduler_file: ``env: address`` only, instead of ``address``: the JSON file written by
             ``dask scheduler --scheduler-file PATH``; its ``address`` is read when a run starts.
+        allow_overwrite_lock: ESPnet3's key (replace a stale shard lock), accepted so that an
+            ESPnet3 ``parallel:`` section loads unchanged; it has no effect here: shards are staged
+            and published atomically, and there are no lock files to go stale.
     """
 
     env: str = field(default="local", metadata={"choices": ENVS})
@@ -86,6 +88,7 @@ class ParallelConfig:
     start_method: str = "forkserver"
     address: str = ""
     scheduler_file: str = ""
+    allow_overwrite_lock: bool = False
 
     def __post_init__(self) -> None:
         check_choices(self, "parallel.")
@@ -306,9 +309,6 @@ def make_cluster(cfg: ParallelConfig) -> Any:
     return cluster
 
 
-_CURRENT: ParallelConfig | None = None
-
-
 def as_parallel_config(config: ParallelConfig | Any) -> ParallelConfig:
     """``config`` as a :class:`ParallelConfig`: one already, or a mapping / OmegaConf node of its
     keys (validated: an unknown key or a bad value is a :class:`ConfigError` naming it)."""
@@ -317,100 +317,3 @@ def as_parallel_config(config: ParallelConfig | Any) -> ParallelConfig:
     from espnet3_flows.config import load_config, to_plain
 
     return load_config(ParallelConfig, base=to_plain(config))
-
-
-def set_parallel(config: ParallelConfig | Any | None) -> None:
-    """Set the process-wide ``parallel`` config used by :func:`get_client` and runners (ESPnet3's
-    API); ``None`` clears it, so runners without a client run in-process again."""
-    global _CURRENT
-    _CURRENT = None if config is None else as_parallel_config(config)
-
-
-def parallel_is_set() -> bool:
-    """Whether :func:`set_parallel` set a config (runners without a client then use it)."""
-    return _CURRENT is not None
-
-
-def get_parallel_config() -> ParallelConfig:
-    """The config set with :func:`set_parallel` (a default local one if none was set)."""
-    return _CURRENT if _CURRENT is not None else ParallelConfig()
-
-
-@contextlib.contextmanager
-def get_client(plugin: Any = None, config: ParallelConfig | None = None, wait_for_workers: int = 1) -> Iterator[Any]:
-    """A ``distributed.Client`` on a fresh cluster from the ``parallel`` config, closed on exit.
-
-    With ``env: address`` the client connects to the running scheduler instead; on exit only
-    the client is closed (and ``plugin`` unregistered, so that its env does not stay in the
-    workers' memory), the scheduler and its workers keep running.
-
-    Args:
-        plugin: Optional ``distributed.WorkerPlugin`` (e.g. one loading a model in ``setup``)
-            registered on every worker, present and future.
-        config: The parallel config; :func:`get_parallel_config` by default.
-        wait_for_workers: Block until this many workers joined (0 to not wait).
-    """
-    from distributed import Client
-
-    cfg = config or get_parallel_config()
-    if cfg.env == "serial":
-        raise ConfigError("get_client needs a cluster; parallel.env=serial runs in-process")
-    with contextlib.ExitStack() as stack:
-        if cfg.env == "address":
-            address = scheduler_address(cfg)
-            try:
-                client = Client(address)
-            except OSError as exc:
-                raise OSError(f"parallel.env=address: no Dask scheduler answers at {address}: {exc}") from exc
-            stack.callback(client.close)  # never client.shutdown(): the cluster is not ours
-            wanted = wait_for_workers
-        else:
-            cluster = make_cluster(cfg)
-            stack.callback(cluster.close)
-            client = Client(cluster)
-            stack.callback(client.close)
-            wanted = min(wait_for_workers, max(1, cluster_spec(cfg).n_workers or 1))
-        if wait_for_workers:
-            client.wait_for_workers(wanted, timeout=600)
-        if plugin is not None:
-            client.register_plugin(plugin)
-            if cfg.env == "address":
-                stack.callback(_unregister_plugin, client, plugin)
-        yield client
-
-
-def _unregister_plugin(client: Any, plugin: Any) -> None:
-    name = getattr(plugin, "name", None)
-    if not name:
-        return
-    try:
-        client.unregister_worker_plugin(name)
-    except Exception as exc:  # noqa: BLE001 - the run's results are in; a leftover plugin only costs memory
-        _LOG.warning("could not unregister worker plugin %s from %s: %s", name, client.scheduler.address, exc)
-
-
-def parallel_map(func: Callable[[Any], Any], items: Iterable[Any], client: Any = None,
-                 desc: str = "items", progress: bool = True) -> list[Any]:
-    """Apply ``func`` to every item on the cluster and return results in input order.
-
-    Runs in this process when ``client`` is ``None``. A progress bar shows completion.
-    """
-    from tqdm.auto import tqdm
-
-    seq: Sequence[Any] = list(items)
-    bar = tqdm(total=len(seq), desc=desc, disable=not progress, leave=False)
-    try:
-        if client is None:
-            out = []
-            for x in seq:
-                out.append(func(x))
-                bar.update(1)
-            return out
-        from distributed import as_completed
-
-        futures = client.map(func, seq, pure=False)
-        for _ in as_completed(futures):
-            bar.update(1)
-        return client.gather(futures)
-    finally:
-        bar.close()

@@ -211,7 +211,8 @@ def engine_executor(planned: PlannedRunner, client: Any = None, parallel: Any = 
     """The executor of ``runner.run``: ``client``'s cluster; else a cluster started for the run
     from ``parallel`` (or ``set_parallel``'s config), closed afterwards; else, for ``serial``,
     no config, or nothing pending, this process."""
-    from espnet3_flows.parallel.cluster import as_parallel_config, get_client, get_parallel_config, parallel_is_set
+    from espnet3_flows.parallel.cluster import as_parallel_config
+    from espnet3_flows.parallel.parallel import get_client, get_parallel_config, parallel_is_set
 
     if not planned.pending:
         yield InProcessExecutor()
@@ -224,7 +225,7 @@ def engine_executor(planned: PlannedRunner, client: Any = None, parallel: Any = 
     if cfg is None or cfg.env == "serial":
         yield InProcessExecutor()
         return
-    with get_client(None, cfg) as own:
+    with get_client(cfg) as own:
         yield DaskExecutor(own, owned=cfg.env != "address")
 
 

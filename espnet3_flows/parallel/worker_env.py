@@ -52,6 +52,40 @@ def get_env(provider: EnvironmentProvider, local: bool = False) -> dict[str, Any
     return env
 
 
+def keep_env(token: str, env: dict[str, Any]) -> None:
+    """Keep ``env`` in this process's registry under ``token`` (a ``setup_fn``'s env on a worker)."""
+    with _LOCK:
+        _keep(_ENVS, token, env)
+
+
+def drop_env(token: str) -> None:
+    """Forget the env kept under ``token``."""
+    with _LOCK:
+        _ENVS.pop(token, None)
+
+
+def lookup_env(token: str) -> dict[str, Any]:
+    """The env kept under ``token`` in this process (:func:`keep_env`).
+
+    Raises:
+        LookupError: when this process has none (its worker plugin did not run here).
+    """
+    env = _recent(_ENVS, token)
+    if env is None:
+        raise LookupError(f"no env {token} in this process: the setup_fn's worker plugin did not run on this worker "
+                          "(was it restarted without its plugins?)")
+    return env
+
+
+def _recent(registry: OrderedDict[str, Any], key: str) -> Any:
+    """The entry under ``key`` (now the most recently used), or ``None``."""
+    with _LOCK:
+        value = registry.get(key)
+        if value is not None:
+            registry.move_to_end(key)
+    return value
+
+
 def env_keys(provider: EnvironmentProvider) -> list[str]:
     """Keys of the provider's environment in this process (builds it if needed)."""
     return sorted(get_env(provider))
@@ -102,10 +136,7 @@ def register_runner(key: str, runner: Any) -> None:
 
 def get_runner(key: str) -> Any:
     """The runner registered under ``key`` in this process (by :class:`RunnerPlugin` on a worker)."""
-    with _LOCK:
-        runner = _RUNNERS.get(key)
-        if runner is not None:
-            _RUNNERS.move_to_end(key)
+    runner = _recent(_RUNNERS, key)
     if runner is None:
         raise LookupError(f"no runner {key} in this process: the flow installs runners on its workers before "
                           "submitting shards (was this worker restarted without its plugins?)")

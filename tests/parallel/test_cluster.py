@@ -69,7 +69,7 @@ def test_get_client_plugin_builds_env_once_per_worker():
     set_parallel({"env": "local", "n_workers": 2})
     try:
         with get_client(plugin_for(ArrayProvider({"n": 7})), wait_for_workers=2) as client:
-            out = parallel_map(_env_pid_and_size, range(20), client=client, progress=False)
+            out = parallel_map(_env_pid_and_size, range(20), client=client)
             setup_pids = {pid for pid, _ in out}
             worker_pids = set(client.run(os.getpid).values())
     finally:
@@ -78,7 +78,11 @@ def test_get_client_plugin_builds_env_once_per_worker():
 
 
 def test_parallel_map_in_process_keeps_order():
-    assert parallel_map(lambda x: x * x, range(10), progress=False) == [x * x for x in range(10)]
+    set_parallel({"env": "serial"})
+    try:
+        assert parallel_map(lambda x: x * x, range(10)) == [x * x for x in range(10)]
+    finally:
+        set_parallel(None)
 
 
 def _trim_env(_: int) -> str | None:

@@ -1,0 +1,287 @@
+"""ESPnet3's parallel API (``espnet3.parallel.parallel``): the process-wide ``parallel`` config,
+clients on the clusters it describes, and ``parallel_map`` / ``parallel_for`` over any function,
+with a worker env built once per worker by a ``setup_fn`` and injected into the function by
+parameter name (the same injection a runner's ``forward`` gets).
+
+Code written for ``espnet3.parallel`` runs here with its imports changed to
+``espnet3_flows.parallel``. What differs on purpose: ``parallel.env: serial`` runs in this process
+(no client: ``parallel_map`` and ``parallel_for`` then call the function here, ``setup_fn`` once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import uuid
+import weakref
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from espnet3_flows.config import ConfigError
+from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, make_cluster, scheduler_address
+from espnet3_flows.parallel.env_injection import conflicting_keys, injected
+from espnet3_flows.parallel.worker_env import drop_env, keep_env, lookup_env
+
+_LOG = logging.getLogger(__name__)
+_CURRENT: ParallelConfig | None = None
+#: client → the token of the env its ``setup_fn`` built on the workers (see :func:`get_client`)
+_SETUP_ENVS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+__all__ = ["WorkerEnvPlugin", "build_client", "get_client", "get_parallel_config", "parallel_for", "parallel_is_set",
+           "parallel_map", "set_parallel"]
+
+
+def set_parallel(config: ParallelConfig | Any | None) -> None:
+    """Set the process-wide ``parallel`` config used by :func:`get_client`, :func:`parallel_map`
+    and runners without a client (ESPnet3's API): a :class:`ParallelConfig`, or a mapping /
+    OmegaConf node of its keys (``cfg.parallel``). ``None`` clears it: runners then run in this
+    process again."""
+    global _CURRENT
+    _CURRENT = None if config is None else as_parallel_config(config)
+
+
+def parallel_is_set() -> bool:
+    """Whether :func:`set_parallel` set a config (runners without a client then use it)."""
+    return _CURRENT is not None
+
+
+def get_parallel_config() -> ParallelConfig:
+    """The config set with :func:`set_parallel` (a default ``local`` one if none was set)."""
+    return _CURRENT if _CURRENT is not None else ParallelConfig()
+
+
+def _config(config: ParallelConfig | Any | None) -> ParallelConfig:
+    return get_parallel_config() if config is None else as_parallel_config(config)
+
+
+def build_client(config: ParallelConfig | Any | None = None) -> Any:
+    """A ``distributed.Client`` for ``config`` (``set_parallel``'s by default): on a new cluster
+    (close both: ``client.close(); client.cluster.close()``, or use :func:`get_client`), or
+    connected to the running scheduler of ``env: address`` (close the client only).
+
+    Raises:
+        ConfigError: (a ``ValueError``) for an unknown ``env`` (naming the known ones), bad
+            options, or ``env: serial``, which runs in this process and has no client.
+    """
+    from distributed import Client
+
+    cfg = _config(config)
+    if cfg.env == "serial":
+        raise ConfigError("parallel.env=serial runs in this process: there is no client to build "
+                          "(parallel_map and parallel_for run the function here)")
+    if cfg.env == "address":
+        address = scheduler_address(cfg)
+        try:
+            return Client(address)
+        except OSError as exc:
+            raise OSError(f"parallel.env=address: no Dask scheduler answers at {address}: {exc}") from exc
+    cluster = make_cluster(cfg)
+    try:
+        return Client(cluster)
+    except BaseException:
+        cluster.close()
+        raise
+
+
+class WorkerEnvPlugin(WorkerPlugin):
+    """Runs a ``setup_fn`` once per worker (present and joining later) and keeps the dict it
+    returns as that worker's env for :func:`parallel_map` / :func:`parallel_for`.
+
+    Args:
+        setup_fn: A zero-argument function returning a dict.
+        token: The env's key on the workers (a fresh one by default).
+    """
+
+    def __init__(self, setup_fn: Callable[[], Mapping[str, Any]], token: str | None = None):
+        if not callable(setup_fn):
+            raise ValueError(f"setup_fn must be a zero-argument function returning a dict, got {type(setup_fn).__name__}")
+        self.setup_fn = setup_fn
+        self.token = token or f"setup-{uuid.uuid4().hex}"
+        self.name = f"espnet3-{self.token}"
+
+    def setup(self, worker: Any = None) -> None:  # noqa: D401 - Dask hook
+        keep_env(self.token, build_setup_env(self.setup_fn))
+
+    def teardown(self, worker: Any = None) -> None:  # noqa: D401 - Dask hook
+        drop_env(self.token)
+
+
+def build_setup_env(setup_fn: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``setup_fn`` and check what it returned: a dict with string keys, else a ``ValueError``."""
+    env = setup_fn()
+    if not isinstance(env, Mapping) or not all(isinstance(k, str) for k in env):
+        raise ValueError(f"setup_fn must return a dict of env entries (name -> object), got {type(env).__name__}")
+    return dict(env)
+
+
+@contextlib.contextmanager
+def get_client(config: ParallelConfig | Any | None = None, setup_fn: Callable[[], Mapping[str, Any]] | None = None,
+               *, plugin: WorkerPlugin | None = None, wait_for_workers: int = 1) -> Iterator[Any]:
+    """A client on a cluster for ``config`` (``set_parallel``'s by default), closed with the cluster it
+    started when the block ends; for ``env: address``, only the client is closed (and what it
+    registered on the workers removed), the cluster keeps running.
+
+    ``get_client(plugin)``, a ``distributed.WorkerPlugin`` first, is the seed's form: the plugin is
+    registered on every worker (e.g. one that loads a model in ``setup``).
+
+    Args:
+        config: The ``parallel`` config (a :class:`ParallelConfig` or a mapping of its keys).
+        setup_fn: A zero-argument function run once per worker, returning a dict: the env that
+            :func:`parallel_map` / :func:`parallel_for` on this client inject into the function.
+        plugin: A worker plugin to register.
+        wait_for_workers: Block until this many workers joined (0: do not wait).
+    """
+    if isinstance(config, WorkerPlugin):
+        config, plugin = None, config
+        if setup_fn is not None and not callable(setup_fn):  # the older get_client(plugin, config)
+            config, setup_fn = setup_fn, None
+    cfg = _config(config)
+    with contextlib.ExitStack() as stack:
+        client = build_client(cfg)
+        if cfg.env != "address":
+            stack.callback(client.cluster.close)  # after the client (callbacks run last in, first out)
+        stack.callback(client.close)
+        if wait_for_workers:
+            expected = cfg.n_workers or 1
+            client.wait_for_workers(min(wait_for_workers, expected) if cfg.env != "address" else wait_for_workers,
+                                    timeout=600)
+        if setup_fn is not None:
+            env_plugin = WorkerEnvPlugin(setup_fn)
+            _register(client, env_plugin, stack, cfg)
+            _SETUP_ENVS[client] = env_plugin.token
+        if plugin is not None:
+            _register(client, plugin, stack, cfg)
+        yield client
+
+
+def _register(client: Any, plugin: WorkerPlugin, stack: contextlib.ExitStack, cfg: ParallelConfig) -> None:
+    """Register ``plugin`` on every worker; on a cluster someone else runs, unregister it at the end."""
+    client.register_plugin(plugin)
+    if cfg.env == "address":
+        stack.callback(_unregister_plugin, client, plugin)
+
+
+def _unregister_plugin(client: Any, plugin: Any) -> None:
+    name = getattr(plugin, "name", None)
+    if not name:
+        return
+    try:
+        client.unregister_worker_plugin(name)
+    except Exception as exc:  # noqa: BLE001 - the results are in; a leftover plugin only costs memory
+        _LOG.warning("could not unregister worker plugin %s from %s: %s", name, client.scheduler.address, exc)
+
+
+@contextlib.contextmanager
+def _mapping_target(client: Any, setup_fn: Callable[[], Any] | None) -> Iterator[tuple[Any, str | None, dict]]:
+    """(client or ``None`` for this process, the env's token on the workers, the env here)."""
+    if client is None:
+        cfg = get_parallel_config()
+        if cfg.env == "serial":
+            yield None, None, build_setup_env(setup_fn) if setup_fn is not None else {}
+            return
+        with get_client(cfg, setup_fn=setup_fn) as own:
+            yield own, _SETUP_ENVS.get(own), {}
+        return
+    if setup_fn is None:
+        yield client, _SETUP_ENVS.get(client), {}
+        return
+    env_plugin = WorkerEnvPlugin(setup_fn)
+    client.register_plugin(env_plugin)
+    try:
+        yield client, env_plugin.token, {}
+    finally:
+        _unregister_plugin(client, env_plugin)
+
+
+def _call_in_env(item: Any, func: Callable[..., Any], token: str | None, kwargs: Mapping[str, Any]) -> Any:
+    """``func(item, **kwargs, **env)`` on a worker, the env being the one ``token`` names there."""
+    env = lookup_env(token) if token else {}
+    return _call(func, item, env, kwargs)
+
+
+def _call(func: Callable[..., Any], item: Any, env: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Any:
+    clash = conflicting_keys(func, env, kwargs)
+    if clash:
+        raise ValueError(f"{_name(func)}: {', '.join(repr(k) for k in clash)} given both in the arguments and by "
+                         "the worker env (setup_fn); rename one of them")
+    return func(item, **kwargs, **injected(func, {k: v for k, v in env.items() if k not in kwargs}, 1))
+
+
+def _name(func: Callable[..., Any]) -> str:
+    return getattr(func, "__qualname__", None) or type(func).__name__
+
+
+def _check_before_submit(client: Any, token: str | None, func: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    """Raise the conflict error before any item runs: the env's keys, read on one worker."""
+    if not token or not kwargs:
+        return
+    keys_by_worker = client.run(_env_keys, token, workers=list(client.scheduler_info()["workers"])[:1])
+    keys = next(iter(keys_by_worker.values()), [])
+    clash = conflicting_keys(func, keys, kwargs)
+    if clash:
+        raise ValueError(f"{_name(func)}: {', '.join(repr(k) for k in clash)} given both in the arguments and by "
+                         "the worker env (setup_fn); rename one of them")
+
+
+def _env_keys(token: str) -> list[str]:
+    return sorted(lookup_env(token))
+
+
+def parallel_map(func: Callable[..., Any], data: Iterable[Any], client: Any = None,
+                 setup_fn: Callable[[], Mapping[str, Any]] | None = None, **kwargs: Any) -> list[Any]:
+    """``func(item, **kwargs)`` for every item, on the cluster, results in input order.
+
+    Env entries (from ``setup_fn``, or the one ``get_client(config, setup_fn=...)`` gave
+    ``client``) reach ``func`` by parameter name; all of them where it takes ``**kwargs``.
+
+    Args:
+        func: The function; its first parameter takes the item.
+        data: The items.
+        client: A ``distributed.Client``; without one, a cluster from ``set_parallel``'s config,
+            closed afterwards (``serial``: this process).
+        setup_fn: A zero-argument function, run once per worker, returning a dict (the env).
+        **kwargs: Further arguments of ``func``, the same for every item.
+
+    Raises:
+        ValueError: a name given both in ``kwargs`` and by the env (before any item runs), or a
+            ``setup_fn`` that does not return a dict. An exception of ``func`` is raised as is,
+            the remaining items cancelled.
+    """
+    items = list(data)
+    with _mapping_target(client, setup_fn) as (target, token, local_env):
+        if target is None:
+            return [_call(func, item, local_env, kwargs) for item in items]
+        _check_before_submit(target, token, func, kwargs)
+        futures = target.map(functools.partial(_call_in_env, func=func, token=token, kwargs=kwargs), items, pure=False)
+        try:
+            return target.gather(futures)
+        except BaseException:
+            target.cancel(futures)
+            raise
+
+
+def parallel_for(func: Callable[..., Any], data: Iterable[Any], client: Any = None,
+                 setup_fn: Callable[[], Mapping[str, Any]] | None = None, **kwargs: Any) -> Iterator[Any]:
+    """Like :func:`parallel_map`, but yields each result as it completes (not in input order).
+
+    An exception of ``func`` is raised when the iteration reaches it, and the remaining items are
+    cancelled; so are they when the loop stops early. A cluster started for the call is closed
+    when the iteration ends.
+    """
+    items = list(data)
+    with _mapping_target(client, setup_fn) as (target, token, local_env):
+        if target is None:
+            for item in items:
+                yield _call(func, item, local_env, kwargs)
+            return
+        from distributed import as_completed
+
+        _check_before_submit(target, token, func, kwargs)
+        futures = target.map(functools.partial(_call_in_env, func=func, token=token, kwargs=kwargs), items, pure=False)
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        finally:
+            target.cancel([f for f in futures if not f.done()])
