@@ -54,10 +54,11 @@ install: $(VENV)/.installed  ## Python environment with every test dependency
 python: install  ## print the venv's interpreter: PY=$$(make -s python)
 	@echo $(PY)
 
-SYSTEM_PACKAGES := slurm-wlm munge docker-compose
-system-deps:  ## Debian packages for the SLURM and compose tests (installed when root)
-	@if ! command -v slurmctld >/dev/null || ! command -v docker-compose >/dev/null; then \
-	  ci/apt-install.sh "make test (single-node SLURM, docker-compose config)" $(SYSTEM_PACKAGES); fi
+SYSTEM_PACKAGES := slurm-wlm munge docker-compose openssh-server
+system-deps:  ## Debian packages for the SLURM, ssh and compose tests (installed when root)
+	@if ! command -v slurmctld >/dev/null || ! command -v docker-compose >/dev/null || \
+	    ! { command -v sshd >/dev/null || test -x /usr/sbin/sshd; }; then \
+	  ci/apt-install.sh "make test (single-node SLURM, loopback sshd, docker-compose config)" $(SYSTEM_PACKAGES); fi
 
 # The whole suite, SLURM included: starts a single-node SLURM cluster and stops it after. A
 # SLURM that does not start stops here with its own error, before pytest runs.

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_there_are_examples_for_each_kind_of_site():
-    assert {p.stem for p in EXAMPLES} >= {"stats_local", "stats_slurm_cpu", "stats_slurm_gpu", "stats_s3", "xvectors"}
+    assert {p.stem for p in EXAMPLES} >= {"stats_local", "stats_slurm_cpu", "stats_slurm_gpu", "stats_s3", "stats_ssh",
+                                          "xvectors"}
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,8 @@ def test_example_config_plans_with_dry_run(example, tmp_path, demo_corpus, ecapa
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "(dry run)" in proc.stdout and "to compute" in proc.stdout, proc.stdout
+    backend = (conf.get("parallel") or {}).get("env", "local")
+    assert f"  cluster: {backend}" in proc.stdout or f"  cluster: {backend}:" in proc.stdout, proc.stdout
     splits = conf["xvector"]["splits"] if "xvector" in conf else list(conf["manifests"])
     for split in splits:
         assert f"  {split}: " in proc.stdout, proc.stdout

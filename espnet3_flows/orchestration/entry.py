@@ -22,11 +22,8 @@ from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.parameters import dotted_values, form_fields
 from espnet3_flows.orchestration.task_runner import prestart_workers
+from espnet3_flows.parallel.cluster import describe_parallel
 from espnet3_flows.storage import StorageError, has_secrets, redact
-
-# clusters whose workers run on this machine and print to the CLI's terminal
-LOCAL_ENVS = ("serial", "local", "local_gpu")
-
 
 def resolve_config(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str]) -> Any:
     """Defaults < ``config_file`` < typed parameters that differ from their defaults < ``overrides``.
@@ -145,7 +142,8 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         if dry_run:
             return _dry_run(job, cfg)
         # workers on this machine print to this terminal: the same quiet rules there
-        quiet_local_workers(not verbose and cfg.parallel.env in LOCAL_ENVS)
+        backend = cfg.parallel.backend  # workers on this machine print to the CLI's terminal
+        quiet_local_workers(not verbose and (backend.in_process or backend.on_this_machine))
     except Exception as exc:  # noqa: BLE001 - a config, manifest or storage error: one line
         return _report(exc, verbose)
     planned: list[PlannedFlow] = []
@@ -159,7 +157,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         return needed
 
     try:
-        with prefect_api(needs_server=cfg.parallel.env != "serial", while_starting=plan_now) as api:
+        with prefect_api(needs_server=not cfg.parallel.backend.in_process, while_starting=plan_now) as api:
             run = planned[0]
             if api is False:  # nothing to compute or merge: no server, no flow, no cluster
                 summaries = run.unchanged_summaries or {}
@@ -222,6 +220,7 @@ def _dry_run(job: str, cfg: Any) -> int:
     run = plan_job(job, cfg, publish=False)
     print(f"{job} (dry run): {run.total_shards} shard(s) in {len(run.runners)} split(s), planned in "
           f"{run.plan_seconds:.1f} s; output {cfg.output_dir}")
+    print(f"  cluster: {describe_parallel(cfg.parallel)}")
     for split in run.runners:
         pending = split.pending
         print(f"  {split.runner.split}: {split.plan.num_items} utterances in {len(split.plan.shards)} shard(s): "
@@ -239,11 +238,16 @@ def usage(job: str) -> str:
     lines = [f"usage: python flows/{job}.py [--config FILE] [--dry-run] [--print-config] [--verbose] [key=value ...]",
              f"       (also: python -m espnet3_flows {job} ..., espnet3-{job.replace('_', '-')} ...)", "",
              "  --config FILE  a YAML file of these keys (examples in conf/); key=value overrides win",
-             "  --dry-run      check the config, plan every split and print what a run would compute (no",
-             "                 server, no cluster, no outputs published)",
+             "  --dry-run      check the config, plan every split and print what a run would compute and on",
+             "                 which cluster (no server, no cluster started, no outputs published)",
              "  --print-config print the merged config (file < overrides, credentials redacted) as YAML and exit",
              "  --verbose      print every log line (Dask, Prefect's engines) and tracebacks; by default the",
              "                 console shows this project's messages, warnings and one `error:` line", "",
+             "  where shards run (parallel.env; README.md, Parallel configuration):",
+             "    parallel.env=local parallel.n_workers=8               a local cluster of 8 processes",
+             "    parallel.env=slurm parallel.options.queue=gpu         SLURM jobs (dask-jobqueue)",
+             "    parallel.env=ssh 'parallel.options.hosts=[head,node1,node2]'   workstations over SSH",
+             "    parallel.env=serial                                   this process, no Dask", "",
              "keys (default): description; README.md, Configuration, has the whole text:"]
 
     def walk(node: Any, prefix: str) -> None:

@@ -40,8 +40,7 @@ from espnet3_flows.orchestration.prefect_compat import (
 )
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
-from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config
-from espnet3_flows.parallel.forkserver import worker_start_method
+from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, prepare_client, with_worker_env
 from espnet3_flows.parallel.parallel import get_parallel_config, parallel_is_set
 from espnet3_flows.parallel.scheduler import SUBMIT_WINDOW, PlannedRunner, plan_runner, run_planned
 from espnet3_flows.parallel.worker_env import get_env, install_runners, installed_plugins, register_runner, uninstall_runners
@@ -126,7 +125,7 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
         get_parallel_config() if parallel_is_set() else ParallelConfig(env="serial"))
     title = name or _kebab(type(runner).__name__)
     shown = {"runner": f"{type(runner).__module__}.{type(runner).__qualname__}", "parallel": to_plain(cfg)}
-    api = contextlib.nullcontext() if _in_flow() else prefect_api(needs_server=cfg.env != "serial")
+    api = contextlib.nullcontext() if _in_flow() else prefect_api(needs_server=not cfg.backend.in_process)
     with runner.output_scope(), api:
         t0 = time.perf_counter()
         planned = plan_runner(runner, indices)
@@ -154,11 +153,13 @@ def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool
         prestart_workers(run.parallel, run.worker_modules)
         warn_if_dask_client_open(run.parallel)
         warn_if_api_unreachable(run.parallel)
-        task_runner, start_method = make_task_runner(run.parallel)
+        # workers that do not inherit this process's environment (ssh, kube) are given the API's URL
+        api_url = {"PREFECT_API_URL": os.environ["PREFECT_API_URL"]} if os.environ.get("PREFECT_API_URL") else {}
+        task_runner = make_task_runner(with_worker_env(run.parallel, api_url))  # its cluster starts inside the flow
     else:  # only merges: in this process
-        task_runner, start_method = ThreadPoolTaskRunner(max_workers=1), "spawn"
+        task_runner = ThreadPoolTaskRunner(max_workers=1)
     sub = shard_flow.with_options(task_runner=task_runner, name=name)
-    with running(run), worker_start_method(start_method):  # the cluster starts inside the flow
+    with running(run):
         return sub(title=run.title, config=shown, progress=progress)
 
 
@@ -171,7 +172,7 @@ def _in_flow() -> bool:
 def warn_if_dask_client_open(parallel: Any) -> bool:
     """Warn when a Dask client is already open in this process: prefect-dask's task runner then
     runs every task on that client's cluster and ignores ``parallel``. Returns whether it warned."""
-    if parallel.env == "serial":
+    if parallel.backend.in_process:
         return False
     from distributed import default_client
 
@@ -192,7 +193,7 @@ def warn_if_api_unreachable(parallel: Any) -> bool:
     from prefect.settings import PREFECT_API_URL
 
     url = str(PREFECT_API_URL.value() or "")
-    if parallel.env != "address" or not any(h in url for h in ("//127.", "//localhost", "//[::1]")):
+    if not parallel.backend.connects or not any(h in url for h in ("//127.", "//localhost", "//[::1]")):
         return False
     log.warning("parallel.env=address with the Prefect API at %s: Dask workers on other hosts cannot reach a "
                 "loopback address; start a Prefect server they can reach and set PREFECT_API_URL", url)
@@ -252,7 +253,9 @@ class PrefectExecutor:
         ctx = FlowRunContext.get()
         task_runner = ctx.task_runner if ctx else None
         self.client = task_runner.client if isinstance(task_runner, DaskTaskRunner) else None  # starts the cluster
-        self.address = run.parallel.env == "address"
+        if self.client is not None:
+            prepare_client(self.client, run.parallel)
+        self.address = run.parallel.backend.connects
         self.ready: float | None = None
         # Prefect's exponential backoff (first, 2x, 4x, ...) jittered by up to 50 %, so shards that
         # failed together (a store outage) do not all retry at the same instant

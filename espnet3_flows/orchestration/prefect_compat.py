@@ -41,7 +41,7 @@ import logging
 import os
 import ssl
 import threading
-from typing import Any
+from typing import Any, Callable
 
 #: Prefect versions these patches were verified against (their targets read, tests run)
 VERIFIED_PREFECT = ("3.8.8",)
@@ -132,9 +132,18 @@ def cache_settings_serialization() -> bool:
     """
     from prefect.context import SettingsContext
 
+    return _memoize_serialize(SettingsContext,
+                              lambda self, secrets: (self, self.profile, self.settings, secrets), copy.deepcopy)
+
+
+def _memoize_serialize(cls: type, key_of: Callable[[Any, bool], tuple[Any, ...]],
+                       copy_of: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
+    """Make ``cls.serialize`` return a copy (``copy_of``) of its last result while ``key_of(self,
+    include_secrets)`` holds the same objects (compared by identity); idempotent. ``False`` when
+    Prefect is not a verified version or ``cls`` has no ``serialize`` of its own."""
     if not prefect_verified():
         return False
-    original = SettingsContext.__dict__.get("serialize")
+    original = cls.__dict__.get("serialize")
     if original is None:
         return False
     if getattr(original, _MARK, False):
@@ -143,20 +152,26 @@ def cache_settings_serialization() -> bool:
     last: dict[str, Any] = {}
 
     def serialize(self: Any, include_secrets: bool = True) -> dict[str, Any]:
-        key = (self, self.profile, self.settings, include_secrets)
+        key = key_of(self, include_secrets)
         with lock:
             hit = last.get("key")
-            if hit is not None and all(a is b for a, b in zip(hit, key)):
-                return copy.deepcopy(last["value"])
+            if hit is not None and len(hit) == len(key) and all(a is b for a, b in zip(hit, key)):
+                return copy_of(last["value"])
         value = original(self, include_secrets=include_secrets)
         with lock:
             last.update(key=key, value=value)
-        return copy.deepcopy(value)
+        return copy_of(value)
 
-    serialize.__doc__ = original.__doc__
-    serialize.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(serialize, _MARK, True)
-    SettingsContext.serialize = serialize  # type: ignore[method-assign]
+    return _patch(cls, "serialize", serialize, original)
+
+
+def _patch(owner: Any, name: str, wrapper: Any, original: Any) -> bool:
+    """Set ``owner.name = wrapper`` (a wrapper of ``original``, marked as ours so that installing it
+    again is a no-op); returns ``True``."""
+    wrapper.__doc__ = original.__doc__
+    wrapper.__wrapped__ = original
+    setattr(wrapper, _MARK, True)
+    setattr(owner, name, wrapper)
     return True
 
 
@@ -257,10 +272,7 @@ def cache_settings_hydration() -> bool:
             with fresh_copy(template, serialized_flow), original(rest, cached_client):
                 yield
 
-    hydrated_context.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(hydrated_context, _MARK, True)
-    task_engine.hydrated_context = hydrated_context  # type: ignore[attr-defined]
-    return True
+    return _patch(task_engine, "hydrated_context", hydrated_context, original)
 
 
 def untokenized_task_keys() -> bool:
@@ -292,11 +304,7 @@ def untokenized_task_keys() -> bool:
             pure = False
         return original(self, func, *args, key=key, pure=pure, **kwargs)
 
-    submit.__doc__ = original.__doc__
-    submit.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(submit, _MARK, True)
-    PrefectDaskClient.submit = submit  # type: ignore[method-assign]
-    return True
+    return _patch(PrefectDaskClient, "submit", submit, original)
 
 
 def cache_flow_context_serialization() -> bool:
@@ -314,33 +322,12 @@ def cache_flow_context_serialization() -> bool:
     """
     from prefect.context import EngineContext
 
-    if not prefect_verified():
-        return False
-    original = EngineContext.__dict__.get("serialize")
-    if original is None:
-        return False
-    if getattr(original, _MARK, False):
-        return True
-    lock = threading.Lock()
-    last: dict[str, Any] = {}
     fields = ("flow_run", "flow", "parameters", "log_prints", "start_time", "input_keyset", "persist_result",
               "result_store")
 
-    def serialize(self: Any, include_secrets: bool = True) -> dict[str, Any]:
+    def key_of(self: Any, include_secrets: bool) -> tuple[Any, ...]:
         run = getattr(self, "flow_run", None)
-        key = (self, include_secrets, getattr(run, "state_type", None), getattr(run, "state_name", None),
-               *(getattr(self, f, None) for f in fields))
-        with lock:
-            hit = last.get("key")
-            if hit is not None and len(hit) == len(key) and all(a is b for a, b in zip(hit, key)):
-                return dict(last["value"])
-        value = original(self, include_secrets=include_secrets)
-        with lock:
-            last.update(key=key, value=value)
-        return dict(value)
+        return (self, include_secrets, getattr(run, "state_type", None), getattr(run, "state_name", None),
+                *(getattr(self, f, None) for f in fields))
 
-    serialize.__doc__ = original.__doc__
-    serialize.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(serialize, _MARK, True)
-    EngineContext.serialize = serialize  # type: ignore[method-assign]
-    return True
+    return _memoize_serialize(EngineContext, key_of, dict)

@@ -4,40 +4,32 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from espnet3_flows.parallel.cluster import ParallelConfig, cluster_spec, configure_worker_processes, scheduler_address
-from espnet3_flows.parallel.forkserver import local_worker_start, start_forkserver, wants_forkserver
+from espnet3_flows.parallel.cluster import ParallelConfig, cluster_spec, make_cluster, scheduler_address
+from espnet3_flows.parallel.forkserver import start_forkserver, wants_forkserver
 
 #: Imported by every worker before its first shard task: the task engine is most of Prefect's import.
 PREFECT_WORKER_MODULES = ("prefect.task_engine",)
 
 
-def make_task_runner(cfg: ParallelConfig) -> tuple[Any, str]:
-    """``DaskTaskRunner`` on the configured cluster, or a one-thread runner for ``serial``, and the
-    start method of its local workers (``forkserver`` or ``spawn``; see :mod:`..parallel.forkserver`).
-
-    ``env: address`` connects to the running scheduler (a ``scheduler_file`` is read now) and
-    starts nothing: the runner closes only its client when the flow ends, the cluster stays up.
-
-    The cluster starts when the runner's client is first used; that must happen under
-    ``worker_start_method(method)``. Batch-scheduler clusters get ``adapt_kwargs`` (fixed
-    ``n_workers`` becomes ``minimum = maximum = n_workers``) because prefect-dask scales only
-    adaptively.
+def make_task_runner(cfg: ParallelConfig) -> Any:
+    """The flow's task runner: a one-thread runner in this process for a backend that runs in
+    process (``serial``); a ``DaskTaskRunner`` connected to the running scheduler of ``env:
+    address`` (a ``scheduler_file`` is read now; the runner closes only its client, the cluster
+    stays up); else a ``DaskTaskRunner`` whose cluster :func:`~..parallel.cluster.make_cluster`
+    builds from ``cfg`` when the runner's client is first used (scaled as the backend says, and
+    closed with the flow), the same cluster ``runner.run`` would start.
     """
-    if cfg.env == "serial":
+    backend = cfg.backend
+    if backend.in_process:
         from prefect.task_runners import ThreadPoolTaskRunner
 
-        return ThreadPoolTaskRunner(max_workers=1), "spawn"
+        return ThreadPoolTaskRunner(max_workers=1)
     from prefect_dask import DaskTaskRunner
 
-    if cfg.env == "address":
-        return DaskTaskRunner(address=scheduler_address(cfg)), "spawn"  # no local workers to start
-    spec = cluster_spec(cfg)
-    configure_worker_processes(cfg)
-    method, kwargs = local_worker_start(cfg, spec.kwargs)
-    adapt = spec.adapt or None
-    if spec.is_jobqueue and adapt is None:
-        adapt = {"minimum": spec.n_workers, "maximum": spec.n_workers}
-    return DaskTaskRunner(cluster_class=spec.class_path, cluster_kwargs=kwargs, adapt_kwargs=adapt), method
+    if backend.connects:
+        return DaskTaskRunner(address=scheduler_address(cfg))  # no workers of ours to start
+    cluster_spec(cfg)  # the options are checked now, not when the cluster starts inside the flow
+    return DaskTaskRunner(cluster_class=make_cluster, cluster_kwargs={"cfg": cfg})
 
 
 def prestart_workers(cfg: ParallelConfig, modules: Sequence[str]) -> None:
@@ -49,5 +41,4 @@ def prestart_workers(cfg: ParallelConfig, modules: Sequence[str]) -> None:
     imports then overlap with whatever the driver does before the cluster starts.
     """
     if wants_forkserver(cfg):
-        configure_worker_processes(cfg)
         start_forkserver((*PREFECT_WORKER_MODULES, *modules))

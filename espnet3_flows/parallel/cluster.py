@@ -1,38 +1,36 @@
-"""Dask clusters from the ``parallel:`` config: local processes, local GPUs, a batch scheduler, or a
-running scheduler someone else started."""
+"""Dask clusters from the ``parallel:`` config, through the backend registry
+(:mod:`espnet3_flows.parallel.backends`): built, scaled, given this project's scheduler and worker
+settings for themselves only (nothing of them stays in this process's Dask config or environment),
+and checked to run this project on every worker."""
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import inspect
+import contextlib
+import copy
+import dataclasses
 import json
 import logging
 import os
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import dask
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 from espnet3_flows.config import ConfigError, check_choices
-from espnet3_flows.parallel.forkserver import DASK_TRIM_DEFAULT, drop_inherited_trim_threshold, local_worker_start, worker_start_method
+from espnet3_flows.parallel.backends import (
+    BUILTIN_ENVS,
+    Backend,
+    backend_of,
+    builtin_defaults,
+    check_options,
+    get_backend,
+)
+from espnet3_flows.parallel.forkserver import DASK_TRIM_DEFAULT, local_worker_start, without_inherited_trim_threshold, worker_start_method
 
 _LOG = logging.getLogger(__name__)
 
-#: ``parallel.env`` → cluster class. ``serial`` runs in the calling process with no Dask.
-CLUSTER_CLASSES: dict[str, str] = {
-    "local": "distributed.LocalCluster",
-    "local_gpu": "dask_cuda.LocalCUDACluster",
-    "slurm": "dask_jobqueue.SLURMCluster",
-    "pbs": "dask_jobqueue.PBSCluster",
-    "sge": "dask_jobqueue.SGECluster",
-    "lsf": "dask_jobqueue.LSFCluster",
-    "htcondor": "dask_jobqueue.HTCondorCluster",
-    "oar": "dask_jobqueue.OARCluster",
-    "moab": "dask_jobqueue.MoabCluster",
-}
-#: Environments without a cluster class: ``serial`` (in-process), ``address`` (a running scheduler).
-ENVS = ("serial", *CLUSTER_CLASSES, "address")
 START_METHODS = ("forkserver", "spawn")
 
 
@@ -42,16 +40,21 @@ class ParallelConfig:
 
     Attributes:
         env: ``serial`` (in this process, no Dask), ``local`` (a process ``LocalCluster``),
-            ``local_gpu`` (``dask_cuda.LocalCUDACluster``, one GPU per worker) or a batch
-            scheduler of dask-jobqueue: ``slurm``, ``pbs``, ``sge``, ``lsf``, ``htcondor``,
-            ``oar``, ``moab``; or ``address``: the Dask cluster someone else started (named by
-            ``address`` or ``scheduler_file``), which is used and left running.
+            ``local_gpu`` (``dask_cuda.LocalCUDACluster``, one GPU per worker), a batch
+            scheduler of dask-jobqueue (``slurm``, ``pbs``, ``sge``, ``lsf``, ``htcondor``,
+            ``oar``, ``moab``), ``ssh`` (``distributed.SSHCluster`` on ``options.hosts``), ``kube``
+            (``dask_kubernetes``' operator ``KubeCluster``), or ``address``: the Dask cluster
+            someone else started (named by ``address`` or ``scheduler_file``), which is used and
+            left running. The envs are a registry (:mod:`espnet3_flows.parallel.backends`).
         n_workers: Workers to start; 0 means one per CPU core (``local``), one per visible
-            GPU (``local_gpu``) or 1 job (batch schedulers, unless ``adapt`` is set).
+            GPU (``local_gpu``), 1 job (batch schedulers, unless ``adapt`` is set), one worker
+            per host after the first (``ssh``; else worker processes per host) or 1 pod (``kube``).
         threads_per_worker: Threads per local worker (1: a speech job is CPU-bound per item).
         options: Keyword arguments for the cluster class (e.g. ``queue``, ``cores``,
-            ``memory``, ``walltime``, ``job_extra_directives`` for SLURM). Unknown names are
-            an error at construction.
+            ``memory``, ``walltime``, ``job_extra_directives`` for SLURM; ``hosts``,
+            ``connect_options``, ``worker_options``, ``scheduler_options``, ``remote_python`` for
+            ``ssh``; ``image``, ``resources``, ``env``, ``namespace`` for ``kube``). Unknown names
+            are an error at construction.
         adapt: Adaptive scaling bounds for batch schedulers, e.g. ``{"minimum": 1, "maximum": 8}``.
         allowed_failures: How often a task may lose its worker before Dask gives up on it.
         trim_worker_memory: Keep Dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` in worker
@@ -73,12 +76,15 @@ class ParallelConfig:
             ``threads_per_worker``, ``start_method`` and ``allowed_failures`` are not used.
         scheduler_file: ``env: address`` only, instead of ``address``: the JSON file written by
             ``dask scheduler --scheduler-file PATH``; its ``address`` is read when a run starts.
+        cluster_class: Any other Dask cluster class or factory, ``package.module.Name`` (as
+            prefect-dask's ``cluster_class``): called with ``n_workers`` and ``options``; ``env``
+            stays at its default then.
         allow_overwrite_lock: ESPnet3's key (replace a stale shard lock), accepted so that an
             ESPnet3 ``parallel:`` section loads unchanged; it has no effect here: shards are staged
             and published atomically, and there are no lock files to go stale.
     """
 
-    env: str = field(default="local", metadata={"choices": ENVS})
+    env: str = field(default="local", metadata={"choices": BUILTIN_ENVS})
     n_workers: int = 0
     threads_per_worker: int = 1
     options: dict[str, Any] = field(default_factory=dict)
@@ -88,10 +94,17 @@ class ParallelConfig:
     start_method: str = "forkserver"
     address: str = ""
     scheduler_file: str = ""
+    cluster_class: str = ""
     allow_overwrite_lock: bool = False
 
     def __post_init__(self) -> None:
-        check_choices(self, "parallel.")
+        if self.env not in BUILTIN_ENVS:
+            get_backend(self.env)  # a registered backend beyond the built-in ones, or the error naming them
+        else:
+            check_choices(self, "parallel.")
+        if self.cluster_class and self.env != ParallelConfig.env:  # env left at its default
+            raise ConfigError(f"parallel.cluster_class runs {self.cluster_class}; leave parallel.env unset with it "
+                              f"(parallel.env is {self.env!r})")
         if self.n_workers < 0:
             raise ConfigError(f"parallel.n_workers must be >= 0, got {self.n_workers}")
         if self.start_method not in START_METHODS:
@@ -101,14 +114,20 @@ class ParallelConfig:
         bad_adapt = set(self.adapt) - {"minimum", "maximum", "minimum_jobs", "maximum_jobs", "interval", "wait_count", "target_duration"}
         if bad_adapt:
             raise ConfigError(f"parallel.adapt: unknown keys {sorted(bad_adapt)}")
-        if self.env == "address":
+        backend = backend_of(self)
+        if backend.connects:
             _check_address_config(self)
         elif self.address or self.scheduler_file:
             key = "address" if self.address else "scheduler_file"
             raise ConfigError(f"parallel.{key} names a running scheduler, used only with parallel.env=address "
                               f"(parallel.env is {self.env!r})")
-        elif self.env != "serial":
+        elif backend.makes_cluster:
             cluster_spec(self)  # validates options now, not on the cluster
+
+    @property
+    def backend(self) -> Backend:
+        """The backend this config runs on (see :mod:`espnet3_flows.parallel.backends`)."""
+        return backend_of(self)
 
 
 def _check_address_config(cfg: ParallelConfig) -> None:
@@ -144,7 +163,7 @@ def scheduler_address(cfg: ParallelConfig) -> str:
         ConfigError: for another env, or a scheduler file that is missing, unreadable, not
             JSON or without a valid ``address``.
     """
-    if cfg.env != "address":
+    if not cfg.backend.connects:
         raise ConfigError(f"parallel.env={cfg.env} has no running scheduler to connect to; use parallel.env=address")
     if cfg.address:
         return cfg.address
@@ -167,8 +186,17 @@ def scheduler_address(cfg: ParallelConfig) -> str:
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """A resolved cluster: class path, constructor keyword arguments, workers and adaptivity."""
+    """A resolved cluster: its backend, class or factory, keyword arguments, workers, adaptivity.
 
+    Attributes:
+        backend: The backend.
+        class_path: The cluster class or factory.
+        kwargs: Its keyword arguments (``options``, the backend's defaults and the worker settings).
+        n_workers: Workers to scale to after construction (``scale`` backends), else as given.
+        adapt: Adaptive scaling bounds (``scale`` backends).
+    """
+
+    backend: Backend
     class_path: str
     kwargs: dict[str, Any]
     n_workers: int
@@ -176,137 +204,184 @@ class ClusterSpec:
 
     @property
     def is_jobqueue(self) -> bool:
-        """Whether the cluster submits batch jobs (workers are scaled, not passed as ``n_workers``)."""
-        return self.class_path.startswith("dask_jobqueue.")
+        """Whether the cluster submits batch jobs."""
+        return self.backend.jobqueue
 
+    def describe(self) -> str:
+        """One line: the backend, its cluster and options, how it scales (``--dry-run`` prints it)."""
+        from espnet3_flows.storage import redact
 
-def _import(path: str) -> Any:
-    module, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ImportError as exc:
-        extra = " (pip install 'espnet3-flows[gpu]')" if module == "dask_cuda" else ""
-        raise ConfigError(f"parallel.env needs {module}, which cannot be imported: {exc}{extra}") from None
-
-
-def _accepted_kwargs(cls: type) -> set[str] | None:
-    names: set[str] = set()
-    classes = list(inspect.getmro(cls))
-    job_cls = getattr(cls, "job_cls", None)
-    if job_cls is not None:
-        classes += list(inspect.getmro(job_cls))
-    if cls.__name__ in ("LocalCluster", "LocalCUDACluster"):
-        from distributed import Nanny, Worker
-
-        classes += [Nanny, Worker]
-    for c in classes:
-        init = c.__dict__.get("__init__")
-        if init is None:
-            continue
-        for p in inspect.signature(init).parameters.values():
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
-                names.add(p.name)
-    return names or None
+        shown = json.dumps(redact({k: v for k, v in self.kwargs.items() if k != "env" or not self.backend.forks}),
+                           default=str, sort_keys=True)
+        scale = (f", adapt {self.adapt}" if self.adapt else f", scaled to {self.n_workers} worker(s)") \
+            if self.backend.workers == "scale" else ""
+        return f"{self.backend.name}: {self.class_path}({shown}){scale}"
 
 
 #: Per-job size for batch schedulers when neither ``parallel.options`` nor the site's
 #: ``jobqueue.yaml`` (``jobqueue.<scheduler>.<key>``) gives one: one single-process worker of
 #: 1 core and 2 GB per job (dask-jobqueue itself has no default and refuses to start).
 JOBQUEUE_FALLBACKS = {"cores": 1, "memory": "2GB", "processes": 1}
-
-
-def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
-    """Resolve ``cfg`` to a cluster class and checked keyword arguments.
-
-    Raises:
-        ConfigError: for ``serial`` and ``address``, an unknown option name (with the closest valid one), or
-            a cluster package that is not installed.
-    """
-    if cfg.env == "serial":
-        raise ConfigError("parallel.env=serial runs without a cluster")
-    if cfg.env == "address":
-        raise ConfigError("parallel.env=address connects to a running scheduler; it has no cluster to build")
-    class_path = CLUSTER_CLASSES[cfg.env]
-    cls = _import(class_path)
-    accepted = _accepted_kwargs(cls)
-    if accepted is not None:
-        for key in cfg.options:
-            if key not in accepted:
-                close = difflib.get_close_matches(key, sorted(accepted), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"parallel.options.{key}: not an option of {class_path}{hint}")
-    kwargs = dict(cfg.options)
-    n = cfg.n_workers
-    if cfg.env == "local":
-        n = n or (os.cpu_count() or 1)
-        kwargs.setdefault("n_workers", n)
-        kwargs.setdefault("threads_per_worker", cfg.threads_per_worker)
-        kwargs.setdefault("processes", True)
-        kwargs.setdefault("dashboard_address", ":0")  # a free port: several runs may share a host
-    elif cfg.env == "local_gpu":
-        if n:
-            kwargs.setdefault("n_workers", n)
-        kwargs.setdefault("threads_per_worker", cfg.threads_per_worker)
-        kwargs.setdefault("dashboard_address", ":0")  # a free port: several runs may share a host
-    else:
-        n = n or (0 if cfg.adapt else 1)
-        for key, fallback in JOBQUEUE_FALLBACKS.items():
-            # dask-jobqueue reads a site's jobqueue.yaml (~/.config/dask/jobqueue.yaml, DASK_CONFIG)
-            # only for arguments not passed: a fallback is passed only where the site set none
-            if dask.config.get(f"jobqueue.{cfg.env}.{key}", None) is None:
-                kwargs.setdefault(key, fallback)
-    return ClusterSpec(class_path, kwargs, n, dict(cfg.adapt))
-
-
+#: Worker environments' setting of Dask's malloc trimming (their nannies add it when it is unset)
 _TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 _TRIM_ENV = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_"
 
 
+def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
+    """Resolve ``cfg`` to its backend's cluster and checked keyword arguments.
+
+    Raises:
+        ConfigError: for a backend that starts no cluster (``serial``, ``address``), an unknown
+            option name (with the closest valid one), a missing required one, or a cluster package
+            that is not installed (naming its extra).
+    """
+    backend = cfg.backend
+    if not backend.makes_cluster:
+        what = "connects to a running one" if backend.connects else "runs in this process"
+        raise ConfigError(f"parallel.env={backend.name}: no cluster to build (it {what})")
+    factory = backend.load()
+    check_options(cfg, backend, factory)
+    kwargs = dict(cfg.options)
+    for key, value in builtin_defaults(cfg, backend).items():
+        kwargs.setdefault(key, value)
+    n = cfg.n_workers
+    if backend.workers == "n_workers" and n:
+        kwargs.setdefault("n_workers", n)
+    elif backend.workers == "hosts" and n:
+        kwargs["worker_options"] = {**kwargs.get("worker_options", {}), "n_workers": n}  # processes per host
+    elif backend.workers == "scale":
+        n = n or (0 if cfg.adapt else 1)
+    if backend.jobqueue:
+        for key, fallback in JOBQUEUE_FALLBACKS.items():
+            # dask-jobqueue reads a site's jobqueue.yaml (~/.config/dask/jobqueue.yaml, DASK_CONFIG)
+            # only for arguments not passed: a fallback is passed only where the site set none
+            if dask.config.get(f"jobqueue.{backend.name}.{key}", None) is None:
+                kwargs.setdefault(key, fallback)
+        if not cfg.trim_worker_memory:  # the batch jobs' nannies add no MALLOC_TRIM_THRESHOLD_
+            prologue = list(kwargs.get("job_script_prologue") or [])
+            kwargs["job_script_prologue"] = [*prologue, f"export {_TRIM_ENV}=None"]
+    return ClusterSpec(backend, backend.cluster, kwargs, n, dict(cfg.adapt) if backend.workers == "scale" else {})
+
+
 #: Messages Dask's scheduler keeps per worker stream (and transitions in its log) for debugging;
-#: Dask's default is 1,000 (see :func:`configure_worker_processes`)
+#: Dask's default is 1,000 (see :class:`ClusterSettings`)
 LOW_LEVEL_LOG_LENGTH = 16
 
 
-def configure_worker_processes(cfg: ParallelConfig) -> None:
-    """Dask settings for the worker processes this process starts (locally or as batch jobs).
+@contextlib.contextmanager
+def worker_settings(cfg: ParallelConfig) -> Iterator[None]:
+    """For the block in which a cluster of ``cfg`` starts its local workers: Dask's malloc
+    trimming for their environment as ``trim_worker_memory`` says (their nannies read it when they
+    are made), and Dask's ``MALLOC_TRIM_THRESHOLD_`` left in this process's environment by an
+    earlier nanny kept from them. Both are undone when the block ends."""
+    value = int(DASK_TRIM_DEFAULT) if cfg.trim_worker_memory else None
+    with dask.config.set({_TRIM_KEY: value}), without_inherited_trim_threshold():
+        yield
 
-    Sets the allowed failures per task and, unless ``cfg.trim_worker_memory``, removes
-    ``MALLOC_TRIM_THRESHOLD_`` from the environment Dask's nannies give their workers, both in
-    this process's Dask config (local nannies) and in the environment that batch jobs inherit.
 
-    Also shortens Dask's developer logs (``distributed.admin.low-level-log-length``, see
-    :data:`LOW_LEVEL_LOG_LENGTH`) for the scheduler this process runs: each of the scheduler's
-    streams to a worker keeps its last 1,000 messages by default, and every ``compute-task``
-    message holds a whole Prefect task run spec (~100 KB deserialized), so a run of thousands
-    of shards kept ~100 MB per worker on the driver for the rest of the flow.
+class ClusterSettings(SchedulerPlugin):
+    """This project's scheduler settings, for one cluster's scheduler only (wherever it runs):
+    how often a task may lose its worker (``parallel.allowed_failures``) and short developer logs
+    (:data:`LOW_LEVEL_LOG_LENGTH`): each of the scheduler's streams to a worker keeps its last
+    1,000 messages by default, and every ``compute-task`` message holds a whole Prefect task run
+    spec (~100 KB deserialized), so a run of thousands of shards kept ~100 MB per worker on the
+    driver for the rest of the flow.
+
+    Args:
+        allowed_failures: The scheduler's ``allowed_failures``.
+        log_length: Messages kept per worker stream, transitions in the log.
     """
-    import dask
 
-    dask.config.set({"distributed.scheduler.allowed-failures": cfg.allowed_failures,
-                     "distributed.admin.low-level-log-length": LOW_LEVEL_LOG_LENGTH})
-    if cfg.trim_worker_memory:
-        dask.config.set({_TRIM_KEY: int(DASK_TRIM_DEFAULT)})
-        os.environ.pop(_TRIM_ENV, None)
-    else:
-        dask.config.set({_TRIM_KEY: None})
-        os.environ[_TRIM_ENV] = "None"
-        drop_inherited_trim_threshold()
+    name = "espnet3-cluster-settings"
+
+    def __init__(self, allowed_failures: int, log_length: int = LOW_LEVEL_LOG_LENGTH):
+        self.allowed_failures = allowed_failures
+        self.log_length = log_length
+
+    async def start(self, scheduler: Any) -> None:  # noqa: D401 - Dask hook
+        scheduler.allowed_failures = self.allowed_failures
+        scheduler.transition_log = deque(scheduler.transition_log, maxlen=self.log_length)
+        for worker in list(scheduler.stream_comms):
+            self._shorten(scheduler, worker)
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:  # noqa: D401 - Dask hook
+        self._shorten(scheduler, worker)
+
+    def _shorten(self, scheduler: Any, worker: str) -> None:
+        stream = scheduler.stream_comms.get(worker)
+        if stream is not None:
+            stream.recent_message_log = deque(stream.recent_message_log, maxlen=self.log_length)
 
 
 def make_cluster(cfg: ParallelConfig) -> Any:
-    """Start the cluster described by ``cfg`` (scaled, or adaptive for batch schedulers)."""
+    """Start the cluster ``cfg`` describes (as its backend says: workers as a constructor argument,
+    scaled, adaptive, or one per host). Also prefect-dask's ``cluster_class`` of the flows'
+    task runner, called with ``cfg``."""
     spec = cluster_spec(cfg)
-    cls = _import(spec.class_path)
-    configure_worker_processes(cfg)
-    method, kwargs = local_worker_start(cfg, spec.kwargs)
-    with worker_start_method(method):
-        cluster = cls(**kwargs)
-    if spec.is_jobqueue:
-        if spec.adapt:
-            cluster.adapt(**spec.adapt)
-        else:
-            cluster.scale(spec.n_workers)
+    factory = spec.backend.load()
+    with worker_settings(cfg):
+        method, kwargs = local_worker_start(cfg, spec.kwargs) if spec.backend.forks else ("spawn", spec.kwargs)
+        with worker_start_method(method):
+            cluster = factory(**kwargs)
+            if spec.backend.workers == "scale":
+                if spec.adapt:
+                    cluster.adapt(**spec.adapt)
+                else:
+                    cluster.scale(spec.n_workers)
     return cluster
+
+
+def describe_parallel(cfg: ParallelConfig) -> str:
+    """Which backend a run of ``cfg`` uses, and how (``--dry-run`` prints it)."""
+    backend = cfg.backend
+    if backend.in_process:
+        return f"{backend.name}: in this process, no Dask"
+    if backend.connects:
+        where = cfg.address or f"the scheduler of {cfg.scheduler_file}"
+        return f"{backend.name}: the running cluster at {where} (left running)"
+    return cluster_spec(cfg).describe()
+
+
+def with_worker_env(cfg: ParallelConfig, variables: dict[str, str]) -> ParallelConfig:
+    """``cfg`` with ``variables`` in its workers' environment, for backends whose workers do not
+    inherit this process's (``ssh``: ``options.worker_options.env``, ``kube``: ``options.env``);
+    the user's own entries win. Unchanged for the others."""
+    where = cfg.backend.env_option
+    if not where or not variables:
+        return cfg
+    options = copy.deepcopy(cfg.options)
+    node = options
+    *parents, leaf = where.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = {**variables, **(node.get(leaf) or {})}
+    return dataclasses.replace(cfg, options=options)
+
+
+def prepare_client(client: Any, cfg: ParallelConfig) -> None:
+    """On a client of a cluster this run started: this project's scheduler settings
+    (:class:`ClusterSettings`), and a check that every worker can import this project.
+
+    Raises:
+        ConfigError: naming the workers (host and address) where ``espnet3_flows`` is not importable.
+    """
+    if not cfg.backend.makes_cluster:
+        return
+    client.register_plugin(ClusterSettings(cfg.allowed_failures))
+    check_workers_import(client)
+
+
+def check_workers_import(client: Any, module: str = "espnet3_flows") -> None:
+    """Raise a :class:`ConfigError` naming each worker that cannot import ``module`` (its
+    interpreter lacks this project: the shard tasks would fail there to unpickle)."""
+    probe = f"__import__('importlib.util').util.find_spec({module!r}) is not None"
+    found = client.run(eval, probe)  # a builtin: nothing of this project is shipped for the check
+    missing = sorted(addr for addr, ok in found.items() if not ok)
+    if missing:
+        hosts = sorted({addr.split("://")[-1].rsplit(":", 1)[0] for addr in missing})
+        raise ConfigError(f"{module} cannot be imported on host(s) {', '.join(hosts)} (workers "
+                          f"{', '.join(missing)}): install espnet3-flows in the workers' Python there "
+                          "(parallel.options.remote_python for ssh) or put this checkout on their PYTHONPATH")
 
 
 def as_parallel_config(config: ParallelConfig | Any) -> ParallelConfig:

@@ -38,19 +38,27 @@ _SERVER_ENV: dict[str, str] | None = None
 _SERVER_MODULES: tuple[str, ...] = ()
 
 
-def drop_inherited_trim_threshold() -> None:
-    """Remove Dask's ``MALLOC_TRIM_THRESHOLD_=65536`` from this process's environment: a nanny
-    started earlier in this process with Dask's defaults (a user's own LocalCluster) wrote it
-    into ``os.environ`` for good, and worker processes started later would inherit it."""
-    if os.environ.get("MALLOC_TRIM_THRESHOLD_") == DASK_TRIM_DEFAULT:
-        os.environ.pop("MALLOC_TRIM_THRESHOLD_")
+@contextlib.contextmanager
+def without_inherited_trim_threshold() -> Iterator[None]:
+    """Dask's ``MALLOC_TRIM_THRESHOLD_=65536`` out of this process's environment for the block
+    (put back after it): a nanny started earlier in this process with Dask's defaults (a user's
+    own LocalCluster) wrote it into ``os.environ`` for good, and worker processes (or the
+    forkserver) started in the block would inherit it."""
+    if os.environ.get("MALLOC_TRIM_THRESHOLD_") != DASK_TRIM_DEFAULT:
+        yield
+        return
+    os.environ.pop("MALLOC_TRIM_THRESHOLD_")
+    try:
+        yield
+    finally:
+        os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", DASK_TRIM_DEFAULT)
 
 
 def wants_forkserver(cfg: ParallelConfig) -> bool:
     """Whether ``cfg``'s workers are forked from the forkserver: local clusters with
     ``start_method: forkserver`` and without ``trim_worker_memory`` (glibc reads
     ``MALLOC_TRIM_THRESHOLD_`` when a process starts, so that setting needs spawned workers)."""
-    return cfg.env == "local" and cfg.start_method == "forkserver" and not cfg.trim_worker_memory
+    return cfg.backend.forks and cfg.start_method == "forkserver" and not cfg.trim_worker_memory
 
 
 def _server_alive() -> bool:
@@ -78,13 +86,13 @@ def start_forkserver(modules: Sequence[str] = ()) -> bool:
     import dask
     import distributed.utils
 
-    drop_inherited_trim_threshold()
     with dask.config.set({_MP_METHOD_KEY: "forkserver"}):
         ctx = distributed.utils.get_mp_context()  # Dask's own preload choice, made once, replaced here
     preload = list(dict.fromkeys(["distributed", *modules]))
     ctx.set_forkserver_preload(preload)
-    _SERVER_ENV, _SERVER_MODULES = dict(os.environ), tuple(preload)
-    multiprocessing.forkserver.ensure_running()
+    with without_inherited_trim_threshold():
+        _SERVER_ENV, _SERVER_MODULES = dict(os.environ), tuple(preload)
+        multiprocessing.forkserver.ensure_running()
     _LOG.debug("forkserver started (preloading %s)", ", ".join(preload))
     return True
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from espnet3_flows.config import ConfigError
-from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, make_cluster, scheduler_address
+from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, make_cluster, prepare_client, scheduler_address
 from espnet3_flows.parallel.env_injection import conflicting_keys, injected
 from espnet3_flows.parallel.worker_env import drop_env, keep_env, lookup_env
 
@@ -68,18 +68,21 @@ def build_client(config: ParallelConfig | Any | None = None) -> Any:
     from distributed import Client
 
     cfg = _config(config)
-    if cfg.env == "serial":
-        raise ConfigError("parallel.env=serial runs in this process: there is no client to build "
+    backend = cfg.backend
+    if backend.in_process:
+        raise ConfigError(f"parallel.env={backend.name} runs in this process: there is no client to build "
                           "(parallel_map and parallel_for run the function here)")
-    if cfg.env == "address":
+    if backend.connects:
         address = scheduler_address(cfg)
         try:
             return Client(address)
         except OSError as exc:
-            raise OSError(f"parallel.env=address: no Dask scheduler answers at {address}: {exc}") from exc
+            raise OSError(f"parallel.env={backend.name}: no Dask scheduler answers at {address}: {exc}") from exc
     cluster = make_cluster(cfg)
     try:
-        return Client(cluster)
+        client = Client(cluster)
+        prepare_client(client, cfg)
+        return client
     except BaseException:
         cluster.close()
         raise
@@ -140,13 +143,13 @@ def get_client(config: ParallelConfig | Any | None = None, setup_fn: Callable[[]
     cfg = _config(config)
     with contextlib.ExitStack() as stack:
         client = build_client(cfg)
-        if cfg.env != "address":
+        owned = cfg.backend.makes_cluster
+        if owned:
             stack.callback(client.cluster.close)  # after the client (callbacks run last in, first out)
         stack.callback(client.close)
         if wait_for_workers:
             expected = cfg.n_workers or 1
-            client.wait_for_workers(min(wait_for_workers, expected) if cfg.env != "address" else wait_for_workers,
-                                    timeout=600)
+            client.wait_for_workers(min(wait_for_workers, expected) if owned else wait_for_workers, timeout=600)
         if setup_fn is not None:
             env_plugin = WorkerEnvPlugin(setup_fn)
             _register(client, env_plugin, stack, cfg)
@@ -159,7 +162,7 @@ def get_client(config: ParallelConfig | Any | None = None, setup_fn: Callable[[]
 def _register(client: Any, plugin: WorkerPlugin, stack: contextlib.ExitStack, cfg: ParallelConfig) -> None:
     """Register ``plugin`` on every worker; on a cluster someone else runs, unregister it at the end."""
     client.register_plugin(plugin)
-    if cfg.env == "address":
+    if cfg.backend.connects:
         stack.callback(_unregister_plugin, client, plugin)
 
 
@@ -178,7 +181,7 @@ def _mapping_target(client: Any, setup_fn: Callable[[], Any] | None) -> Iterator
     """(client or ``None`` for this process, the env's token on the workers, the env here)."""
     if client is None:
         cfg = get_parallel_config()
-        if cfg.env == "serial":
+        if cfg.backend.in_process:
             yield None, None, build_setup_env(setup_fn) if setup_fn is not None else {}
             return
         with get_client(cfg, setup_fn=setup_fn) as own:

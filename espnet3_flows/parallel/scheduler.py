@@ -222,11 +222,11 @@ def engine_executor(planned: PlannedRunner, client: Any = None, parallel: Any = 
         return
     cfg = as_parallel_config(parallel) if parallel is not None else (
         get_parallel_config() if parallel_is_set() else None)
-    if cfg is None or cfg.env == "serial":
+    if cfg is None or cfg.backend.in_process:
         yield InProcessExecutor()
         return
     with get_client(cfg) as own:
-        yield DaskExecutor(own, owned=cfg.env != "address")
+        yield DaskExecutor(own, owned=cfg.backend.makes_cluster)
 
 
 def run_planned(planned: Sequence[PlannedRunner], executor: ShardExecutor, *, progress: bool = True,

@@ -10,7 +10,6 @@ import distributed
 import pytest
 
 from espnet3_flows.config import ConfigError, load_config
-from espnet3_flows.parallel.cluster import configure_worker_processes
 from espnet3_flows.parallel import (
     ParallelConfig,
     cluster_spec,
@@ -93,11 +92,8 @@ def _trim_env(_: int) -> str | None:
 @pytest.mark.parametrize("trim", [False, True])
 def test_worker_malloc_trim_setting(trim):
     cfg = ParallelConfig(env="local", n_workers=1, trim_worker_memory=trim)
-    try:
-        with get_client(config=cfg) as client:
-            seen = client.submit(_trim_env, 0, pure=False).result()
-    finally:
-        configure_worker_processes(ParallelConfig())  # back to the default for later tests
+    with get_client(config=cfg) as client:
+        seen = client.submit(_trim_env, 0, pure=False).result()
     assert seen == ("65536" if trim else None)
 
 
@@ -106,12 +102,15 @@ def test_the_scheduler_keeps_few_messages_per_worker():
     """Each scheduler → worker stream keeps its last messages for debugging, and every message
     holds whole task specs (~100 KB each for a Prefect shard task): Dask's 1,000 per worker kept
     ~100 MB per worker on the driver during a long run; ours keep LOW_LEVEL_LOG_LENGTH."""
-    from espnet3_flows.parallel.cluster import LOW_LEVEL_LOG_LENGTH, make_cluster
+    from espnet3_flows.parallel.cluster import LOW_LEVEL_LOG_LENGTH, make_cluster, prepare_client
 
-    cluster = make_cluster(ParallelConfig(env="local", n_workers=1))
+    cfg = ParallelConfig(env="local", n_workers=1, allowed_failures=5)
+    cluster = make_cluster(cfg)
     try:
         with distributed.Client(cluster) as client:
             client.wait_for_workers(1)
+            prepare_client(client, cfg)
+            assert cluster.scheduler.allowed_failures == 5
             assert client.gather(client.map(_square, range(3 * LOW_LEVEL_LOG_LENGTH), pure=False))[-1] > 0
             streams = list(cluster.scheduler.stream_comms.values())
             assert streams and all(s.recent_message_log.maxlen == LOW_LEVEL_LOG_LENGTH for s in streams)
@@ -138,11 +137,9 @@ def test_untrimmed_workers_after_a_dask_default_cluster_in_the_same_process(monk
         with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster) as c:
             assert c.submit(_trim_env, 0, pure=False).result() == "65536"
     assert os.environ.get("MALLOC_TRIM_THRESHOLD_") == "65536"  # what Dask's nanny leaves behind
-    try:
-        with get_client(config=ParallelConfig(env="local", n_workers=1)) as client:
-            assert client.submit(_trim_env, 0, pure=False).result() is None
-    finally:
-        configure_worker_processes(ParallelConfig())
+    with get_client(config=ParallelConfig(env="local", n_workers=1)) as client:
+        assert client.submit(_trim_env, 0, pure=False).result() is None
+    assert os.environ.get("MALLOC_TRIM_THRESHOLD_") == "65536"  # put back: this process's environment is the user's
 
 
 def test_site_jobqueue_yaml_is_not_overridden(tmp_path):

@@ -192,9 +192,8 @@ def test_task_runner_connects_to_the_address_and_starts_nothing(tmp_path, monkey
     from espnet3_flows.orchestration import task_runner
 
     monkeypatch.setattr(task_runner, "start_forkserver", lambda *a, **k: pytest.fail("forkserver started"))
-    monkeypatch.setattr(task_runner, "configure_worker_processes", lambda *a, **k: pytest.fail("local worker settings"))
-    runner, method = task_runner.make_task_runner(ParallelConfig(env="address", address="tcp://10.0.0.5:8786"))
-    assert isinstance(runner, DaskTaskRunner) and method == "spawn"
+    runner = task_runner.make_task_runner(ParallelConfig(env="address", address="tcp://10.0.0.5:8786"))
+    assert isinstance(runner, DaskTaskRunner)
     assert runner.address == "tcp://10.0.0.5:8786" and runner.cluster_class is None and not runner.adapt_kwargs
     task_runner.prestart_workers(ParallelConfig(env="address", address="tcp://10.0.0.5:8786"), ["numpy"])
 
@@ -202,7 +201,7 @@ def test_task_runner_connects_to_the_address_and_starts_nothing(tmp_path, monkey
     with pytest.raises(ConfigError, match="parallel.scheduler_file: cannot read"):
         task_runner.make_task_runner(ParallelConfig(env="address", scheduler_file=str(info)))
     info.write_text(json.dumps({"address": "tcp://10.0.0.6:8786"}))
-    runner, _ = task_runner.make_task_runner(ParallelConfig(env="address", scheduler_file=str(info)))
+    runner = task_runner.make_task_runner(ParallelConfig(env="address", scheduler_file=str(info)))
     assert runner.address == "tcp://10.0.0.6:8786"
 
 

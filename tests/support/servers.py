@@ -337,6 +337,59 @@ class MotoServer(_ServerBase):
         client.create_bucket(Bucket=name)
 
 
+class SshServer(_ServerBase):
+    """OpenSSH's `sshd -D` on a loopback port, with a host key and one client key made for it
+    (public-key login of the current user only): the "remote hosts" of `parallel.env=ssh` tests,
+    as `127.0.0.1` and `localhost`. Needs Debian's `openssh-server`.
+    """
+
+    name = "sshd"
+    startup_timeout = 30.0
+
+    def __init__(self, root: Path, port: int | None = None, *, log_dir: Path | None = None,
+                 startup_timeout: float | None = None):
+        super().__init__(log_dir, startup_timeout)
+        self.root = Path(root)
+        self.port = port or free_port()
+        self.client_key = self.root / "client_key"
+        self.config = self.root / "sshd_config"
+
+    def _prepare(self) -> None:
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        if not Path(sshd).exists():
+            raise ProcessStartError("sshd is not installed: apt-get install -y openssh-server")
+        self.root.mkdir(parents=True, exist_ok=True)
+        for key in (self.root / "host_key", self.client_key):
+            if not key.exists():
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        shutil.copy(self.client_key.with_suffix(".pub"), self.root / "authorized_keys")
+        os.chmod(self.root / "authorized_keys", 0o600)
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+        self.config.write_text("\n".join([
+            f"Port {self.port}", "ListenAddress 127.0.0.1", f"HostKey {self.root / 'host_key'}",
+            f"AuthorizedKeysFile {self.root / 'authorized_keys'}", f"PidFile {self.root / 'sshd.pid'}",
+            "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password", "UsePAM no", "StrictModes no", "LogLevel ERROR", ""]))
+
+    def _argv(self) -> list[str]:
+        self._prepare()
+        return [shutil.which("sshd") or "/usr/sbin/sshd", "-D", "-e", "-f", str(self.config)]
+
+    def _process_env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def _ready(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as conn:
+                return conn.recv(8).startswith(b"SSH-")
+        except OSError:
+            return False
+
+    def connect_options(self) -> dict:
+        """asyncssh's connection options for this server (`parallel.options.connect_options`)."""
+        return {"port": self.port, "known_hosts": None, "client_keys": [str(self.client_key)]}
+
+
 class PrefectServer(_ServerBase):
     """`prefect server start` on loopback with its own PREFECT_HOME (SQLite there by default).
 

@@ -1,0 +1,245 @@
+"""Where shards run, as a registry: one declaration per ``parallel.env`` (its cluster class or
+factory, how ``n_workers`` becomes workers, which options it takes and which defaults it fills).
+
+A new backend is one :func:`register_backend` call and its test; nothing else in the package
+compares ``parallel.env`` to a name. ``parallel.cluster_class: pkg.module.Factory`` runs any other
+Dask cluster class or factory a site has (as prefect-dask's ``cluster_class``), called with
+``n_workers`` and ``parallel.options``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from espnet3_flows.config import ConfigError
+
+if TYPE_CHECKING:
+    from espnet3_flows.parallel.cluster import ParallelConfig
+
+#: How ``n_workers`` becomes workers
+WORKER_MODES = ("n_workers", "scale", "hosts")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One ``parallel.env``.
+
+    Attributes:
+        name: The env's name.
+        cluster: ``"module.Attr"`` of the cluster class or factory; empty for the two envs that
+            start no cluster (``serial``: this process; ``address``: a running cluster).
+        workers: How ``n_workers`` becomes workers: ``n_workers`` (a constructor argument),
+            ``scale`` (``cluster.scale(n)`` after construction, or ``adapt``), ``hosts`` (one
+            worker per host of ``options.hosts`` after the first; ``n_workers``: processes per host).
+        in_process: Runs in the calling process (no Dask).
+        connects: Connects to a cluster someone else runs (used and left running).
+        on_this_machine: Its workers run on this machine (their output is this terminal).
+        forks: Its workers may be forked from this project's forkserver.
+        jobqueue: A dask-jobqueue batch scheduler (the site's ``jobqueue.yaml``, per-job fallbacks).
+        extra: The pip extra that installs its package (named when the import fails).
+        defaults: ``(config) -> options`` filled where ``parallel.options`` has none.
+        required: Options that must be given.
+        also_accepts: ``"module.Attr"`` of a class whose constructor takes the options a factory
+            passes on (``SSHCluster`` → ``SpecCluster``).
+        check: ``(config) -> None``: further checks of the options (raise :class:`ConfigError`).
+        requires: A module its cluster needs (checked when the config is, naming ``extra``).
+        env_option: Where the workers' environment variables go in ``options`` (dotted), for
+            backends whose workers do not inherit this process's environment; empty for those
+            that do.
+    """
+
+    name: str
+    cluster: str = ""
+    workers: str = "scale"
+    in_process: bool = False
+    connects: bool = False
+    on_this_machine: bool = False
+    forks: bool = False
+    jobqueue: bool = False
+    extra: str = ""
+    defaults: Callable[[Any], dict[str, Any]] | None = field(default=None, compare=False)
+    required: tuple[str, ...] = ()
+    also_accepts: str = ""
+    check: Callable[[Any], None] | None = field(default=None, compare=False)
+    requires: str = ""
+    env_option: str = ""
+
+    def __post_init__(self) -> None:
+        if self.workers not in WORKER_MODES:
+            raise ValueError(f"backend {self.name}: workers must be one of {WORKER_MODES}, got {self.workers!r}")
+
+    @property
+    def makes_cluster(self) -> bool:
+        """Whether a run with this backend starts (and closes) a cluster of its own."""
+        return bool(self.cluster)
+
+    def load(self) -> Any:
+        """The cluster class or factory (:class:`ConfigError` naming the extra when it is missing)."""
+        if self.requires:
+            try:
+                importlib.import_module(self.requires)
+            except ImportError as exc:
+                hint = f" (pip install 'espnet3-flows[{self.extra}]')" if self.extra else ""
+                raise ConfigError(f"parallel.env={self.name} needs {self.requires}, which cannot be imported: "
+                                  f"{exc}{hint}") from None
+        return import_object(self.cluster, f"parallel.env={self.name}", self.extra)
+
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(backend: Backend) -> Backend:
+    """Add (or replace) a backend; returns it."""
+    _BACKENDS[backend.name] = backend
+    return backend
+
+
+def backend_names() -> tuple[str, ...]:
+    """The registered envs, in registration order."""
+    return tuple(_BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend of ``parallel.env=name``; a :class:`ConfigError` naming the known ones otherwise."""
+    try:
+        return _BACKENDS[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, list(_BACKENDS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"parallel.env: unknown env {name!r}{hint}; the envs are: {', '.join(_BACKENDS)}") from None
+
+
+def backend_of(cfg: ParallelConfig) -> Backend:
+    """The backend a config runs on: ``parallel.cluster_class`` when set, else ``parallel.env``'s."""
+    if cfg.cluster_class:
+        return Backend("cluster_class", cfg.cluster_class, workers="n_workers")
+    return get_backend(cfg.env)
+
+
+def import_object(path: str, what: str, extra: str = "") -> Any:
+    """The object ``path`` (``module.Attr`` or ``module:Attr``) names."""
+    module, sep, name = path.rpartition(":") if ":" in path else path.rpartition(".")
+    if not module or not name:
+        raise ConfigError(f"{what}: {path!r} is not an importable name such as package.module.Class")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        hint = f" (pip install 'espnet3-flows[{extra}]')" if extra else ""
+        raise ConfigError(f"{what} needs {module}, which cannot be imported: {exc}{hint}") from None
+    except AttributeError:
+        raise ConfigError(f"{what}: module {module} has no {name!r}") from None
+
+
+def accepted_options(factory: Any, backend: Backend) -> set[str] | None:
+    """The keyword arguments ``factory`` takes, ``None`` when it takes any: a class's constructors
+    along its MRO (and its job class's, for dask-jobqueue; a local cluster's nanny and worker), a
+    function's parameters (with those of ``backend.also_accepts`` where it passes ``**kwargs`` on)."""
+    if inspect.isclass(factory):
+        classes = list(inspect.getmro(factory))
+        job_cls = getattr(factory, "job_cls", None)
+        if job_cls is not None:
+            classes += list(inspect.getmro(job_cls))
+        if backend.on_this_machine:
+            from distributed import Nanny, Worker
+
+            classes += [Nanny, Worker]
+        inits = [c.__dict__["__init__"] for c in classes if "__init__" in c.__dict__]
+    else:
+        names, open_ended = _keywords(factory)
+        if open_ended and not backend.also_accepts:
+            return None
+        inits = [factory] + ([import_object(backend.also_accepts, f"parallel.env={backend.name}").__init__]
+                             if open_ended else [])
+    accepted: set[str] = set()
+    for init in inits:
+        accepted |= _keywords(init)[0]
+    accepted.discard("self")
+    return accepted or None
+
+
+def _keywords(func: Any) -> tuple[set[str], bool]:
+    """(names ``func`` takes by keyword, whether it also takes ``**kwargs``)."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return set(), True
+    return ({p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)},
+            any(p.kind == p.VAR_KEYWORD for p in params))
+
+
+def check_options(cfg: ParallelConfig, backend: Backend, factory: Any) -> None:
+    """Unknown option names (with the closest valid one) and missing required ones are errors now,
+    not on the cluster."""
+    accepted = accepted_options(factory, backend)
+    if accepted is not None:
+        for key in cfg.options:
+            if key not in accepted:
+                close = difflib.get_close_matches(key, sorted(accepted), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"parallel.options.{key}: not an option of {backend.cluster}{hint}")
+    for key in backend.required:
+        if key not in cfg.options:
+            raise ConfigError(f"parallel.env={backend.name} needs parallel.options.{key}")
+    if backend.check is not None:
+        backend.check(cfg)
+
+
+# ---- the built-in backends ------------------------------------------------------------------
+def _local_defaults(cfg: ParallelConfig) -> dict[str, Any]:
+    return {"n_workers": cfg.n_workers or os.cpu_count() or 1, "threads_per_worker": cfg.threads_per_worker,
+            "processes": True, "dashboard_address": ":0"}  # a free port: several runs may share a host
+
+
+def _local_gpu_defaults(cfg: ParallelConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"threads_per_worker": cfg.threads_per_worker, "dashboard_address": ":0"}
+    if cfg.n_workers:
+        out["n_workers"] = cfg.n_workers  # else one per visible GPU
+    return out
+
+
+def _ssh_defaults(cfg: ParallelConfig) -> dict[str, Any]:
+    # the remote workers run the driver's interpreter path unless told otherwise (a venv at the
+    # same path on every host, as a lab's shared software tree has it)
+    return {"remote_python": sys.executable}
+
+
+def _check_ssh(cfg: ParallelConfig) -> None:
+    hosts = cfg.options.get("hosts")
+    if not isinstance(hosts, (list, tuple)) or len(hosts) < 2 or not all(isinstance(h, str) and h for h in hosts):
+        raise ConfigError("parallel.options.hosts: a list of at least two host names, the first running the "
+                          f"scheduler and the others one worker each (SSHCluster's hosts), got {hosts!r}")
+
+
+def _kube_defaults(cfg: ParallelConfig) -> dict[str, Any]:
+    return {"n_workers": cfg.n_workers or 1}
+
+
+register_backend(Backend("serial", in_process=True))
+register_backend(Backend("local", "distributed.LocalCluster", workers="n_workers", on_this_machine=True, forks=True,
+                         defaults=_local_defaults))
+register_backend(Backend("local_gpu", "dask_cuda.LocalCUDACluster", workers="n_workers", on_this_machine=True,
+                         extra="gpu", defaults=_local_gpu_defaults))
+for _name, _cls in (("slurm", "SLURMCluster"), ("pbs", "PBSCluster"), ("sge", "SGECluster"), ("lsf", "LSFCluster"),
+                    ("htcondor", "HTCondorCluster"), ("oar", "OARCluster"), ("moab", "MoabCluster")):
+    register_backend(Backend(_name, f"dask_jobqueue.{_cls}", workers="scale", jobqueue=True))
+register_backend(Backend("ssh", "distributed.SSHCluster", workers="hosts", required=("hosts",), defaults=_ssh_defaults,
+                         also_accepts="distributed.SpecCluster", check=_check_ssh, requires="asyncssh", extra="ssh",
+                         env_option="worker_options.env"))
+register_backend(Backend("kube", "espnet3_flows.parallel.kube.kube_cluster", workers="n_workers", extra="kubernetes",
+                         defaults=_kube_defaults, also_accepts="dask_kubernetes.operator.KubeCluster",
+                         requires="dask_kubernetes.operator", env_option="env"))
+register_backend(Backend("address", connects=True))
+
+#: The envs of the built-in backends (the UI's drop-down for ``parallel.env``)
+BUILTIN_ENVS = backend_names()
+
+
+def builtin_defaults(cfg: ParallelConfig, backend: Backend) -> Mapping[str, Any]:
+    """The options a backend fills where ``parallel.options`` has none."""
+    return backend.defaults(cfg) if backend.defaults is not None else {}
