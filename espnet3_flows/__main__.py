@@ -13,11 +13,16 @@ from typing import Callable
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatch to the job named by the first argument."""
-    from espnet3_flows.job_registry import available_jobs
+    from espnet3_flows.orchestration.local_server import discard_early, launch_early
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and not args[0].startswith("-"):
+        launch_early(args[1:])  # the private Prefect server starts while the job's imports run
+    from espnet3_flows.job_registry import available_jobs
+
     jobs = available_jobs()
     if not args or args[0] not in jobs:
+        discard_early()
         listing = "\n".join(f"  {name:18s} {spec.description}" for name, spec in jobs.items())
         print(f"usage: python -m espnet3_flows {{{','.join(jobs)}}} [--help | --config FILE | --dry-run | "
               f"--print-config | --verbose | key=value ...]\n\njobs:\n{listing}",
@@ -36,12 +41,27 @@ def __getattr__(name: str) -> Callable[[], int]:
         raise AttributeError(name)
 
     def script() -> int:
+        from espnet3_flows.orchestration.local_server import launch_early
+
+        launch_early(sys.argv[1:])  # the private Prefect server starts while the job's imports run
+        from espnet3_flows.orchestration.entry import exit_now
         from espnet3_flows.orchestration.entry import main as run
 
-        return run(name)
+        exit_now(run(name))
 
     return script
 
 
+def cli() -> int:
+    """``espnet3-flows JOB ...`` and ``python -m espnet3_flows JOB ...``: :func:`main`, then the
+    process ends at once (:func:`~espnet3_flows.orchestration.entry.exit_now`)."""
+    status = main()
+    if "espnet3_flows.orchestration.entry" not in sys.modules:  # usage printed: nothing heavy to skip
+        return status
+    from espnet3_flows.orchestration.entry import exit_now
+
+    exit_now(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -76,3 +76,14 @@ def test_job_packages_import_no_torch():
             "espnet3_flows.xvector.job; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_command_line_and_the_engine_import_no_distributed():
+    """A run in this process (``serial``, a ``local`` run of one shard) never imports Dask's
+    distributed scheduler (~0.5 s): only :mod:`espnet3_flows.parallel.dask_plugins` and the cluster
+    paths do."""
+    code = ("import sys, espnet3_flows.orchestration.entry, espnet3_flows.orchestration.flows, espnet3_flows.parallel; "
+            "from espnet3_flows.parallel import ParallelConfig; ParallelConfig(env='local'); "
+            "print('distributed' in sys.modules, 'prefect_dask' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"

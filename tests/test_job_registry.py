@@ -59,7 +59,7 @@ def test_every_packaged_job_has_a_console_script_and_a_deployment_entrypoint():
     from espnet3_flows.orchestration.entry import job_flow
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["espnet3-flows"] == "espnet3_flows.__main__:main"
+    assert scripts["espnet3-flows"] == "espnet3_flows.__main__:cli"
     packaged = [n for n, spec in available_jobs().items() if spec.schema.startswith("espnet3_flows.")]
     assert len(packaged) >= 3
     for name in packaged:

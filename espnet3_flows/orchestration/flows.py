@@ -5,9 +5,7 @@ jobs (:func:`run_job`) and for any :class:`~espnet3_flows.parallel.base_runner.B
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import importlib
 import logging
 import os
 import re
@@ -15,7 +13,6 @@ import sys
 import time
 from typing import Any, Sequence
 
-from distributed.diagnostics.plugin import WorkerPlugin
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.tasks import exponential_backoff
@@ -30,20 +27,21 @@ from espnet3_flows.orchestration.artifacts import (
 )
 from espnet3_flows.orchestration.job_run import PlannedFlow, current_run, plan_job, running
 from espnet3_flows.orchestration.jobs import get_job, preflight
-from espnet3_flows.orchestration.local_server import drain_prefect_clients, prefect_api
+from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.prefect_compat import (
     cache_flow_context_serialization,
-    cache_settings_hydration,
     cache_settings_serialization,
+    prompt_heartbeat_stop,
     share_tls_contexts,
     untokenized_task_keys,
 )
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
-from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES, make_task_runner, prestart_workers
+from espnet3_flows.orchestration.task_runner import make_task_runner, prestart_workers
+from espnet3_flows.orchestration.timeline import mark
 from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, prepare_client, with_worker_env
 from espnet3_flows.parallel.parallel import get_parallel_config, parallel_is_set
 from espnet3_flows.parallel.scheduler import SUBMIT_WINDOW, PlannedRunner, plan_runner, run_planned
-from espnet3_flows.parallel.worker_env import get_env, install_runners, installed_plugins, register_runner, uninstall_runners
+from espnet3_flows.parallel.worker_env import get_env, register_runner
 from espnet3_flows.sharding import Shard
 from espnet3_flows.storage import redact
 
@@ -142,25 +140,31 @@ def _kebab(name: str) -> str:
 
 def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool) -> Any:
     """Run :func:`shard_flow` for ``run`` on the task runner its ``parallel`` asks for (in-process
-    for merges only)."""
+    for merges only, and for shards that run here: ``ParallelConfig.runs_here``)."""
     share_tls_contexts()
     console.quiet_completed_shards()  # shard tasks of a serial run complete in this process
     cache_settings_serialization()
     cache_flow_context_serialization()
-    untokenized_task_keys()
+    prompt_heartbeat_stop()
     _export_api_url()
-    if run.pending_shards:
+    if run.pending_shards and not run.parallel.runs_here(run.pending_shards):
+        untokenized_task_keys()  # imports prefect_dask (and distributed): only for a run on a cluster
         prestart_workers(run.parallel, run.worker_modules)
         warn_if_dask_client_open(run.parallel)
         warn_if_api_unreachable(run.parallel)
         # workers that do not inherit this process's environment (ssh, kube) are given the API's URL
         api_url = {"PREFECT_API_URL": os.environ["PREFECT_API_URL"]} if os.environ.get("PREFECT_API_URL") else {}
         task_runner = make_task_runner(with_worker_env(run.parallel, api_url))  # its cluster starts inside the flow
-    else:  # only merges: in this process
+    else:  # shards that run here (serial, or few enough), or only merges: in this process
+        if run.pending_shards:
+            prestart_workers(run.parallel, run.worker_modules, run.pending_shards)
         task_runner = ThreadPoolTaskRunner(max_workers=1)
     sub = shard_flow.with_options(task_runner=task_runner, name=name)
     with running(run):
-        return sub(title=run.title, config=shown, progress=progress)
+        try:
+            return sub(title=run.title, config=shown, progress=progress)
+        finally:
+            mark("flow_returned")
 
 
 def _in_flow() -> bool:
@@ -214,26 +218,6 @@ def _export_api_url() -> None:
         os.environ["PREFECT_API_URL"] = str(url)
 
 
-class PrefectWorkerSetup(WorkerPlugin):
-    """On each Dask worker: Prefect's clients share TLS contexts, and Prefect's task engine is
-    imported before the first shard task arrives. When the worker closes, the logs and events
-    (task-run states) its tasks queued are sent: a forked worker exits without the interpreter
-    shutdown that would otherwise send them."""
-
-    name = "espnet3-prefect-worker-setup"
-
-    def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
-        console.apply_from_environment()
-        console.quiet_completed_shards()
-        share_tls_contexts()
-        cache_settings_hydration()
-        for module in PREFECT_WORKER_MODULES:
-            importlib.import_module(module)
-
-    async def teardown(self, worker: Any) -> None:  # noqa: D401 - Dask hook
-        await asyncio.to_thread(drain_prefect_clients)  # off the loop: Prefect's drain blocks
-
-
 class PrefectExecutor:
     """The scheduler's executor inside a flow: shards and merges as Prefect tasks on the flow's
     task runner. On a ``DaskTaskRunner`` the runners are installed on every worker once (their
@@ -248,11 +232,15 @@ class PrefectExecutor:
 
     def __init__(self, run: PlannedFlow):
         from prefect.context import FlowRunContext
-        from prefect_dask import DaskTaskRunner
 
         ctx = FlowRunContext.get()
         task_runner = ctx.task_runner if ctx else None
-        self.client = task_runner.client if isinstance(task_runner, DaskTaskRunner) else None  # starts the cluster
+        self.client = None
+        if task_runner is not None and not isinstance(task_runner, ThreadPoolTaskRunner):
+            from prefect_dask import DaskTaskRunner  # imports distributed: only for a run on a cluster
+
+            if isinstance(task_runner, DaskTaskRunner):
+                self.client = task_runner.client  # starts the cluster
         if self.client is not None:
             prepare_client(self.client, run.parallel)
         self.address = run.parallel.backend.connects
@@ -272,10 +260,14 @@ class PrefectExecutor:
                 register_runner(key, runner)
             keys = {key: sorted(get_env(runner.provider, local=True)) for key, runner in runners.items()}
         else:
+            from espnet3_flows.orchestration.prefect_worker import PrefectWorkerSetup
+            from espnet3_flows.parallel.dask_plugins import install_runners, installed_plugins
+
             if PrefectWorkerSetup.name not in installed_plugins(self.client):
                 self.client.register_plugin(PrefectWorkerSetup())  # present workers now, later ones as they join
             keys = install_runners(self.client, runners)
         self.ready = time.perf_counter()
+        mark("workers_ready")
         for p in planned:
             log.debug("%s: env ready (%s)", p.label, ", ".join(keys[p.key]))
         return keys
@@ -288,6 +280,8 @@ class PrefectExecutor:
 
     def release(self, planned: Sequence[PlannedRunner]) -> None:
         if self.client is not None and self.address:  # a long-lived cluster: leave no plugin behind
+            from espnet3_flows.parallel.dask_plugins import uninstall_runners
+
             uninstall_runners(self.client, [p.key for p in planned])
 
 
@@ -299,6 +293,7 @@ def shard_flow(title: str, config: dict[str, Any], progress: bool = True) -> Any
     in-process (:func:`~espnet3_flows.orchestration.job_run.running`); ``config`` is what the UI
     shows of it (credentials masked).
     """
+    mark("flow_started")
     logger = get_run_logger()
     run = current_run()
     t0 = time.perf_counter()
@@ -313,12 +308,14 @@ def shard_flow(title: str, config: dict[str, Any], progress: bool = True) -> Any
     def on_shard(k: int, status: Any) -> None:
         if not first:
             first.append(time.perf_counter())
+            mark("first_shard")
         meter.advance()
 
     try:
         merged = run_planned(run.runners, executor, progress=progress, desc=title, on_shard=on_shard)
     finally:
         meter.finish()
+    mark("shards_merged")
     wall = time.perf_counter() - t0
     if run.job is None:
         publish_runner_artifact(title, run.runners[0], merged[0], wall)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
+import importlib.util
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import tomllib
+from pathlib import Path
 from typing import Callable, Iterator
 
-import httpx
+from espnet3_flows.orchestration.timeline import mark
 
 _PR_SET_PDEATHSIG = 1
 
@@ -43,17 +47,35 @@ SERVER_BATCHING = {
 }
 
 
+#: Block-type registration at start, off for the private server: to hash what it would register,
+#: Prefect imports every installed Prefect collection (prefect-dask, hence Dask's distributed) in
+#: the server's start-up, and its first request then builds more: 0.45 s of a 3.8 s start to a
+#: first answer here (``benchmarks/README.md``, startup). This project saves no blocks; block types
+#: are registered by a server that runs for people (``make serve``, ``prefect server start``).
+SERVER_START_SETTINGS = {
+    "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+    "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
+}
+
+
 def server_environment() -> dict[str, str]:
     """Environment of the private server: this process's settings, no UI or analytics, the
-    unused services off and the event consumers batched (:data:`SERVER_BATCHING`; unless the user
-    set them), and no ``PREFECT_API_URL`` of its own."""
-    from prefect.settings import get_current_settings
+    unused services off, the event consumers batched (:data:`SERVER_BATCHING`) and no block
+    registration (:data:`SERVER_START_SETTINGS`), unless the user set them; and no
+    ``PREFECT_API_URL`` of its own.
 
-    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
-           "PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    Settings changed inside this process (``temporary_settings``) are passed on when Prefect is
+    imported already; before that (a server launched at the CLI's start) the server reads the
+    same environment and profile as this process would."""
+    env = dict(os.environ)
+    if "prefect.settings" in sys.modules:
+        from prefect.settings import get_current_settings
+
+        env.update(get_current_settings().to_environment_variables(exclude_unset=True))
+    env |= {"PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     for service in _UNUSED_SERVICES:
         env.setdefault(f"PREFECT_SERVER_SERVICES_{service.upper()}_ENABLED", "false")
-    for key, value in SERVER_BATCHING.items():
+    for key, value in (SERVER_BATCHING | SERVER_START_SETTINGS).items():
         env.setdefault(key, value)
     env.pop("PREFECT_API_URL", None)
     return env
@@ -98,18 +120,23 @@ class LocalPrefectServer:
         self.wait_ready()
 
     def launch(self) -> None:
-        """Start the server process; returns at once (see :meth:`wait_ready`)."""
-        import prefect
-
+        """Start the server process; returns at once (see :meth:`wait_ready`). Prefect is not
+        imported here: the server can start while this process is still importing it."""
+        spec = importlib.util.find_spec("prefect")
+        if spec is None or not spec.submodule_search_locations:
+            raise RuntimeError("prefect is not installed")
+        app_dir = Path(list(spec.submodule_search_locations)[0]).parent
         env = server_environment()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+            [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "error", "--lifespan", "on"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
 
     def wait_ready(self) -> None:
         """Wait until the launched server's ``/api/health`` answers (stops it on failure)."""
+        import httpx
+
         assert self.process is not None, "launch() first"
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
@@ -149,6 +176,58 @@ def drain_prefect_clients(timeout: float = 15.0) -> None:
             service.drain_all(timeout=timeout)
 
 
+#: A private server launched at the command line's start (:func:`launch_early`), not yet taken
+_EARLY: list[LocalPrefectServer] = []
+
+
+def configured_api_url() -> str:
+    """The API URL this process is configured with, read without importing Prefect: the
+    ``PREFECT_API_URL`` variable, else the active profile's (``PREFECT_PROFILE``, else the
+    profiles file's ``active``; the file is ``PREFECT_PROFILES_PATH``, else
+    ``$PREFECT_HOME/profiles.toml``). Prefect's other sources (``prefect.toml``, ``.env``) are
+    read by :func:`prefect_api`, which stops an early server that is not needed."""
+    url = os.environ.get("PREFECT_API_URL", "")
+    if url:
+        return url
+    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        profiles = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return ""
+    active = os.environ.get("PREFECT_PROFILE") or profiles.get("active") or ""
+    profile = (profiles.get("profiles") or {}).get(active) or {}
+    return str(profile.get("PREFECT_API_URL") or "") if isinstance(profile, dict) else ""
+
+
+def launch_early(argv: list[str]) -> LocalPrefectServer | None:
+    """Launch the private API server now, at the command line's start, so that it starts while
+    the CLI imports its libraries and plans (its own start is ~3 s of importing Prefect's
+    server); :func:`prefect_api` takes it over, or stops it when the run needs none. Nothing is
+    launched when an API is configured or ``argv`` asks only for help, a dry run or the config.
+    An early server nobody took is stopped when this process exits (and dies with it if killed).
+
+    Args:
+        argv: The command line's arguments (after the script's name).
+    """
+    if _EARLY or any(a in ("-h", "--help", "--dry-run", "--print-config") for a in argv) or configured_api_url():
+        return None
+    server = LocalPrefectServer()
+    try:
+        server.launch()
+    except (OSError, RuntimeError):
+        return None  # started again, with its error, where it is needed
+    _EARLY.append(server)
+    atexit.register(discard_early)
+    return server
+
+
+def discard_early() -> None:
+    """Stop a server :func:`launch_early` launched that no run took."""
+    while _EARLY:
+        _EARLY.pop().stop()
+
+
 @contextlib.contextmanager
 def prefect_api(needs_server: bool,
                 while_starting: Callable[[], bool | None] | None = None) -> Iterator[str | bool | None]:
@@ -173,23 +252,26 @@ def prefect_api(needs_server: bool,
 
     url = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
     if url or not needs_server:
+        discard_early()
         if while_starting is not None and while_starting() is False:
             yield False
             return
         yield url or None
         return
-    server = LocalPrefectServer()
+    server = _EARLY.pop() if _EARLY else LocalPrefectServer()
     previous = signal.getsignal(signal.SIGTERM)
     if previous in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
     try:
-        server.launch()
+        if server.process is None:
+            server.launch()
         os.environ["PREFECT_API_URL"] = server.api_url
         if while_starting is not None and while_starting() is False:
             server.stop()
             yield False
             return
         server.wait_ready()
+        mark("server_ready")
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             yield server.api_url
     finally:
@@ -197,5 +279,6 @@ def prefect_api(needs_server: bool,
             drain_prefect_clients()
         os.environ.pop("PREFECT_API_URL", None)
         server.stop()
+        mark("server_stopped")
         if previous in (signal.SIG_DFL, None):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -22,7 +22,7 @@ def shard_task(runner_key: str, label: str, shard: Shard, local: bool = False, r
     ``finalize_state`` → publish → ``done`` (:func:`~espnet3_flows.parallel.scheduler.execute_shard`).
 
     The parameters identify the work and never carry it: the runner was installed on the worker
-    once (:func:`~espnet3_flows.parallel.worker_env.install_runners`) and the shard names its own
+    once (:func:`~espnet3_flows.parallel.dask_plugins.install_runners`) and the shard names its own
     items (for a manifest, its byte range). The shard's cache is its ``done`` record, keyed by the
     shard hash: finished shards are resolved on the driver and never submitted, and a matching
     record found here (a run killed after publishing) is reused. Nothing is persisted by Prefect:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Sequence
 
 from espnet3_flows.parallel.cluster import ParallelConfig, cluster_spec, make_cluster, scheduler_address
@@ -11,16 +12,18 @@ from espnet3_flows.parallel.forkserver import start_forkserver, wants_forkserver
 PREFECT_WORKER_MODULES = ("prefect.task_engine",)
 
 
-def make_task_runner(cfg: ParallelConfig) -> Any:
-    """The flow's task runner: a one-thread runner in this process for a backend that runs in
-    process (``serial``); a ``DaskTaskRunner`` connected to the running scheduler of ``env:
-    address`` (a ``scheduler_file`` is read now; the runner closes only its client, the cluster
-    stays up); else a ``DaskTaskRunner`` whose cluster :func:`~..parallel.cluster.make_cluster`
-    builds from ``cfg`` when the runner's client is first used (scaled as the backend says, and
-    closed with the flow), the same cluster ``runner.run`` would start.
+def make_task_runner(cfg: ParallelConfig, pending_shards: int | None = None) -> Any:
+    """The flow's task runner: a one-thread runner in this process when the shards run here (a
+    backend that runs in process, ``serial``, or a ``local`` run with at most
+    ``parallel.inline_shards`` of ``pending_shards`` to compute); a ``DaskTaskRunner`` connected
+    to the running scheduler of ``env: address`` (a ``scheduler_file`` is read now; the runner
+    closes only its client, the cluster stays up); else a ``DaskTaskRunner`` whose cluster
+    :func:`~..parallel.cluster.make_cluster` builds from ``cfg`` when the runner's client is first
+    used (scaled as the backend says, and closed with the flow), the same cluster ``runner.run``
+    would start.
     """
     backend = cfg.backend
-    if backend.in_process:
+    if cfg.runs_here(pending_shards or 0):
         from prefect.task_runners import ThreadPoolTaskRunner
 
         return ThreadPoolTaskRunner(max_workers=1)
@@ -32,13 +35,18 @@ def make_task_runner(cfg: ParallelConfig) -> Any:
     return DaskTaskRunner(cluster_class=make_cluster, cluster_kwargs={"cfg": cfg})
 
 
-def prestart_workers(cfg: ParallelConfig, modules: Sequence[str]) -> None:
-    """Start importing Prefect's task engine and ``modules`` for the local workers now, in the
-    background (the forkserver), when ``cfg`` forks its workers; otherwise (``spawn``, batch
-    schedulers, a running cluster of ``env: address``) do nothing.
+def prestart_workers(cfg: ParallelConfig, modules: Sequence[str], pending_shards: int | None = None) -> None:
+    """Get the imports of Prefect's task engine and ``modules`` going now, where the shards will
+    run: in this process when they run here (see :func:`make_task_runner`); in the background,
+    in the forkserver, when ``cfg`` forks its local workers; otherwise (``spawn``, batch
+    schedulers, a running cluster of ``env: address``) nowhere.
 
     Call it as early as possible, once ``PREFECT_API_URL`` is in the environment: the
-    imports then overlap with whatever the driver does before the cluster starts.
+    imports then overlap with whatever the driver does before the shards start (e.g. waiting
+    for the API server).
     """
-    if wants_forkserver(cfg):
+    if pending_shards is not None and cfg.runs_here(pending_shards):
+        for module in (*PREFECT_WORKER_MODULES, *modules):
+            importlib.import_module(module)
+    elif wants_forkserver(cfg):
         start_forkserver((*PREFECT_WORKER_MODULES, *modules))

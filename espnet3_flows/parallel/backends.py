@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -40,6 +41,9 @@ class Backend:
         in_process: Runs in the calling process (no Dask).
         connects: Connects to a cluster someone else runs (used and left running).
         on_this_machine: Its workers run on this machine (their output is this terminal).
+        may_inline: A run with few shards to compute (``parallel.inline_shards``) may run them in
+            this process instead of starting this backend's cluster (its workers would be
+            processes of this machine with nothing the calling process lacks).
         forks: Its workers may be forked from this project's forkserver.
         jobqueue: A dask-jobqueue batch scheduler (the site's ``jobqueue.yaml``, per-job fallbacks).
         extra: The pip extra that installs its package (named when the import fails).
@@ -60,6 +64,7 @@ class Backend:
     in_process: bool = False
     connects: bool = False
     on_this_machine: bool = False
+    may_inline: bool = False
     forks: bool = False
     jobqueue: bool = False
     extra: str = ""
@@ -78,6 +83,18 @@ class Backend:
     def makes_cluster(self) -> bool:
         """Whether a run with this backend starts (and closes) a cluster of its own."""
         return bool(self.cluster)
+
+    def check_installed(self) -> None:
+        """A :class:`ConfigError` naming the extra when the cluster's package (or ``requires``) is
+        not installed; found without importing it (a config is checked before any import)."""
+        for module in filter(None, (self.requires, self.cluster.rpartition(".")[0] if self.cluster else "")):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ImportError:  # a parent package missing
+                found = False
+            if not found:
+                hint = f" (pip install 'espnet3-flows[{self.extra}]')" if self.extra else ""
+                raise ConfigError(f"parallel.env={self.name} needs {module}, which is not installed{hint}")
 
     def load(self) -> Any:
         """The cluster class or factory (:class:`ConfigError` naming the extra when it is missing)."""
@@ -222,7 +239,7 @@ def _kube_defaults(cfg: ParallelConfig) -> dict[str, Any]:
 
 register_backend(Backend("serial", in_process=True))
 register_backend(Backend("local", "distributed.LocalCluster", workers="n_workers", on_this_machine=True, forks=True,
-                         defaults=_local_defaults))
+                         may_inline=True, defaults=_local_defaults))
 register_backend(Backend("local_gpu", "dask_cuda.LocalCUDACluster", workers="n_workers", on_this_machine=True,
                          extra="gpu", defaults=_local_gpu_defaults))
 for _name, _cls in (("slurm", "SLURMCluster"), ("pbs", "PBSCluster"), ("sge", "SGECluster"), ("lsf", "LSFCluster"),

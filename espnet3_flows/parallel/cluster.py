@@ -11,12 +11,9 @@ import dataclasses
 import json
 import logging
 import os
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import dask
-from distributed.diagnostics.plugin import SchedulerPlugin
 
 from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.parallel.backends import (
@@ -79,6 +76,11 @@ class ParallelConfig:
         cluster_class: Any other Dask cluster class or factory, ``package.module.Name`` (as
             prefect-dask's ``cluster_class``): called with ``n_workers`` and ``options``; ``env``
             stays at its default then.
+        inline_shards: At most this many shards to compute run in this process, not on a new
+            ``local`` cluster. They run one after the other, as ``serial`` runs them: a cluster's
+            start, its workers' imports and its teardown (~2 s here) cost more than a second
+            worker gains on a small run (a dev split, a smoke test). 0: always start the cluster
+            (e.g. for a runner that may crash its process). Other backends always use theirs.
         allow_overwrite_lock: ESPnet3's key (replace a stale shard lock), accepted so that an
             ESPnet3 ``parallel:`` section loads unchanged; it has no effect here: shards are staged
             and published atomically, and there are no lock files to go stale.
@@ -95,6 +97,7 @@ class ParallelConfig:
     address: str = ""
     scheduler_file: str = ""
     cluster_class: str = ""
+    inline_shards: int = 1
     allow_overwrite_lock: bool = False
 
     def __post_init__(self) -> None:
@@ -109,6 +112,8 @@ class ParallelConfig:
             raise ConfigError(f"parallel.n_workers must be >= 0, got {self.n_workers}")
         if self.start_method not in START_METHODS:
             raise ConfigError(f"parallel.start_method must be one of {', '.join(START_METHODS)}, got {self.start_method!r}")
+        if self.inline_shards < 0:
+            raise ConfigError(f"parallel.inline_shards must be >= 0, got {self.inline_shards}")
         if self.threads_per_worker < 1:
             raise ConfigError(f"parallel.threads_per_worker must be >= 1, got {self.threads_per_worker}")
         bad_adapt = set(self.adapt) - {"minimum", "maximum", "minimum_jobs", "maximum_jobs", "interval", "wait_count", "target_duration"}
@@ -122,12 +127,22 @@ class ParallelConfig:
             raise ConfigError(f"parallel.{key} names a running scheduler, used only with parallel.env=address "
                               f"(parallel.env is {self.env!r})")
         elif backend.makes_cluster:
-            cluster_spec(self)  # validates options now, not on the cluster
+            if self.options or backend.required or backend.check is not None:
+                cluster_spec(self)  # validates options now, not on the cluster (imports its class)
+            else:
+                backend.check_installed()
 
     @property
     def backend(self) -> Backend:
         """The backend this config runs on (see :mod:`espnet3_flows.parallel.backends`)."""
         return backend_of(self)
+
+    def runs_here(self, pending_shards: int) -> bool:
+        """Whether a run with ``pending_shards`` shards to compute runs them in this process: a
+        backend that always does (``serial``), or one that may (``local``) with at most
+        ``inline_shards`` of them."""
+        backend = self.backend
+        return backend.in_process or (backend.may_inline and 0 < pending_shards <= self.inline_shards)
 
 
 def _check_address_config(cfg: ParallelConfig) -> None:
@@ -252,6 +267,8 @@ def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
     elif backend.workers == "scale":
         n = n or (0 if cfg.adapt else 1)
     if backend.jobqueue:
+        import dask
+
         for key, fallback in JOBQUEUE_FALLBACKS.items():
             # dask-jobqueue reads a site's jobqueue.yaml (~/.config/dask/jobqueue.yaml, DASK_CONFIG)
             # only for arguments not passed: a fallback is passed only where the site set none
@@ -263,54 +280,17 @@ def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
     return ClusterSpec(backend, backend.cluster, kwargs, n, dict(cfg.adapt) if backend.workers == "scale" else {})
 
 
-#: Messages Dask's scheduler keeps per worker stream (and transitions in its log) for debugging;
-#: Dask's default is 1,000 (see :class:`ClusterSettings`)
-LOW_LEVEL_LOG_LENGTH = 16
-
-
 @contextlib.contextmanager
 def worker_settings(cfg: ParallelConfig) -> Iterator[None]:
     """For the block in which a cluster of ``cfg`` starts its local workers: Dask's malloc
     trimming for their environment as ``trim_worker_memory`` says (their nannies read it when they
     are made), and Dask's ``MALLOC_TRIM_THRESHOLD_`` left in this process's environment by an
     earlier nanny kept from them. Both are undone when the block ends."""
+    import dask
+
     value = int(DASK_TRIM_DEFAULT) if cfg.trim_worker_memory else None
     with dask.config.set({_TRIM_KEY: value}), without_inherited_trim_threshold():
         yield
-
-
-class ClusterSettings(SchedulerPlugin):
-    """This project's scheduler settings, for one cluster's scheduler only (wherever it runs):
-    how often a task may lose its worker (``parallel.allowed_failures``) and short developer logs
-    (:data:`LOW_LEVEL_LOG_LENGTH`): each of the scheduler's streams to a worker keeps its last
-    1,000 messages by default, and every ``compute-task`` message holds a whole Prefect task run
-    spec (~100 KB deserialized), so a run of thousands of shards kept ~100 MB per worker on the
-    driver for the rest of the flow.
-
-    Args:
-        allowed_failures: The scheduler's ``allowed_failures``.
-        log_length: Messages kept per worker stream, transitions in the log.
-    """
-
-    name = "espnet3-cluster-settings"
-
-    def __init__(self, allowed_failures: int, log_length: int = LOW_LEVEL_LOG_LENGTH):
-        self.allowed_failures = allowed_failures
-        self.log_length = log_length
-
-    async def start(self, scheduler: Any) -> None:  # noqa: D401 - Dask hook
-        scheduler.allowed_failures = self.allowed_failures
-        scheduler.transition_log = deque(scheduler.transition_log, maxlen=self.log_length)
-        for worker in list(scheduler.stream_comms):
-            self._shorten(scheduler, worker)
-
-    def add_worker(self, scheduler: Any, worker: str) -> None:  # noqa: D401 - Dask hook
-        self._shorten(scheduler, worker)
-
-    def _shorten(self, scheduler: Any, worker: str) -> None:
-        stream = scheduler.stream_comms.get(worker)
-        if stream is not None:
-            stream.recent_message_log = deque(stream.recent_message_log, maxlen=self.log_length)
 
 
 def make_cluster(cfg: ParallelConfig) -> Any:
@@ -360,11 +340,13 @@ def with_worker_env(cfg: ParallelConfig, variables: dict[str, str]) -> ParallelC
 
 def prepare_client(client: Any, cfg: ParallelConfig) -> None:
     """On a client of a cluster this run started: this project's scheduler settings
-    (:class:`ClusterSettings`), and a check that every worker can import this project.
+    (:class:`~.dask_plugins.ClusterSettings`), and a check that every worker can import this project.
 
     Raises:
         ConfigError: naming the workers (host and address) where ``espnet3_flows`` is not importable.
     """
+    from espnet3_flows.parallel.dask_plugins import ClusterSettings
+
     if not cfg.backend.makes_cluster:
         return
     client.register_plugin(ClusterSettings(cfg.allowed_failures))

@@ -13,16 +13,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import uuid
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping
-
-from distributed.diagnostics.plugin import WorkerPlugin
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, make_cluster, prepare_client, scheduler_address
 from espnet3_flows.parallel.env_injection import conflicting_keys, injected
-from espnet3_flows.parallel.worker_env import drop_env, keep_env, lookup_env
+from espnet3_flows.parallel.worker_env import build_setup_env, lookup_env
 
 _LOG = logging.getLogger(__name__)
 _CURRENT: ParallelConfig | None = None
@@ -88,40 +85,9 @@ def build_client(config: ParallelConfig | Any | None = None) -> Any:
         raise
 
 
-class WorkerEnvPlugin(WorkerPlugin):
-    """Runs a ``setup_fn`` once per worker (present and joining later) and keeps the dict it
-    returns as that worker's env for :func:`parallel_map` / :func:`parallel_for`.
-
-    Args:
-        setup_fn: A zero-argument function returning a dict.
-        token: The env's key on the workers (a fresh one by default).
-    """
-
-    def __init__(self, setup_fn: Callable[[], Mapping[str, Any]], token: str | None = None):
-        if not callable(setup_fn):
-            raise ValueError(f"setup_fn must be a zero-argument function returning a dict, got {type(setup_fn).__name__}")
-        self.setup_fn = setup_fn
-        self.token = token or f"setup-{uuid.uuid4().hex}"
-        self.name = f"espnet3-{self.token}"
-
-    def setup(self, worker: Any = None) -> None:  # noqa: D401 - Dask hook
-        keep_env(self.token, build_setup_env(self.setup_fn))
-
-    def teardown(self, worker: Any = None) -> None:  # noqa: D401 - Dask hook
-        drop_env(self.token)
-
-
-def build_setup_env(setup_fn: Callable[[], Any]) -> dict[str, Any]:
-    """Run ``setup_fn`` and check what it returned: a dict with string keys, else a ``ValueError``."""
-    env = setup_fn()
-    if not isinstance(env, Mapping) or not all(isinstance(k, str) for k in env):
-        raise ValueError(f"setup_fn must return a dict of env entries (name -> object), got {type(env).__name__}")
-    return dict(env)
-
-
 @contextlib.contextmanager
 def get_client(config: ParallelConfig | Any | None = None, setup_fn: Callable[[], Mapping[str, Any]] | None = None,
-               *, plugin: WorkerPlugin | None = None, wait_for_workers: int = 1) -> Iterator[Any]:
+               *, plugin: Any = None, wait_for_workers: int = 1) -> Iterator[Any]:
     """A client on a cluster for ``config`` (``set_parallel``'s by default), closed with the cluster it
     started when the block ends; for ``env: address``, only the client is closed (and what it
     registered on the workers removed), the cluster keeps running.
@@ -136,6 +102,10 @@ def get_client(config: ParallelConfig | Any | None = None, setup_fn: Callable[[]
         plugin: A worker plugin to register.
         wait_for_workers: Block until this many workers joined (0: do not wait).
     """
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    from espnet3_flows.parallel.dask_plugins import WorkerEnvPlugin
+
     if isinstance(config, WorkerPlugin):
         config, plugin = None, config
         if setup_fn is not None and not callable(setup_fn):  # the older get_client(plugin, config)
@@ -159,7 +129,7 @@ def get_client(config: ParallelConfig | Any | None = None, setup_fn: Callable[[]
         yield client
 
 
-def _register(client: Any, plugin: WorkerPlugin, stack: contextlib.ExitStack, cfg: ParallelConfig) -> None:
+def _register(client: Any, plugin: Any, stack: contextlib.ExitStack, cfg: ParallelConfig) -> None:
     """Register ``plugin`` on every worker; on a cluster someone else runs, unregister it at the end."""
     client.register_plugin(plugin)
     if cfg.backend.connects:
@@ -190,6 +160,8 @@ def _mapping_target(client: Any, setup_fn: Callable[[], Any] | None) -> Iterator
     if setup_fn is None:
         yield client, _SETUP_ENVS.get(client), {}
         return
+    from espnet3_flows.parallel.dask_plugins import WorkerEnvPlugin
+
     env_plugin = WorkerEnvPlugin(setup_fn)
     client.register_plugin(env_plugin)
     try:
@@ -288,3 +260,13 @@ def parallel_for(func: Callable[..., Any], data: Iterable[Any], client: Any = No
                 yield future.result()
         finally:
             target.cancel([f for f in futures if not f.done()])
+
+
+def __getattr__(name: str) -> Any:
+    """:class:`~.dask_plugins.WorkerEnvPlugin` where ESPnet3's code finds it, imported on first use
+    (it imports ``distributed``)."""
+    if name == "WorkerEnvPlugin":
+        from espnet3_flows.parallel.dask_plugins import WorkerEnvPlugin
+
+        return WorkerEnvPlugin
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

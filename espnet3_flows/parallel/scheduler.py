@@ -19,14 +19,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 from espnet3_flows.errors import ItemError, ItemFailure, ShardFailure
 from espnet3_flows.parallel.merge_step import merge_runner
 from espnet3_flows.parallel.results import ShardResult, ShardStatus
-from espnet3_flows.parallel.worker_env import (
-    get_env,
-    get_runner,
-    install_runners,
-    register_runner,
-    runner_key,
-    uninstall_runners,
-)
+from espnet3_flows.parallel.worker_env import get_env, get_runner, register_runner, runner_key
 from espnet3_flows.sharding import Shard, ShardPlan
 
 #: Shard tasks in flight at once on a cluster: enough to keep hundreds of workers busy, few
@@ -147,10 +140,18 @@ def _done_future(fn: Callable[..., Any], *args: Any) -> Future:
 
 class InProcessExecutor:
     """Shards run one after another in this process, on ``build_env_local()``'s env (ESPnet3's
-    local run); the first failure stops the run."""
+    local run).
+
+    Args:
+        fail_fast: The first failure stops the run (ESPnet3's local run); ``False`` for shards
+            that would have run on a cluster (:meth:`~espnet3_flows.parallel.cluster.ParallelConfig.runs_here`),
+            where every shard is tried and the failures are reported together.
+    """
 
     window = 1
-    fail_fast = True
+
+    def __init__(self, fail_fast: bool = True):
+        self.fail_fast = fail_fast
 
     def prepare(self, planned: Sequence[PlannedRunner]) -> dict[str, list[str]]:
         for p in planned:
@@ -192,6 +193,8 @@ class DaskExecutor:
                 raise ValueError(f"output_dir {p.runner.output_dir!r} is in this process's memory; Dask workers in "
                                  "other processes cannot write there: use a path or an object store URL")
             checked_setup_fn(p.runner.provider)
+        from espnet3_flows.parallel.dask_plugins import install_runners
+
         return install_runners(self.client, {p.key: p.runner for p in planned})
 
     def submit_shard(self, planned: PlannedRunner, shard: Shard) -> Any:
@@ -203,6 +206,8 @@ class DaskExecutor:
 
     def release(self, planned: Sequence[PlannedRunner]) -> None:
         if not self.owned:
+            from espnet3_flows.parallel.dask_plugins import uninstall_runners
+
             uninstall_runners(self.client, [p.key for p in planned])
 
 
@@ -210,7 +215,8 @@ class DaskExecutor:
 def engine_executor(planned: PlannedRunner, client: Any = None, parallel: Any = None) -> Iterator[ShardExecutor]:
     """The executor of ``runner.run``: ``client``'s cluster; else a cluster started for the run
     from ``parallel`` (or ``set_parallel``'s config), closed afterwards; else, for ``serial``,
-    no config, or nothing pending, this process."""
+    no config, nothing pending, or few enough shards to run here
+    (:meth:`~espnet3_flows.parallel.cluster.ParallelConfig.runs_here`), this process."""
     from espnet3_flows.parallel.cluster import as_parallel_config
     from espnet3_flows.parallel.parallel import get_client, get_parallel_config, parallel_is_set
 
@@ -222,8 +228,8 @@ def engine_executor(planned: PlannedRunner, client: Any = None, parallel: Any = 
         return
     cfg = as_parallel_config(parallel) if parallel is not None else (
         get_parallel_config() if parallel_is_set() else None)
-    if cfg is None or cfg.backend.in_process:
-        yield InProcessExecutor()
+    if cfg is None or cfg.runs_here(len(planned.pending)):
+        yield InProcessExecutor(fail_fast=cfg is None or cfg.backend.in_process)
         return
     with get_client(cfg) as own:
         yield DaskExecutor(own, owned=cfg.backend.makes_cluster)

@@ -1,12 +1,11 @@
-"""Per-process registry of built environments, and the Dask worker plugin that fills it."""
+"""Per-process registry of built environments and installed runners (filled on Dask workers by the
+plugins of :mod:`.dask_plugins`, in this process by an in-process run)."""
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
-
-from distributed.diagnostics.plugin import WorkerPlugin
+from typing import Any, Callable, Mapping
 
 from espnet3_flows.parallel.env_provider import EnvironmentProvider, check_env, checked_setup_fn, provider_token
 from espnet3_flows.sharding import digest
@@ -32,7 +31,7 @@ def _keep(registry: OrderedDict[str, Any], key: str, value: Any) -> None:
 def get_env(provider: EnvironmentProvider, local: bool = False) -> dict[str, Any]:
     """The provider's environment in this process, built on first use and then reused.
 
-    On a Dask worker the :class:`EnvSetupPlugin` usually built it already at worker start;
+    On a Dask worker the :class:`~.dask_plugins.EnvSetupPlugin` usually built it already at worker start;
     otherwise (e.g. a worker that joined later, or a Prefect task runner) it is built here
     once, from ``build_worker_setup_fn()``. ``local=True`` builds with ``build_env_local()`` (an
     in-process run, as ESPnet3's local runs do), kept apart from the worker-built one.
@@ -91,32 +90,20 @@ def env_keys(provider: EnvironmentProvider) -> list[str]:
     return sorted(get_env(provider))
 
 
-class EnvSetupPlugin(WorkerPlugin):
-    """Builds an environment once per Dask worker, at worker start, into the registry.
-
-    Args:
-        token: The provider's :meth:`~EnvironmentProvider.env_token`.
-        setup_fn: The provider's zero-argument setup function.
-    """
-
-    def __init__(self, token: str, setup_fn: Callable[[], dict[str, Any]]):
-        self.token = token
-        self.setup_fn = setup_fn
-        self.name = f"espnet3-env-{token}"
-
-    def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
-        with _LOCK:
-            if self.token not in _ENVS:
-                _keep(_ENVS, self.token, check_env(self.setup_fn(), "worker setup function"))
-
-    def teardown(self, worker: Any) -> None:  # noqa: D401 - Dask hook
-        with _LOCK:
-            _ENVS.pop(self.token, None)
+def ensure_env(token: str, setup_fn: Callable[[], Any], what: str = "worker setup function") -> None:
+    """Build and keep the env under ``token`` with ``setup_fn`` unless this process has it."""
+    with _LOCK:
+        if token not in _ENVS:
+            _keep(_ENVS, token, check_env(setup_fn(), what))
 
 
-def plugin_for(provider: EnvironmentProvider) -> EnvSetupPlugin:
-    """The worker plugin that builds ``provider``'s environment (its setup function is checked now)."""
-    return EnvSetupPlugin(provider_token(provider), checked_setup_fn(provider))
+def build_setup_env(setup_fn: Callable[[], Any]) -> dict[str, Any]:
+    """Run a ``setup_fn`` (the parallel API's) and check what it returned: a dict with string keys,
+    else a ``ValueError``."""
+    env = setup_fn()
+    if not isinstance(env, Mapping) or not all(isinstance(k, str) for k in env):
+        raise ValueError(f"setup_fn must return a dict of env entries (name -> object), got {type(env).__name__}")
+    return dict(env)
 
 
 def runner_key(runner: Any) -> str:
@@ -135,66 +122,10 @@ def register_runner(key: str, runner: Any) -> None:
 
 
 def get_runner(key: str) -> Any:
-    """The runner registered under ``key`` in this process (by :class:`RunnerPlugin` on a worker)."""
+    """The runner registered under ``key`` in this process (by :class:`~.dask_plugins.RunnerPlugin`
+    on a worker)."""
     runner = _recent(_RUNNERS, key)
     if runner is None:
         raise LookupError(f"no runner {key} in this process: the flow installs runners on its workers before "
                           "submitting shards (was this worker restarted without its plugins?)")
     return runner
-
-
-class RunnerPlugin(WorkerPlugin):
-    """Installs a runner (a split's job: config, provider, outputs) once per Dask worker and builds its
-    environment, so shard tasks name the runner by key instead of carrying it. Registering the same
-    runner again (a later run on a long-lived cluster) is skipped by its name; see :func:`install_runners`."""
-
-    def __init__(self, key: str, runner: Any):
-        self.key = key
-        self.runner = runner
-        self.name = f"espnet3-runner-{key}"
-
-    def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
-        register_runner(self.key, self.runner)
-        get_env(self.runner.provider)
-
-
-def install_runners(client: Any, runners: dict[str, Any]) -> dict[str, list[str]]:
-    """Install runners on every worker of ``client`` (present and later ones), once per cluster:
-    a runner already installed (same key: same config and outputs) is not sent or built again.
-
-    Returns:
-        Runner key → the env keys of its environment on a worker (building it there raises
-        here, naming the provider, before any shard runs).
-    """
-    installed = installed_plugins(client)
-    for key, runner in runners.items():
-        plugin = RunnerPlugin(key, runner)
-        if plugin.name not in installed:
-            client.register_plugin(plugin)
-    return {key: client.submit(_runner_env_keys, key, pure=False).result() for key in runners}
-
-
-def uninstall_runners(client: Any, keys: list[str]) -> None:
-    """Remove the runners' plugins from a long-lived cluster's scheduler after a run, so its plugin
-    list (replayed on every worker that joins) does not grow run after run. Workers keep their
-    runners and envs in the bounded registries above: the next run with the same key builds
-    nothing again."""
-    installed = installed_plugins(client)
-    for key in keys:
-        name = f"espnet3-runner-{key}"
-        if name in installed:
-            client.unregister_worker_plugin(name)
-
-
-def installed_plugins(client: Any) -> set[str]:
-    """Names of the worker plugins the cluster's scheduler holds (it replays them on every worker
-    that joins): registering one of them again would tear it down and set it up anew."""
-    return set(client.run_on_scheduler(_scheduler_plugins))
-
-
-def _scheduler_plugins(dask_scheduler: Any) -> list[str]:
-    return list(dask_scheduler.worker_plugins)
-
-
-def _runner_env_keys(key: str) -> list[str]:
-    return sorted(get_env(get_runner(key).provider))

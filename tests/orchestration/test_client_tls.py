@@ -70,7 +70,7 @@ def _shares_tls() -> bool:
 def test_flow_worker_plugin_reaches_workers_that_join_later():
     from distributed import Client, LocalCluster
 
-    from espnet3_flows.orchestration.flows import PrefectWorkerSetup
+    from espnet3_flows.orchestration.prefect_worker import PrefectWorkerSetup
 
     with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster) as client:
         client.register_plugin(PrefectWorkerSetup())

@@ -19,6 +19,9 @@ def test_unused_services_off_recording_on_and_user_choice_kept(monkeypatch):
     # what the run's flow and task runs are recorded by stays on
     assert "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED" not in env
     assert "PREFECT_API_URL" not in env and env["PREFECT_UI_ENABLED"] == "0"
+    assert env["PREFECT_SERVER_REGISTER_BLOCKS_ON_START"] == "false"  # the one-run server registers no blocks
+    monkeypatch.setenv("PREFECT_SERVER_REGISTER_BLOCKS_ON_START", "true")
+    assert server_environment()["PREFECT_SERVER_REGISTER_BLOCKS_ON_START"].lower() == "true"
 
 
 def test_event_consumers_batched_here_in_make_serve_and_in_compose(monkeypatch):
@@ -65,3 +68,52 @@ def test_while_starting_runs_with_the_url_exported_before_the_server_answers(mon
             assert httpx.get(f"{url}/health", timeout=5).status_code == 200
     assert seen == [(url, False)]
     assert "PREFECT_API_URL" not in os.environ
+
+
+def test_configured_api_url_reads_the_variable_then_the_active_profile(monkeypatch, tmp_path):
+    from espnet3_flows.orchestration.local_server import configured_api_url
+
+    for key in ("PREFECT_API_URL", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    assert configured_api_url() == ""  # no profiles file
+    (tmp_path / "profiles.toml").write_text(
+        'active = "lab"\n[profiles.lab]\nPREFECT_API_URL = "http://lab:4200/api"\n[profiles.ephemeral]\n')
+    assert configured_api_url() == "http://lab:4200/api"
+    monkeypatch.setenv("PREFECT_PROFILE", "ephemeral")  # the variable picks another profile: none configured
+    assert configured_api_url() == ""
+    monkeypatch.setenv("PREFECT_API_URL", "http://env:4200/api")
+    assert configured_api_url() == "http://env:4200/api"
+    monkeypatch.delenv("PREFECT_API_URL")
+    other = tmp_path / "elsewhere.toml"
+    other.write_text("not = [toml")  # a broken file configures nothing (Prefect reports it itself)
+    monkeypatch.setenv("PREFECT_PROFILES_PATH", str(other))
+    assert configured_api_url() == ""
+
+
+def test_an_early_server_is_taken_over_or_stopped(monkeypatch, tmp_path):
+    """``launch_early`` starts the server before the CLI's imports; ``prefect_api`` takes it over
+    when it needs one and stops it when an API is configured after all."""
+    import httpx
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from espnet3_flows.orchestration import local_server
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    assert local_server.launch_early(["--help"]) is None and local_server.launch_early(["--dry-run"]) is None
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_HOME: str(tmp_path)}):
+        early = local_server.launch_early(["output_dir=x"])
+        assert early is not None and early.process is not None
+        assert local_server.launch_early([]) is None  # one per process
+        with local_server.prefect_api(needs_server=True) as url:
+            assert url == early.api_url and httpx.get(f"{url}/health", timeout=5).status_code == 200
+        assert early.process is None  # stopped with the run
+
+        early = local_server.launch_early([])
+        process = early.process
+        with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+            with local_server.prefect_api(needs_server=True) as url:
+                assert url == "http://127.0.0.1:9/api"
+        assert early.process is None and process.poll() is not None  # a configured API: the early one stopped
+    assert not local_server._EARLY

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import prefect
+import prefect.flow_engine as flow_engine  # configures Prefect's logging: at import, not inside a test's caplog
 import pytest
 
 from espnet3_flows.orchestration import prefect_compat
@@ -30,15 +31,17 @@ def test_an_unverified_prefect_gets_no_patch(monkeypatch, caplog):
 
     client_module = importlib.import_module("prefect.client.orchestration")
     before = (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context,
-              EngineContext.__dict__["serialize"], PrefectDaskClient.__dict__["submit"])
+              EngineContext.__dict__["serialize"], PrefectDaskClient.__dict__["submit"], flow_engine._send_heartbeats)
     with caplog.at_level("WARNING"):
         assert not prefect_compat.share_tls_contexts()
         assert not prefect_compat.cache_settings_serialization()
         assert not prefect_compat.cache_settings_hydration()
         assert not prefect_compat.cache_flow_context_serialization()
         assert not prefect_compat.untokenized_task_keys()
+        assert not prefect_compat.prompt_heartbeat_stop()
     assert (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context,
-            EngineContext.__dict__["serialize"], PrefectDaskClient.__dict__["submit"]) == before
+            EngineContext.__dict__["serialize"], PrefectDaskClient.__dict__["submit"],
+            flow_engine._send_heartbeats) == before
     assert sum("99.0.0" in r.getMessage() for r in caplog.records) == 1  # one warning, not one per call
 
 
@@ -116,3 +119,33 @@ def test_flow_run_context_validated_once_per_thread_with_fresh_collections(prefe
     other = ship(4)  # another flow run: validated afresh
     with task_engine.hydrated_context(other):
         assert FlowRunContext.get().parameters == {"n": 4} and FlowRunContext.get().flow_run.id != run1
+
+
+def test_heartbeats_still_sent_and_their_thread_ends_with_the_run(prefect_harness, monkeypatch):
+    """The replacement sends the first heartbeat at once, like Prefect's, and the flow run does
+    not wait for a one-second sleep to end."""
+    import threading
+
+    from prefect import flow
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    assert prefect_compat.prompt_heartbeat_stop() and prefect_compat.prompt_heartbeat_stop()  # idempotent
+    sent = []
+    original = flow_engine.FlowRunEngine._emit_flow_run_heartbeat
+
+    def record(self, *args, **kwargs):
+        sent.append(str(self.flow_run.id))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(flow_engine.FlowRunEngine, "_emit_flow_run_heartbeat", record)
+
+    @flow
+    def short() -> str:
+        from prefect.runtime import flow_run
+
+        return flow_run.id
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
+        run_id = short()
+    assert sent == [run_id]  # one at the start; the next would be 30 s later
+    assert not [t for t in threading.enumerate() if t.name == "flow-run-heartbeat"]

@@ -68,3 +68,15 @@ class NeedsMissingKeyRunner(ScaleSumRunner):
     @staticmethod
     def forward(idx, data, model):  # type: ignore[override]
         return [(idx, 0.0)]
+
+
+class PidRunner(ScaleSumRunner):
+    """Each item's value is the id of the process its ``forward`` ran in."""
+
+    @staticmethod
+    def forward(idx, pid):  # type: ignore[override]
+        ids = idx if isinstance(idx, list) else [idx]
+        return [(i, float(pid)) for i in ids]
+
+    def merge(self, shard_dirs):
+        return {float(line.split()[1]) for d in shard_dirs for line in (Path(d) / "values.txt").read_text().splitlines()}

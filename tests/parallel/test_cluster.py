@@ -102,7 +102,8 @@ def test_the_scheduler_keeps_few_messages_per_worker():
     """Each scheduler → worker stream keeps its last messages for debugging, and every message
     holds whole task specs (~100 KB each for a Prefect shard task): Dask's 1,000 per worker kept
     ~100 MB per worker on the driver during a long run; ours keep LOW_LEVEL_LOG_LENGTH."""
-    from espnet3_flows.parallel.cluster import LOW_LEVEL_LOG_LENGTH, make_cluster, prepare_client
+    from espnet3_flows.parallel.cluster import make_cluster, prepare_client
+    from espnet3_flows.parallel.dask_plugins import LOW_LEVEL_LOG_LENGTH
 
     cfg = ParallelConfig(env="local", n_workers=1, allowed_failures=5)
     cluster = make_cluster(cfg)

@@ -1,0 +1,35 @@
+"""What every Dask worker of a flow sets up (:class:`PrefectWorkerSetup`); imported only for a
+flow whose shards run on a cluster (it imports ``distributed``)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from espnet3_flows.orchestration import console
+from espnet3_flows.orchestration.local_server import drain_prefect_clients
+from espnet3_flows.orchestration.prefect_compat import cache_settings_hydration, share_tls_contexts
+from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES
+
+
+class PrefectWorkerSetup(WorkerPlugin):
+    """On each Dask worker: Prefect's clients share TLS contexts, and Prefect's task engine is
+    imported before the first shard task arrives. When the worker closes, the logs and events
+    (task-run states) its tasks queued are sent: a forked worker exits without the interpreter
+    shutdown that would otherwise send them."""
+
+    name = "espnet3-prefect-worker-setup"
+
+    def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
+        console.apply_from_environment()
+        console.quiet_completed_shards()
+        share_tls_contexts()
+        cache_settings_hydration()
+        for module in PREFECT_WORKER_MODULES:
+            importlib.import_module(module)
+
+    async def teardown(self, worker: Any) -> None:  # noqa: D401 - Dask hook
+        await asyncio.to_thread(drain_prefect_clients)  # off the loop: Prefect's drain blocks

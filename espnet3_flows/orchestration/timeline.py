@@ -1,0 +1,29 @@
+"""Where a command-line run's wall time goes: named instants of the driver, appended as JSON lines
+(``{"event": ..., "time": <epoch seconds>}``) to the file ``$ESPNET3_FLOWS_TIMELINE`` names, and
+nothing at all when it is unset. ``benchmarks/bench_startup.py`` reads them to break a run into
+imports, server, cluster, first shard, merge and teardown.
+
+The events, in the order a run passes them: ``main`` (the CLI's imports done), ``planned`` (and
+the shards' libraries imported or being imported where they will run),
+``server_ready``, ``flow_started``, ``workers_ready``, ``first_shard``, ``shards_merged``,
+``flow_returned`` (the flow's cluster closed and its final state reported), ``server_stopped``,
+``summary_printed``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+#: The environment variable naming the file
+ENV = "ESPNET3_FLOWS_TIMELINE"
+
+
+def mark(event: str) -> None:
+    """Record that the driver reached ``event`` now (a no-op unless :data:`ENV` is set)."""
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid()}) + "\n")

@@ -1,0 +1,134 @@
+"""How a command-line run starts and ends (issue "Everyday runs start fast"): the private server
+launched before the imports and shared by nothing, a single shard run in the driver, two runs at
+once on one Prefect database, the driver killed while starting, the run's timeline."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from tests.support.servers import cli_env
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.prefect, pytest.mark.dask, pytest.mark.slow]
+SERVER = "prefect.server.api.server:create_app"
+
+
+def _servers_of(home: Path) -> list[psutil.Process]:
+    """Prefect API servers running with ``PREFECT_HOME=home``."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if SERVER in " ".join(p.info["cmdline"] or []) and p.environ().get("PREFECT_HOME") == str(home):
+                found.append(p)
+    return found
+
+
+def _wait_no_servers(home: Path, timeout: float = 15.0) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while (left := _servers_of(home)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _cli(home: Path, *args: str, timeline: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = cli_env(home, HF_HUB_OFFLINE="1", **({"ESPNET3_FLOWS_TIMELINE": str(timeline)} if timeline else {}))
+    return subprocess.run([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def four_utterances(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from espnet3_flows.demo import make_demo_corpus
+
+    root = tmp_path_factory.mktemp("four")
+    return make_demo_corpus(root, n_utts=4, n_speakers=2, min_seconds=0.5, max_seconds=1.0,
+                            splits={"train": 1.0})["train"]
+
+
+def _events(path: Path) -> list[str]:
+    return [json.loads(line)["event"] for line in path.read_text().splitlines()]
+
+
+def test_one_shard_runs_in_the_driver_with_the_same_outputs_as_on_a_cluster(tmp_path, four_utterances):
+    home = tmp_path / "prefect-home"
+    inline = _cli(home, f"manifests.train={four_utterances}", f"output_dir={tmp_path / 'inline'}", "--verbose",
+                  timeline=tmp_path / "inline.jsonl")
+    assert inline.returncode == 0, inline.stderr[-3000:]
+    assert "Creating a new Dask cluster" not in inline.stderr  # one shard: no cluster started
+    assert "Starting temporary server" not in inline.stderr  # the private server, not Prefect's own
+    assert _events(tmp_path / "inline.jsonl") == ["main", "planned", "server_ready", "flow_started", "workers_ready",
+                                                  "first_shard", "shards_merged", "flow_returned", "server_stopped",
+                                                  "summary_printed"]
+    cluster = _cli(home, f"manifests.train={four_utterances}", f"output_dir={tmp_path / 'cluster'}", "--verbose",
+                   "parallel.inline_shards=0", "parallel.n_workers=1")
+    assert cluster.returncode == 0, cluster.stderr[-3000:]
+    assert "Creating a new Dask cluster" in cluster.stderr
+    a, b = np.load(tmp_path / "inline/train/feats_stats.npz"), np.load(tmp_path / "cluster/train/feats_stats.npz")
+    assert int(a["count"]) == int(b["count"]) > 0
+    np.testing.assert_array_equal(a["sum"], b["sum"])
+    assert (tmp_path / "inline/train/feats_shape").read_text() == (tmp_path / "cluster/train/feats_shape").read_text()
+    assert not _wait_no_servers(home), "the private server outlived its run"
+
+
+def test_serial_uses_the_private_server_and_a_rerun_starts_none(tmp_path, four_utterances):
+    home = tmp_path / "prefect-home"
+    args = [f"manifests.train={four_utterances}", f"output_dir={tmp_path / 'out'}", "parallel.env=serial"]
+    first = _cli(home, *args, "--verbose")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "Starting temporary server" not in first.stderr and "train: 4 utterances" in first.stdout
+    again = _cli(home, *args, timeline=tmp_path / "again.jsonl")  # nothing to compute: the early server is stopped
+    assert again.returncode == 0 and "nothing to compute" in again.stdout, again.stderr[-3000:]
+    assert "server_ready" not in _events(tmp_path / "again.jsonl")
+    bad = _cli(home, *args, "shard_sise=3")  # a config error: the early server is stopped too
+    assert bad.returncode == 2 and "shard_sise" in bad.stderr
+    assert not _wait_no_servers(home)
+
+
+def test_two_runs_at_once_on_one_prefect_database_both_succeed(tmp_path, four_utterances):
+    """Each run's private server writes the same SQLite database (one writer at a time)."""
+    home = tmp_path / "prefect-home"
+    env = cli_env(home, HF_HUB_OFFLINE="1")
+    procs = [subprocess.Popen([sys.executable, "flows/collect_stats.py", f"manifests.train={four_utterances}",
+                               f"output_dir={tmp_path / f'out{k}'}", "shard_size=2", "parallel.n_workers=1"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        assert "train: 4 utterances" in out and "cached 0" in out
+        assert "database is locked" not in err
+    a, b = (np.load(tmp_path / f"out{k}/train/feats_stats.npz") for k in range(2))
+    np.testing.assert_array_equal(a["sum"], b["sum"])
+    assert not _wait_no_servers(home)
+
+
+def test_driver_killed_while_starting_leaves_no_server(tmp_path, four_utterances):
+    home = tmp_path / "prefect-home"
+    proc = subprocess.Popen([sys.executable, "flows/collect_stats.py", f"manifests.train={four_utterances}",
+                             f"output_dir={tmp_path / 'out'}"], cwd=ROOT, env=cli_env(home, HF_HUB_OFFLINE="1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _servers_of(home) and time.monotonic() < deadline:  # launched before the CLI's imports
+            assert proc.poll() is None
+            time.sleep(0.05)
+        assert _servers_of(home), "no early server seen"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert not _wait_no_servers(home), "the early server outlived the killed driver"
+    finally:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+        for p in _servers_of(home):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
