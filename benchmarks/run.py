@@ -133,8 +133,9 @@ BENCHMARKS = {b.name: b for b in [
     Benchmark("corpus", "bench_corpus", True),
     Benchmark("xvector", "bench_xvector", False, _xvector_result, _xvector_table, _xvector_plot),
     Benchmark("batching", "bench_batching", False, _batching_result, _batching_table),
-    Benchmark("espnet2", "bench_espnet2", True),
+    Benchmark("espnet2", "bench_espnet2", False),
     Benchmark("s3", "bench_s3", False),
+    Benchmark("startup", "bench_startup", False),
 ]}
 
 
