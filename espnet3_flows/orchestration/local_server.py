@@ -5,12 +5,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import fcntl
 import importlib.util
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -108,11 +110,20 @@ class LocalPrefectServer:
         self.port = _free_port()
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
+        self._lock: int | None = None
+        self._launcher: threading.Thread | None = None
+        self._launch_error: BaseException | None = None
+        self._cancelled = threading.Event()
 
     @property
     def api_url(self) -> str:
         """The ``PREFECT_API_URL`` of this server."""
         return f"http://127.0.0.1:{self.port}/api"
+
+    @property
+    def launched(self) -> bool:
+        """Whether :meth:`launch` was called (the process may still wait for its turn)."""
+        return self.process is not None or self._launcher is not None
 
     def start(self) -> None:
         """Start the server and wait until ``/api/health`` answers."""
@@ -121,7 +132,51 @@ class LocalPrefectServer:
 
     def launch(self) -> None:
         """Start the server process; returns at once (see :meth:`wait_ready`). Prefect is not
-        imported here: the server can start while this process is still importing it."""
+        imported here: the server can start while this process is still importing it.
+
+        Servers on one ``PREFECT_HOME`` start one at a time (a lock file there, held from launch
+        until the server answers, by a thread of this process): they share its SQLite database,
+        which has one writer, and a new database's migrations take ~10 s, longer than another
+        server would wait for it. When another run's server is starting, this one is started by
+        that thread once the other answers.
+        """
+        self._lock = _open_start_lock()
+        now = self._lock is None or _try_lock(self._lock)
+        if now:
+            self._popen()
+        self._launcher = threading.Thread(target=self._start_in_turn, args=(not now,), daemon=True,
+                                          name="prefect-server-start")
+        self._launcher.start()
+
+    def _start_in_turn(self, wait_turn: bool) -> None:
+        """(Wait for the lock and start the server, then) release the lock once it answers or dies."""
+        import httpx
+
+        try:
+            while wait_turn and not _try_lock(self._lock):  # type: ignore[arg-type]
+                if self._cancelled.wait(0.1):
+                    return
+            if wait_turn and not self._cancelled.is_set():
+                self._popen()
+            deadline = time.monotonic() + self.startup_timeout
+            while not self._cancelled.is_set() and time.monotonic() < deadline:
+                proc = self.process
+                if proc is None or proc.poll() is not None:
+                    return
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{self.api_url}/health", timeout=2).status_code == 200:
+                        return
+                self._cancelled.wait(0.2)
+        except BaseException as exc:  # noqa: BLE001 - raised by wait_ready, in the caller's thread
+            self._launch_error = exc
+        finally:
+            self._release()
+            if wait_turn and self.process is not None:
+                # the kernel signals a child whose parent *thread* ends (PR_SET_PDEATHSIG): the
+                # thread that started the server lives as long as it is meant to run
+                self._cancelled.wait()
+
+    def _popen(self) -> None:
         spec = importlib.util.find_spec("prefect")
         if spec is None or not spec.submodule_search_locations:
             raise RuntimeError("prefect is not installed")
@@ -137,9 +192,16 @@ class LocalPrefectServer:
         """Wait until the launched server's ``/api/health`` answers (stops it on failure)."""
         import httpx
 
-        assert self.process is not None, "launch() first"
+        assert self.launched, "launch() first"
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
+            if self._launch_error is not None:
+                raise self._launch_error
+            if self.process is None:  # another server's start goes first
+                if self._launcher is None or not self._launcher.is_alive():
+                    break
+                time.sleep(0.1)
+                continue
             if self.process.poll() is not None:
                 err = self.process.stderr.read().decode(errors="replace")[-2000:] if self.process.stderr else ""
                 raise RuntimeError(f"the local Prefect server exited with code {self.process.returncode}: {err}")
@@ -150,8 +212,18 @@ class LocalPrefectServer:
         self.stop()
         raise RuntimeError(f"the local Prefect server did not become healthy in {self.startup_timeout:.0f} s")
 
+    def _release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            os.close(lock)  # releases the flock
+
     def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after 10 s)."""
+        """Stop the server (SIGTERM, then SIGKILL after 10 s); one still waiting for its turn is
+        not started."""
+        self._cancelled.set()
+        if self._launcher is not None:
+            self._launcher.join()
+        self._release()
         proc, self.process = self.process, None
         if proc is None or proc.poll() is not None:
             return
@@ -163,6 +235,30 @@ class LocalPrefectServer:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _prefect_home() -> Path:
+    """``PREFECT_HOME`` as Prefect reads it from the environment (``~/.prefect`` by default)."""
+    return Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+
+
+def _open_start_lock() -> int | None:
+    """A descriptor of ``$PREFECT_HOME/espnet3-flows-server-start.lock`` (``None`` where it cannot
+    be made: the server then starts without waiting its turn)."""
+    try:
+        home = _prefect_home()
+        home.mkdir(parents=True, exist_ok=True)
+        return os.open(home / "espnet3-flows-server-start.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
 
 
 def drain_prefect_clients(timeout: float = 15.0) -> None:
@@ -189,8 +285,7 @@ def configured_api_url() -> str:
     url = os.environ.get("PREFECT_API_URL", "")
     if url:
         return url
-    home = Path(os.environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
-    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or _prefect_home() / "profiles.toml").expanduser()
     try:
         profiles = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError):
@@ -263,7 +358,7 @@ def prefect_api(needs_server: bool,
     if previous in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
     try:
-        if server.process is None:
+        if not server.launched:
             server.launch()
         os.environ["PREFECT_API_URL"] = server.api_url
         if while_starting is not None and while_starting() is False:

@@ -132,3 +132,13 @@ def test_driver_killed_while_starting_leaves_no_server(tmp_path, four_utterances
         for p in _servers_of(home):
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+def test_dry_run_says_when_the_shards_run_in_the_driver(tmp_path, four_utterances):
+    home = tmp_path / "prefect-home"
+    args = [f"manifests.train={four_utterances}", f"output_dir={tmp_path / 'out'}", "--dry-run"]
+    one = _cli(home, *args)
+    assert one.returncode == 0 and "shard(s) to compute run in this process, parallel.inline_shards=1" in one.stdout
+    four = _cli(home, *args, "shard_size=2")  # 4 shards: a cluster
+    assert four.returncode == 0 and "run in this process" not in four.stdout, four.stdout
+    assert not _servers_of(home)  # a dry run starts no server, not even early

@@ -117,3 +117,33 @@ def test_an_early_server_is_taken_over_or_stopped(monkeypatch, tmp_path):
                 assert url == "http://127.0.0.1:9/api"
         assert early.process is None and process.poll() is not None  # a configured API: the early one stopped
     assert not local_server._EARLY
+
+
+def test_servers_on_one_prefect_home_start_one_at_a_time(monkeypatch, tmp_path):
+    """A new SQLite database's migrations take longer than a second server would wait for its
+    write lock: the second start waits for the first server to answer."""
+    import httpx
+
+    from espnet3_flows.orchestration.local_server import LocalPrefectServer
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    first, second = LocalPrefectServer(), LocalPrefectServer()
+    try:
+        first.launch()
+        second.launch()
+        assert first.process is not None and second.process is None and second.launched  # its turn comes later
+        second.wait_ready()  # after the first one answered
+        first.wait_ready()
+        for server in (first, second):
+            assert httpx.get(f"{server.api_url}/health", timeout=5).status_code == 200
+        waiting = LocalPrefectServer()
+        blocker = LocalPrefectServer()
+        blocker.launch()
+        waiting.launch()
+        waiting.stop()  # stopped while waiting for its turn: never started
+        assert waiting.process is None
+        blocker.stop()
+    finally:
+        for server in (first, second):
+            server.stop()
