@@ -157,7 +157,7 @@ def engine_config(manifest: Path, output_dir: Path, shard_size: int, env: str = 
     from espnet3_flows.stats.job import CollectStatsConfig
 
     return CollectStatsConfig(manifests={"train": str(manifest)}, output_dir=str(output_dir), shard_size=shard_size,
-                              parallel=ParallelConfig(env=env, n_workers=common.WORKERS))
+                              parallel=ParallelConfig(env=env, n_workers=common.WORKERS, inline_shards=0))
 
 
 def engine_run(manifest: Path, n: int, shard_size: int, client: Any = None, output_dir: Path | None = None) -> dict[str, Any]:
@@ -204,8 +204,9 @@ def start_cluster(trim: bool) -> tuple[Any, Any, float]:
 
 
 def flow_config(manifest: Path, output_dir: Path, shard_size: int, parallel: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The plain config of a flow run on a local 2-worker cluster; ``parallel`` adds ``parallel.*`` keys."""
-    parallel = {"env": "local", "n_workers": common.WORKERS, **(parallel or {})}
+    """The plain config of a flow run on a local 2-worker cluster (also for a single shard: what is
+    measured is the cluster); ``parallel`` adds ``parallel.*`` keys."""
+    parallel = {"env": "local", "n_workers": common.WORKERS, "inline_shards": 0, **(parallel or {})}
     return {"manifests": {"train": str(manifest)}, "output_dir": str(output_dir), "shard_size": shard_size,
             "parallel": parallel}
 
