@@ -144,6 +144,8 @@ class LocalPrefectServer:
         now = self._lock is None or _try_lock(self._lock)
         if now:
             self._popen()
+            if self._lock is None:  # no lock to release when it answers
+                return
         self._launcher = threading.Thread(target=self._start_in_turn, args=(not now,), daemon=True,
                                           name="prefect-server-start")
         self._launcher.start()

@@ -12,18 +12,16 @@ from espnet3_flows.parallel.forkserver import start_forkserver, wants_forkserver
 PREFECT_WORKER_MODULES = ("prefect.task_engine",)
 
 
-def make_task_runner(cfg: ParallelConfig, pending_shards: int | None = None) -> Any:
-    """The flow's task runner: a one-thread runner in this process when the shards run here (a
-    backend that runs in process, ``serial``, or a ``local`` run with at most
-    ``parallel.inline_shards`` of ``pending_shards`` to compute); a ``DaskTaskRunner`` connected
-    to the running scheduler of ``env: address`` (a ``scheduler_file`` is read now; the runner
-    closes only its client, the cluster stays up); else a ``DaskTaskRunner`` whose cluster
-    :func:`~..parallel.cluster.make_cluster` builds from ``cfg`` when the runner's client is first
-    used (scaled as the backend says, and closed with the flow), the same cluster ``runner.run``
-    would start.
+def make_task_runner(cfg: ParallelConfig) -> Any:
+    """The flow's task runner: a one-thread runner in this process for a backend that runs in
+    process (``serial``); a ``DaskTaskRunner`` connected to the running scheduler of ``env:
+    address`` (a ``scheduler_file`` is read now; the runner closes only its client, the cluster
+    stays up); else a ``DaskTaskRunner`` whose cluster :func:`~..parallel.cluster.make_cluster`
+    builds from ``cfg`` when the runner's client is first used (scaled as the backend says, and
+    closed with the flow), the same cluster ``runner.run`` would start.
     """
     backend = cfg.backend
-    if cfg.runs_here(pending_shards or 0):
+    if backend.in_process:
         from prefect.task_runners import ThreadPoolTaskRunner
 
         return ThreadPoolTaskRunner(max_workers=1)
@@ -37,7 +35,7 @@ def make_task_runner(cfg: ParallelConfig, pending_shards: int | None = None) -> 
 
 def prestart_workers(cfg: ParallelConfig, modules: Sequence[str], pending_shards: int | None = None) -> None:
     """Get the imports of Prefect's task engine and ``modules`` going now, where the shards will
-    run: in this process when they run here (see :func:`make_task_runner`); in the background,
+    run: in this process when they run here (``ParallelConfig.runs_here``); in the background,
     in the forkserver, when ``cfg`` forks its local workers; otherwise (``spawn``, batch
     schedulers, a running cluster of ``env: address``) nowhere.
 

@@ -93,8 +93,8 @@ class Backend:
             except ImportError:  # a parent package missing
                 found = False
             if not found:
-                hint = f" (pip install 'espnet3-flows[{self.extra}]')" if self.extra else ""
-                raise ConfigError(f"parallel.env={self.name} needs {module}, which is not installed{hint}")
+                raise ConfigError(f"parallel.env={self.name} needs {module}, which is not installed"
+                                  f"{_extra_hint(self.extra)}")
 
     def load(self) -> Any:
         """The cluster class or factory (:class:`ConfigError` naming the extra when it is missing)."""
@@ -102,9 +102,8 @@ class Backend:
             try:
                 importlib.import_module(self.requires)
             except ImportError as exc:
-                hint = f" (pip install 'espnet3-flows[{self.extra}]')" if self.extra else ""
                 raise ConfigError(f"parallel.env={self.name} needs {self.requires}, which cannot be imported: "
-                                  f"{exc}{hint}") from None
+                                  f"{exc}{_extra_hint(self.extra)}") from None
         return import_object(self.cluster, f"parallel.env={self.name}", self.extra)
 
 
@@ -139,6 +138,11 @@ def backend_of(cfg: ParallelConfig) -> Backend:
     return get_backend(cfg.env)
 
 
+def _extra_hint(extra: str) -> str:
+    """`` (pip install 'espnet3-flows[EXTRA]')`` for an error message, or nothing without an extra."""
+    return f" (pip install 'espnet3-flows[{extra}]')" if extra else ""
+
+
 def import_object(path: str, what: str, extra: str = "") -> Any:
     """The object ``path`` (``module.Attr`` or ``module:Attr``) names."""
     module, sep, name = path.rpartition(":") if ":" in path else path.rpartition(".")
@@ -147,8 +151,7 @@ def import_object(path: str, what: str, extra: str = "") -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except ImportError as exc:
-        hint = f" (pip install 'espnet3-flows[{extra}]')" if extra else ""
-        raise ConfigError(f"{what} needs {module}, which cannot be imported: {exc}{hint}") from None
+        raise ConfigError(f"{what} needs {module}, which cannot be imported: {exc}{_extra_hint(extra)}") from None
     except AttributeError:
         raise ConfigError(f"{what}: module {module} has no {name!r}") from None
 
