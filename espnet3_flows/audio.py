@@ -18,7 +18,7 @@ import fsspec
 import numpy as np
 import soundfile as sf
 
-from espnet3_flows.errors import BadItemError
+from espnet3_flows.errors import BadItemError, describe_os_error, is_item_os_error
 from espnet3_flows.manifest import Utterance, entry_kind
 
 
@@ -152,8 +152,8 @@ def load_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str
             samples, rate = _read_entry(utt.path, config, storage_options, cache.cwd if cache else "")
     except AudioError as exc:
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
-    except FileNotFoundError:
-        raise AudioError(f"utt {utt.utt_id!r}: audio file not found: {utt.path}") from None
+    except OSError as exc:
+        raise _file_error(utt, exc) from None
     except (RuntimeError, ValueError, EOFError, TypeError, sf.SoundFileError) as exc:
         # a decoder's verdict on this file; I/O and network errors propagate instead, so the
         # shard fails and is retried rather than the item being skipped as bad data
@@ -215,11 +215,22 @@ def audio_header(utt: Utterance, config: AudioConfig, storage_options: Mapping[s
         _check_duration(frames / rate, config)
     except AudioError as exc:
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
-    except FileNotFoundError:
-        raise AudioError(f"utt {utt.utt_id!r}: audio file not found: {utt.path}") from None
+    except OSError as exc:
+        raise _file_error(utt, exc) from None
     except (RuntimeError, sf.SoundFileError) as exc:
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): cannot read audio header: {exc}") from None
     return int(math.ceil(frames * config.sampling_rate / rate)), int(rate)
+
+
+def _file_error(utt: Utterance, exc: OSError) -> BaseException:
+    """An ``OSError`` met reading ``utt``: a bad item when it is permanent for that file (missing,
+    a symlink loop, a name too long, ...: :func:`~espnet3_flows.errors.is_item_os_error`),
+    otherwise the error itself, so that the shard fails and is retried (the store failing)."""
+    if isinstance(exc, FileNotFoundError):
+        return AudioError(f"utt {utt.utt_id!r}: audio file not found: {utt.path}")
+    if is_item_os_error(exc):
+        return AudioError(f"utt {utt.utt_id!r} ({utt.path}): cannot open audio file: {describe_os_error(exc)}")
+    return exc
 
 
 def _file_header(path: str, storage_options: Mapping[str, Any] | None) -> tuple[int, int]:
@@ -240,10 +251,10 @@ def _check_local_file(path: str) -> str:
     local = fsspec.core.strip_protocol(path) if path.startswith("file://") else path
     try:
         mode = os.stat(local).st_mode
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         raise FileNotFoundError(path) from None  # reported as "audio file not found"
-    # any other OSError (EIO, ESTALE, EACCES on a flaky mount) propagates: an I/O failure of the
-    # shard, retried, never a bad item
+    # any other OSError propagates, classified by _file_error: a symlink loop is a bad item, EIO
+    # or ESTALE an I/O failure of the shard (retried)
     if not stat.S_ISREG(mode):
         kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
                 "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)

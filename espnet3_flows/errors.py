@@ -14,6 +14,8 @@ features that come out NaN for this input.
 
 from __future__ import annotations
 
+import errno
+
 
 class Espnet3FlowsError(Exception):
     """The root of this package's errors: ``except Espnet3FlowsError`` catches every error the
@@ -36,3 +38,33 @@ class ShardFailure(Espnet3FlowsError, RuntimeError):
 class ItemFailure(ShardFailure, ItemError):
     """A run stopped by a bad item under ``on_error: fail`` (an :class:`ItemError` and a
     :class:`ShardFailure`): the message names the item."""
+
+
+#: ``errno`` values that say something about one file, the same on every try: the item is bad
+#: (skipped under ``on_error: skip``). A path that does not exist or cannot exist (missing, a
+#: symlink loop, a name too long, a file used as a directory or a directory as a file, an invalid
+#: name), or that this account may never read. Permission is per file on every store we read
+#: (POSIX modes, S3 object ACLs): an outage that denies everything also fails every shard, and
+#: ``skipped.tsv`` names each file with its reason.
+ITEM_ERRNOS = frozenset(
+    getattr(errno, name) for name in (
+        "ENOENT", "ENOTDIR", "EISDIR", "ELOOP", "ENAMETOOLONG", "EILSEQ", "ENXIO", "ENODEV", "EACCES",
+        "EPERM", "EFBIG", "EOVERFLOW",
+    ) if hasattr(errno, name)
+)
+
+
+def is_item_os_error(exc: BaseException) -> bool:
+    """Whether an ``OSError`` is permanent for the one file it names (see :data:`ITEM_ERRNOS`),
+    so the item is bad rather than the store failing. Everything else is the store or the machine
+    failing (``EIO``, ``ESTALE``, ``ETIMEDOUT``, connection resets, ``EMFILE``, ``ENOMEM``, an
+    ``OSError`` without an errno from a network client, ...): the shard fails and is retried."""
+    return isinstance(exc, OSError) and exc.errno in ITEM_ERRNOS
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``exc`` as one line without the path (the caller names the item): ``Too many levels of
+    symbolic links (ELOOP)``."""
+    name = errno.errorcode.get(exc.errno or 0, "")
+    text = exc.strerror or str(exc)
+    return f"{text} ({name})" if name else text

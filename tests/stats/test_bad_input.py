@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
 import tracemalloc
 from pathlib import Path
 
+import fsspec.implementations.local
 import kaldiio
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ import soundfile as sf
 
 from espnet3_flows.config import load_config
 from espnet3_flows.manifest import ManifestError
-from espnet3_flows.errors import ItemError
+from espnet3_flows.errors import ItemError, ShardFailure, is_item_os_error
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
 
 SR = 16000
@@ -115,6 +117,108 @@ def _check_fail_and_skip(tmp_path: Path, good, clean: Path, bad_line: str, utt_i
 def test_missing_file(tmp_path, good, clean):
     path = tmp_path / "nowhere" / "missing.wav"
     _check_fail_and_skip(tmp_path, good, clean, f"bad-missing\t{path}", "bad-missing", "audio file not found")
+
+
+def _permanent_os_error(tmp_path: Path, kind: str) -> tuple[Path, str]:
+    """A path whose opening fails the same way every time, and the errno it gives."""
+    if kind == "symlink-loop":
+        a, b = tmp_path / "loop-a.wav", tmp_path / "loop-b.wav"
+        a.symlink_to(b)
+        b.symlink_to(a)
+        return a, "ELOOP"
+    if kind == "name-too-long":
+        return tmp_path / ("x" * 300 + ".wav"), "ENAMETOOLONG"
+    plain = tmp_path / "plain.wav"
+    plain.write_bytes(b"not a directory")
+    return plain / "inside.wav", "ENOTDIR"
+
+
+@pytest.mark.parametrize("kind", ["symlink-loop", "name-too-long", "not-a-directory"])
+def test_os_errors_permanent_for_one_file_are_bad_items(tmp_path, good, clean, kind):
+    path, name = _permanent_os_error(tmp_path, kind)
+    _check_fail_and_skip(tmp_path, good, clean, f"bad-os\t{path}", "bad-os", f"cannot open audio file: ", "retries=2")
+    assert name in _skipped(tmp_path / "skip")[0][4]
+
+
+class _FailingStore(fsspec.implementations.local.LocalFileSystem):
+    """Local files behind ``failing://``, where opening a path whose name holds an errno name
+    (``...EIO...``) fails with that errno: a store failing under one file (fsspec's own open path
+    and the package's code run unchanged)."""
+
+    protocol = "failing"
+    opens: list[str] = []
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(path.removeprefix("failing://"))
+
+    def _open(self, path, mode="rb", **kwargs):
+        name = os.path.basename(path)
+        for code in ("EIO", "ESTALE", "ETIMEDOUT", "ECONNRESET"):
+            if code in name:
+                type(self).opens.append(name)
+                raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), path)
+        return super()._open(path, mode, **kwargs)
+
+
+def _store_failing_manifest(tmp_path: Path, good, code: str) -> Path:
+    fsspec.register_implementation("failing", _FailingStore, clobber=True)
+    _FailingStore.opens.clear()
+    flaky = tmp_path / f"flaky-{code}.wav"
+    flaky.write_bytes(Path(good[0][1]).read_bytes())
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text(_manifest_text(good, f"bad-store\tfailing://{flaky}"))
+    return manifest
+
+
+def _assert_shard_failed_on_the_store(exc: BaseException, out: Path, code: str) -> None:
+    assert isinstance(exc, ShardFailure) and not isinstance(exc, ItemError), exc  # no item blamed
+    assert f"[Errno {getattr(errno, code)}]" in str(exc)
+    assert not (out / "train" / "skipped.tsv").exists()
+    assert not (out / "train" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("code", ["EIO", "ESTALE", "ETIMEDOUT", "ECONNRESET"])
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_os_errors_of_the_store_fail_the_shard_not_the_item(tmp_path, good, code, on_error):
+    manifest = _store_failing_manifest(tmp_path, good, code)
+    with pytest.raises(ShardFailure) as info:
+        _run(_config(manifest, tmp_path / "out", f"on_error={on_error}"))
+    _assert_shard_failed_on_the_store(info.value, tmp_path / "out", code)
+
+
+@pytest.mark.prefect
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_store_errors_are_retried_by_the_flow_and_permanent_ones_are_not(prefect_harness, tmp_path, good, on_error):
+    from espnet3_flows.orchestration.flows import run_job
+
+    manifest = _store_failing_manifest(tmp_path, good, "EIO")
+    loop = tmp_path / "loop.wav"
+    loop.symlink_to(loop)
+    manifest.write_text(manifest.read_text() + f"bad-loop\t{loop}\n")
+    cfg = {"manifests": {"train": str(manifest)}, "output_dir": str(tmp_path / "out"), "on_error": on_error,
+           "retries": 2, "retry_delay_seconds": 0.01, "shard_size": 100, "parallel": {"env": "serial"}}
+    with pytest.raises(ShardFailure) as info:
+        run_job("collect_stats", cfg, progress=False)
+    if on_error == "fail":  # the loop or the store, whichever the shard meets first, ends it
+        assert "bad-loop" in str(info.value) or "[Errno 5]" in str(info.value)
+        return
+    _assert_shard_failed_on_the_store(info.value, tmp_path / "out", "EIO")
+    assert len(_FailingStore.opens) == 3  # the first try and both retries reached the store
+    # and once the store answers, the loop is a skipped item, not a failure
+    manifest.write_text(manifest.read_text().replace("failing://", ""))
+    summary = run_job("collect_stats", cfg, progress=False)["train"]
+    assert summary["skipped"] == 1 and summary["utterances"] == 4
+    assert "ELOOP" in (tmp_path / "out" / "train" / "skipped.tsv").read_text()
+
+
+def test_errno_classes():
+    for code in ("ENOENT", "ELOOP", "ENAMETOOLONG", "ENOTDIR", "EISDIR", "EACCES", "EPERM"):
+        assert is_item_os_error(OSError(getattr(errno, code), "x")), code
+    for code in ("EIO", "ESTALE", "ETIMEDOUT", "ECONNRESET", "EMFILE", "ENOMEM", "EAGAIN", "ENOSPC"):
+        assert not is_item_os_error(OSError(getattr(errno, code), "x")), code
+    assert not is_item_os_error(OSError("a network client's error without an errno"))
+    assert not is_item_os_error(ValueError("not an OSError"))
 
 
 def test_corrupt_file(tmp_path, good, clean):
