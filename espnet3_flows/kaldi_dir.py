@@ -26,7 +26,6 @@ A joined line is ``utt_id, line, recording, start, end, speaker, text, entry`` (
 
 from __future__ import annotations
 
-import heapq
 import os
 import posixpath
 import re
@@ -36,6 +35,7 @@ from typing import IO, Any, Callable, Iterator, Mapping
 
 import fsspec
 
+from espnet3_flows.external_sort import sorted_rows
 from espnet3_flows.fingerprints import fingerprint_files
 from espnet3_flows.manifest import (
     ManifestError,
@@ -51,8 +51,6 @@ from espnet3_flows.storage import Storage
 DATA_DIR_FILES = ("wav.scp", "segments", "utt2spk", "text")
 #: Version of the joined line layout (part of the joined file's name)
 JOINED_VERSION = "kaldi-join/1"
-#: Lines sorted in memory at a time when a file is out of order
-_SORT_CHUNK = 500_000
 _ARK_OFFSET = re.compile(r".+:\d+(\[[^\]]*\])?")
 
 
@@ -161,31 +159,17 @@ def _in_order(lines: Iterator[_Line], name: str) -> Iterator[_Line]:
 
 def _sorted_on_disk(lines: Iterator[_Line], tmpdir: str) -> Iterator[_Line]:
     """The lines sorted by key (then line number), in chunks sorted in memory and merged from disk."""
-    runs: list[str] = []
-    chunk: list[_Line] = []
+    return sorted_rows(lines, lambda ln: (ln[0], ln[2]), tmpdir, encode=_encode_line, decode=_decode_line)
 
-    def spill() -> None:
-        chunk.sort(key=lambda ln: (ln[0], ln[2]))
-        fd, run = tempfile.mkstemp(dir=tmpdir, suffix=".run")
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:  # no newline translation: a \r stays a \r
-            f.writelines(f"{key}\t{lineno}\t{rest}\n" for key, rest, lineno in chunk)
-        runs.append(run)
-        chunk.clear()
 
-    for ln in lines:
-        chunk.append(ln)
-        if len(chunk) >= _SORT_CHUNK:
-            spill()
-    if chunk or not runs:
-        spill()
+def _encode_line(ln: _Line) -> str:
+    key, rest, lineno = ln
+    return f"{key}\t{lineno}\t{rest}"
 
-    def read(run: str) -> Iterator[_Line]:
-        with open(run, encoding="utf-8", newline="\n") as f:  # split on \n only, as written
-            for row in f:
-                key, lineno, rest = row[:-1].split("\t", 2)
-                yield (key, rest, int(lineno))
 
-    yield from heapq.merge(*(read(r) for r in runs), key=lambda ln: (ln[0], ln[2]))
+def _decode_line(row: str) -> _Line:
+    key, lineno, rest = row.split("\t", 2)
+    return (key, rest, int(lineno))
 
 
 class _Lookup:

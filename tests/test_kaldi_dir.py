@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from espnet3_flows import kaldi_dir
+from espnet3_flows import external_sort, kaldi_dir
 from espnet3_flows.audio import AudioConfig, AudioError, RecordingCache, load_audio, run_pipe
 from espnet3_flows.config import ConfigError, load_config
 from espnet3_flows.manifest import ManifestError, Utterance, fingerprint_target, read_manifest_slice
@@ -232,7 +232,7 @@ def _join(d: Path, on_error: str = "fail") -> list[Utterance]:
 
 
 def test_unsorted_files_are_joined_in_key_order(tmp_path, monkeypatch):
-    monkeypatch.setattr(kaldi_dir, "_SORT_CHUNK", 3)  # several runs merged from disk
+    monkeypatch.setattr(external_sort, "CHUNK_ROWS", 3)  # several runs merged from disk
     d = tmp_path / "d"
     d.mkdir()
     wav = _write_wav(tmp_path / "a.wav", _tone(0.3, 1))
@@ -367,7 +367,7 @@ def test_data_dir_and_audio_on_s3(tmp_path, recordings, s3_output, dask_client):
 
 
 def test_unsorted_files_keep_carriage_returns_out_of_the_join(tmp_path, monkeypatch):
-    monkeypatch.setattr(kaldi_dir, "_SORT_CHUNK", 1)
+    monkeypatch.setattr(external_sort, "CHUNK_ROWS", 1)
     d = tmp_path / "d"
     d.mkdir()
     wav = _write_wav(tmp_path / "a.wav", _tone(0.3, 1))

@@ -1,4 +1,5 @@
-"""One split's merged outputs of extract-features, written shard by shard (memory per shard).
+"""One split's merged outputs of extract-features, sorted by utterance id, written shard by shard
+(memory per shard and sort chunk).
 
 - ``feats.scp``: ``utt_id <ark URI>:<offset>`` into the published ``feats/feats.<shard>.ark``
   (Kaldi's and ESPnet2's format: ``kaldiio.load_scp`` reads it);
@@ -18,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from espnet3_flows.external_sort import sorted_lines
 from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.storage import Storage
@@ -74,26 +76,19 @@ def frame_shift_seconds(fe: FrontendConfig) -> float:
     return float(fe.frame_shift)
 
 
-def _shard_file(result: ShardResult, name: str) -> str:
-    """A file in a shard's directory (``feats.scp``, ``rows.tsv``), as its done record lists it."""
-    rel = next((f for f in result.files if f.rsplit("/", 1)[-1] == name), None)
-    if rel is None:
-        raise RuntimeError(f"{result.shard.name}: its done record lists no {name}; rerun to recompute it")
-    return rel
-
-
-def _shard_rows(store: Storage, result: ShardResult, outputs_rel: str) -> Iterator[tuple[list[str], str]]:
-    """(row fields, ``<ark URI>:<offset>``) of each utterance of one shard, in manifest order."""
+def _shard_rows(store: Storage, result: ShardResult, outputs_rel: str) -> Iterator[str]:
+    """Each utterance of one shard as its ``rows.tsv`` line with ``<ark URI>:<offset>`` appended
+    (a tab-separated field), in manifest order."""
     ark_uri = store.uri(shard_ark_rel(outputs_rel, result.shard.name))
     offsets = {}
-    for line in store.read_bytes(_shard_file(result, "feats.scp")).decode("utf-8").splitlines():
+    for line in store.read_bytes(result.file("feats.scp")).decode("utf-8").splitlines():
         key, _, loc = line.partition(" ")
         offsets[key] = loc.rsplit(":", 1)[1]
-    for line in store.read_bytes(_shard_file(result, ROWS)).decode("utf-8").splitlines():
-        fields = line.split("\t")
-        if fields[0] not in offsets:
-            raise RuntimeError(f"{result.shard.name}: the scp of its ark lacks utterance {fields[0]!r}")
-        yield fields, f"{ark_uri}:{offsets[fields[0]]}"
+    for line in store.read_bytes(result.file(ROWS)).decode("utf-8").splitlines():
+        utt = line.split("\t", 1)[0]
+        if utt not in offsets:
+            raise RuntimeError(f"{result.shard.name}: the scp of its ark lacks utterance {utt!r}")
+        yield f"{line}\t{ark_uri}:{offsets[utt]}"
 
 
 def _cut(utt: str, frames: int, dim: int, text: str, speaker: str, shift: float, rate: int, kind: str,
@@ -116,8 +111,8 @@ def _cut(utt: str, frames: int, dim: int, text: str, speaker: str, shift: float,
 
 
 def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[str, Any]:
-    """Write and publish one split's ``feats.scp``, ``feats_shape`` and ``cuts.jsonl.gz``,
-    streaming shard by shard; ``summary.json`` is published last."""
+    """Write and publish one split's ``feats.scp``, ``feats_shape`` and ``cuts.jsonl.gz``, sorted
+    by utterance id and streamed shard by shard; ``summary.json`` is published last."""
     store = runner.storage
     assert store is not None, "extract-features needs an output_dir"
     split, fe = runner.split, runner.cfg.frontend
@@ -132,16 +127,19 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
         with open(stage / "feats.scp", "w", encoding="utf-8") as scp, \
                 open(stage / "feats_shape", "w", encoding="utf-8") as shape, \
                 gzip.open(stage / "cuts.jsonl.gz", "wt", encoding="utf-8") as cuts:
-            for r in results:
-                for (utt, n, n_frames, dim, text, speaker), loc in _shard_rows(store, r, rel):
-                    scp.write(f"{utt} {loc}\n")
-                    shape.write(f"{utt} {n_frames},{dim}\n")
-                    cuts.write(json.dumps(_cut(utt, int(n_frames), int(dim), text, speaker, shift, fe.sampling_rate,
-                                               kind, scp_uri), ensure_ascii=False) + "\n")
-                    n_utts += 1
-                    frames += int(n_frames)
-                    samples += int(n)
-                    dims.add(int(dim))
+            # sorted by utterance id, as Kaldi and ESPnet2 keep scp and shape files (external
+            # merge through local disk: memory per shard and sort chunk)
+            rows = (row for r in results for row in _shard_rows(store, r, rel))
+            for row in sorted_lines(rows, str(stage)):
+                utt, n, n_frames, dim, text, speaker, loc = row.split("\t")
+                scp.write(f"{utt} {loc}\n")
+                shape.write(f"{utt} {n_frames},{dim}\n")
+                cuts.write(json.dumps(_cut(utt, int(n_frames), int(dim), text, speaker, shift, fe.sampling_rate,
+                                           kind, scp_uri), ensure_ascii=False) + "\n")
+                n_utts += 1
+                frames += int(n_frames)
+                samples += int(n)
+                dims.add(int(dim))
         staged = [(name, stage / name) for name in ("feats.scp", "feats_shape", "cuts.jsonl.gz")] if n_utts else []
         summary = {"split": split, "utterances": n_utts, "frames": frames,
                    "seconds": float(samples / fe.sampling_rate), "feature_dim": dims.pop() if len(dims) == 1 else None,

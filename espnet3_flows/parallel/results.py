@@ -62,6 +62,19 @@ class ShardResult:
                    cached, float(d.get("seconds", 0.0)), int(d.get("published_elsewhere", 0)),
                    d.get("records"), d.get("records_error"), str(d.get("run", "")))
 
+    def file(self, name: str, required: bool = True) -> str | None:
+        """The published file ``name`` of this shard (its path relative to ``output_dir``, as
+        the ``done`` record lists it).
+
+        Raises:
+            RuntimeError: ``required`` and the record lists no such file (a record written by
+                other code): the shard must be recomputed, and the message says so.
+        """
+        rel = next((f for f in self.files if f.rsplit("/", 1)[-1] == name), None)
+        if rel is None and required:
+            raise RuntimeError(f"{self.shard.name}: its done record lists no {name}; rerun to recompute it")
+        return rel
+
     def status(self) -> "ShardStatus":
         """The shard's status in a run."""
         return ShardStatus(self.shard.index, self.shard.hash, self.shard.num_items, self.cached, self.seconds)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from espnet3_flows.external_sort import sorted_lines
 from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.stats.accumulator import StatsAccumulator
@@ -101,6 +102,7 @@ def _fold(parts: list[list[Any]]) -> tuple[int, Any, Any]:
 
 
 HIST_BINS = 50
+_HIST_BATCH = 65_536  # lengths binned at a time
 
 
 def low_rate_warning(split: str, rates: dict[str, int], n_utts: int, target: int) -> str | None:
@@ -120,8 +122,9 @@ def low_rate_warning(split: str, rates: dict[str, int], n_utts: int, target: int
 def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[str, Any]:
     """Write and publish one split's merged outputs; ``summary.json`` is published last.
 
-    Per-utterance rows are streamed shard by shard (manifest order) from the shards'
-    ``shapes.tsv`` into ``speech_shape`` / ``feats_shape``: memory is per shard, not per utterance.
+    Per-utterance rows are streamed from the shards' ``shapes.tsv`` into ``speech_shape`` /
+    ``feats_shape`` / ``text_shape`` sorted by utterance id, as ESPnet2 writes them, through an
+    external merge: memory is per shard and per sort chunk, not per utterance.
 
     Returns:
         The summary (utterances, frames, seconds, dims, lengths, skipped, shard counts, files).
@@ -154,25 +157,30 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
                 open(stage / "feats_shape", "w", encoding="utf-8") as feats_shape, \
                 open(stage / "text_shape", "w", encoding="utf-8") as text_shape, \
                 open(stage / f"text_shape.{tokens.token_type or 'none'}", "w", encoding="utf-8") as typed_shape:
-            for r in results:
-                lengths = []
-                for row in _shard_rows(store, r):
-                    utt, n, shape, *count = row.split("\t")
-                    speech_shape.write(f"{utt} {n}\n")
-                    if count and tokens.enabled:
-                        text_shape.write(f"{utt} {count[0]}\n")
-                        typed_shape.write(f"{utt} {count[0]},{vocabulary}\n")  # as asr.sh derives it
-                    if shape:
-                        feats_shape.write(f"{utt} {shape}\n")
-                        n_frames = int(shape.split(",", 1)[0])
-                        lengths.append(n_frames)
-                        frame_lengths[0] += 1
-                        frame_lengths[1] += n_frames
-                        frame_lengths[2] += n_frames * n_frames
-                    else:
-                        lengths.append(int(n) / sr)
-                if lengths:
+            lengths: list[float] = []
+            # sorted by utterance id as ESPnet2 writes them (aggregate_stats_dirs.py), through
+            # runs on local disk: memory stays flat at any number of utterances
+            rows = (row for r in results for row in _shard_rows(store, r))
+            for row in sorted_lines(rows, str(stage)):
+                utt, n, shape, *count = row.split("\t")
+                speech_shape.write(f"{utt} {n}\n")
+                if count and tokens.enabled:
+                    text_shape.write(f"{utt} {count[0]}\n")
+                    typed_shape.write(f"{utt} {count[0]},{vocabulary}\n")  # as asr.sh derives it
+                if shape:
+                    feats_shape.write(f"{utt} {shape}\n")
+                    n_frames = int(shape.split(",", 1)[0])
+                    lengths.append(n_frames)
+                    frame_lengths[0] += 1
+                    frame_lengths[1] += n_frames
+                    frame_lengths[2] += n_frames * n_frames
+                else:
+                    lengths.append(int(n) / sr)
+                if len(lengths) >= _HIST_BATCH:
                     hist += np.histogram(np.asarray(lengths, dtype=np.float64), bins=edges)[0]
+                    lengths.clear()
+            if lengths:
+                hist += np.histogram(np.asarray(lengths, dtype=np.float64), bins=edges)[0]
         if acc.count:
             np.savez(stage / "feats_stats.npz", **acc.to_espnet())
             # ESPnet2's collect_stats sums every output of collect_feats, feats_lengths too
@@ -220,10 +228,7 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
 
 def _shard_rows(store: Any, result: ShardResult) -> list[str]:
     """The rows of one shard's ``shapes.tsv`` (one shard at a time: memory per shard)."""
-    rel = next((f for f in result.files if f.endswith("/" + SHAPES)), None)
-    if rel is None:
-        raise RuntimeError(f"{result.shard.name}: its done record lists no {SHAPES}; rerun to recompute it")
-    return store.read_bytes(rel).decode("utf-8").splitlines()
+    return store.read_bytes(result.file(SHAPES)).decode("utf-8").splitlines()
 
 
 def _write_lhotse_mvn(path: Path, acc: StatsAccumulator) -> None:
@@ -246,7 +251,7 @@ def _merge_scp(runner: UtteranceRunner, results: list[ShardResult], dest: Path) 
                     utt = row.split("\t", 1)[0]
                     out.write(f"{utt} {store.uri(runner.split, 'collect_feats', 'data_feats', utt + '.npy')}\n")
                 continue
-            scp_rel = next((f for f in r.files if f.endswith("/feats.scp")), None)
+            scp_rel = r.file("feats.scp", required=False)
             if scp_rel is None:
                 continue
             ark_uri = store.uri(runner.split, "collect_feats", shard_ark_name(r.shard.name))

@@ -20,7 +20,7 @@ def _shard_embeddings(store: Any, result: ShardResult, scratch: Path) -> dict[st
     """One shard's embeddings, read back from its published ark."""
     import kaldiio
 
-    ark_rel = next((f for f in result.files if f.endswith("/xvector.ark")), None)
+    ark_rel = result.file("xvector.ark", required=False)
     if ark_rel is None:
         return {}
     local = Path(store.path(ark_rel)) if store.is_local else scratch / f"{result.shard.name}.ark"
@@ -35,11 +35,8 @@ def _shard_embeddings(store: Any, result: ShardResult, scratch: Path) -> dict[st
 
 def _shard_rows(store: Any, result: ShardResult) -> list[tuple[str, str, int]]:
     """One shard's ``(utt_id, speaker, samples)`` rows, in manifest order."""
-    rel = next((f for f in result.files if f.endswith("/" + UTTS)), None)
-    if rel is None:
-        raise RuntimeError(f"{result.shard.name}: its done record lists no {UTTS}; rerun to recompute it")
     rows = []
-    for line in store.read_bytes(rel).decode("utf-8").splitlines():
+    for line in store.read_bytes(result.file(UTTS)).decode("utf-8").splitlines():
         utt, spk, n = line.split("\t")
         rows.append((utt, spk, int(n)))
     return rows

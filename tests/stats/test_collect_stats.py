@@ -13,6 +13,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from espnet3_flows import external_sort
 from espnet3_flows.config import load_config
 from espnet3_flows.demo import make_demo_corpus
 from espnet3_flows.errors import ShardFailure
@@ -134,11 +135,11 @@ def test_espnet2_outputs_and_exact_normalisation(main_run, corpus):
     np.testing.assert_allclose(normed.std(axis=0), 1.0, atol=1e-6)
 
     feats_shape = _shape_file(out / "train" / "feats_shape")
-    assert [u for u, _ in feats_shape] == manifest_order
+    assert [u for u, _ in feats_shape] == sorted(manifest_order)  # as ESPnet2's aggregate_stats_dirs sorts
     for utt, shape in feats_shape:
         assert shape == f"{feats[utt].shape[0]},80"
     speech_shape = _shape_file(out / "train" / "speech_shape")
-    assert [u for u, _ in speech_shape] == manifest_order
+    assert [u for u, _ in speech_shape] == sorted(manifest_order)
     frames_by_path = {u: sf.info(p).frames for u, p in rows}
     assert {u: int(n) for u, n in speech_shape} == frames_by_path
     assert (out / "train" / "stats_keys").read_text() == "feats\nfeats_lengths\n"  # as ESPnet2 writes them
@@ -197,6 +198,22 @@ def test_shard_size_does_not_change_stats(main_run, corpus, tmp_path):
     assert len(single.plan.shards) == 1
     _assert_same_stats(_npz(out / "train" / "feats_stats.npz"), _npz(tmp_path / "train" / "feats_stats.npz"))
     assert (out / "train" / "feats_shape").read_text() == (tmp_path / "train" / "feats_shape").read_text()
+
+
+def test_shape_files_are_sorted_by_id_whatever_the_manifest_order(main_run, corpus, tmp_path, monkeypatch):
+    """ESPnet2 sorts shape files by utterance id (aggregate_stats_dirs.py); a shuffled manifest
+    over several shards, merged through runs on disk, gives the same files byte for byte."""
+    out, _ = main_run
+    _, rows = corpus
+    shuffled = sorted(rows, key=lambda r: r[0][::-1])  # an order unrelated to the ids
+    assert shuffled != sorted(rows)
+    monkeypatch.setattr(external_sort, "CHUNK_ROWS", 4)  # several runs merged from local disk
+    _run(_config(_write_manifest(tmp_path / "shuffled.tsv", shuffled), str(tmp_path / "out"), "shard_size=7"))
+    for name in ("feats_shape", "speech_shape"):
+        text = (tmp_path / "out" / "train" / name).read_text()
+        assert text == (out / "train" / name).read_text()
+        ids = [line.split(" ", 1)[0] for line in text.splitlines()]
+        assert ids == sorted(u for u, _ in rows)
 
 
 @pytest.mark.dask
@@ -464,7 +481,7 @@ def test_a_rewritten_manifest_is_reread_in_the_same_process(tmp_path):
     second = _run(cfg)
     assert second.merged["utterances"] == 5 and second.cached == 0
     ids = [u for u, _ in _shape_file(tmp_path / "out" / "train" / "feats_shape")]
-    assert ids == [u for u, _ in rows[5:]]
+    assert ids == sorted(u for u, _ in rows[5:])
     speech = {u: int(n) for u, n in _shape_file(tmp_path / "out" / "train" / "speech_shape")}
     assert speech == {u: sf.info(p).frames for u, p in rows[5:]}
 
