@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import posixpath
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from espnet3_flows.manifest_plan import plan_manifest
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.base_runner import BaseRunner
 from espnet3_flows.parallel.env_provider import EnvironmentProvider
+from espnet3_flows.scp import point_scps_at_published
 from espnet3_flows.sharding import Shard, ShardPlan
 from espnet3_flows.storage import Storage
 
@@ -194,6 +196,9 @@ def publish_split_files(store: Storage, rel: str, staged: Sequence[tuple[str, Pa
         ``summary`` with ``skipped`` (the count) and ``files`` (name → URI, ``summary.json`` too).
     """
     files = {}
+    if staged:  # an scp names its arks where they are published, not in the merge's stage
+        point_scps_at_published([(local, posixpath.join(rel, name)) for name, local in staged], store.uri,
+                                Path(os.path.commonpath([str(local.parent) for _, local in staged])))
     for name, local in staged:
         store.publish_file(local, posixpath.join(rel, name))
         files[name] = store.uri(rel, name)

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 from espnet3_flows.external_sort import sorted_lines
 from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
+from espnet3_flows.scp import scp_offsets
 from espnet3_flows.storage import Storage
 from espnet3_flows.stats.frontend import FrontendConfig
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
@@ -80,10 +81,7 @@ def _shard_rows(store: Storage, result: ShardResult, outputs_rel: str) -> Iterat
     """Each utterance of one shard as its ``rows.tsv`` line with ``<ark URI>:<offset>`` appended
     (a tab-separated field), in manifest order."""
     ark_uri = store.uri(shard_ark_rel(outputs_rel, result.shard.name))
-    offsets = {}
-    for line in store.read_bytes(result.file("feats.scp")).decode("utf-8").splitlines():
-        key, _, loc = line.partition(" ")
-        offsets[key] = loc.rsplit(":", 1)[1]
+    offsets = scp_offsets(store.read_bytes(result.file("feats.scp")).decode("utf-8"), result.shard.name)
     for line in store.read_bytes(result.file(ROWS)).decode("utf-8").splitlines():
         utt = line.split("\t", 1)[0]
         if utt not in offsets:

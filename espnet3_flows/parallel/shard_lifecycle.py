@@ -6,8 +6,9 @@
 The hooks see ``output_dir`` as the staging directory and ``shard_dir`` inside it, so a writer
 written for ESPnet3 writes where it always does; what it leaves there is published to the same
 place under the real output location (the shard's own directory to its content-addressed
-``split.<hash>``), atomically per file, and only once the shard finished. A shard that fails
-publishes nothing.
+``split.<hash>``), atomically per file, and only once the shard finished; a Kaldi scp among them
+names its arks by their published URIs (:mod:`espnet3_flows.scp`). A shard that fails publishes
+nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from espnet3_flows.errors import ItemError
 from espnet3_flows.parallel.env_injection import call_with_env, injected
 from espnet3_flows.parallel.results import ShardResult
+from espnet3_flows.scp import point_scps_at_published
 from espnet3_flows.sharding import Shard
 
 if TYPE_CHECKING:
@@ -157,6 +159,7 @@ def _publish(runner: "BaseRunner", shard: Shard, staging: Path, shard_dirs: set[
             elsewhere.append((path, path.relative_to(staging).as_posix()))
         else:
             inside.append((path, runner.shard_rel(shard, resolved.relative_to(root).as_posix())))
+    point_scps_at_published([*elsewhere, *inside], store.uri, staging)  # no scp names the staging dir
     for path, rel in elsewhere:
         store.publish_file(path, rel)
     res.published_elsewhere = len(elsewhere)

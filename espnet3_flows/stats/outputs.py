@@ -15,6 +15,7 @@ import numpy as np
 from espnet3_flows.external_sort import sorted_lines
 from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
+from espnet3_flows.scp import scp_offsets
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.tokens import vocabulary_size
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
@@ -255,9 +256,8 @@ def _merge_scp(runner: UtteranceRunner, results: list[ShardResult], dest: Path) 
             if scp_rel is None:
                 continue
             ark_uri = store.uri(runner.split, "collect_feats", shard_ark_name(r.shard.name))
-            for line in store.read_bytes(scp_rel).decode("utf-8").splitlines():
-                key, _, loc = line.partition(" ")
-                out.write(f"{key} {ark_uri}:{loc.rsplit(':', 1)[1]}\n")
+            for key, offset in scp_offsets(store.read_bytes(scp_rel).decode("utf-8"), r.shard.name).items():
+                out.write(f"{key} {ark_uri}:{offset}\n")
 
 
 def _plot(path: Path, acc: StatsAccumulator, hist: np.ndarray, edges: np.ndarray, in_frames: bool) -> bool:

@@ -200,6 +200,22 @@ def test_shard_size_does_not_change_stats(main_run, corpus, tmp_path):
     assert (out / "train" / "feats_shape").read_text() == (tmp_path / "train" / "feats_shape").read_text()
 
 
+def test_every_published_scp_names_files_that_exist(main_run):
+    """Each shard's own feats.scp as well as the merged one: none points into a staging directory."""
+    out, _ = main_run
+    merged = dict(kaldiio.load_scp(str(out / "train" / "collect_feats" / "feats.scp")))
+    shard_scps = sorted((out / "train" / "shards").glob("split.*/feats.scp"))
+    assert len(shard_scps) > 1
+    seen = set()
+    for scp in shard_scps:
+        for line in scp.read_text().splitlines():
+            assert line.split(" ", 1)[1].startswith(str(out / "train" / "collect_feats") + "/feats.split."), line
+        for utt, feats in kaldiio.load_scp(str(scp)).items():
+            np.testing.assert_array_equal(feats, merged[utt])
+            seen.add(utt)
+    assert seen == set(merged)
+
+
 def test_shape_files_are_sorted_by_id_whatever_the_manifest_order(main_run, corpus, tmp_path, monkeypatch):
     """ESPnet2 sorts shape files by utterance id (aggregate_stats_dirs.py); a shuffled manifest
     over several shards, merged through runs on disk, gives the same files byte for byte."""
