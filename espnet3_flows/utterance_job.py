@@ -13,7 +13,8 @@ from espnet3_flows.audio import RecordingCache, recording_key
 from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.demo import DEMO_UTTERANCES
 from espnet3_flows.fingerprints import FINGERPRINT_MODES
-from espnet3_flows.manifest import ON_ERROR_POLICIES, SkippedItem, Utterance, read_manifest_slice, write_skipped_tsv
+from espnet3_flows.errors import ON_ERROR_POLICIES
+from espnet3_flows.manifest import SkippedItem, Utterance, read_manifest_slice, write_skipped_tsv
 from espnet3_flows.manifest_plan import plan_manifest
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.base_runner import BaseRunner
@@ -108,7 +109,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.pipe_timeout > 0:
             raise ConfigError(f"pipe_timeout must be a positive number of seconds, got {self.pipe_timeout}")
-        check_choices(self)  # on_error, fingerprint
+        check_choices(self)  # on_error, fingerprint and a job's own keys with choices (its sections check theirs)
         if self.shard_size < 1:
             raise ConfigError(f"shard_size must be >= 1, got {self.shard_size}")
         after = getattr(super(), "__post_init__", None)  # the next config base's checks (SplitsConfig)
