@@ -93,7 +93,7 @@ class ParallelConfig:
     adapt: dict[str, Any] = field(default_factory=dict)
     allowed_failures: int = 3
     trim_worker_memory: bool = False
-    start_method: str = "forkserver"
+    start_method: str = field(default="forkserver", metadata={"choices": START_METHODS})
     address: str = ""
     scheduler_file: str = ""
     cluster_class: str = ""
@@ -103,15 +103,12 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if self.env not in BUILTIN_ENVS:
             get_backend(self.env)  # a registered backend beyond the built-in ones, or the error naming them
-        else:
-            check_choices(self, "parallel.")
+        check_choices(self, "parallel.", skip=() if self.env in BUILTIN_ENVS else ("env",))
         if self.cluster_class and self.env != ParallelConfig.env:  # env left at its default
             raise ConfigError(f"parallel.cluster_class runs {self.cluster_class}; leave parallel.env unset with it "
                               f"(parallel.env is {self.env!r})")
         if self.n_workers < 0:
             raise ConfigError(f"parallel.n_workers must be >= 0, got {self.n_workers}")
-        if self.start_method not in START_METHODS:
-            raise ConfigError(f"parallel.start_method must be one of {', '.join(START_METHODS)}, got {self.start_method!r}")
         if self.inline_shards < 0:
             raise ConfigError(f"parallel.inline_shards must be >= 0, got {self.inline_shards}")
         if self.threads_per_worker < 1:

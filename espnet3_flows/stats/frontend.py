@@ -11,6 +11,7 @@ import numpy as np
 
 from espnet3_flows.audio import check_audio_settings
 from espnet3_flows.config import ConfigError, check_choices, check_targets, instantiate, to_plain
+from espnet3_flows.stats.espnet_frontend import ESPNET2_FRONTENDS
 
 FRONTEND_TYPES = ("fbank", "none", "model", "espnet2")
 #: Version of the fbank computation, hashed into collect-stats shards: features that differ even
@@ -65,7 +66,7 @@ class FrontendConfig:
     channel: int | None = None
     max_duration: float | None = 3600.0
     model: dict[str, Any] = field(default_factory=dict)
-    name: str = ""
+    name: str = field(default="", metadata={"choices": ("", *ESPNET2_FRONTENDS)})
     conf: dict[str, Any] = field(default_factory=dict)
     espnet_config: str = ""
     device: str = "cpu"
