@@ -122,6 +122,21 @@ def check_on_error(value: Any, key: str = "on_error") -> None:
     check_choice(key, value, ON_ERROR_POLICIES)
 
 
+#: ``cpu``, ``cuda`` or ``cuda:N`` as :class:`torch.device` reads them: N is ASCII digits without
+#: a leading zero (``torch.device("cuda:01")`` is an error)
+_DEVICE = re.compile(r"cpu|cuda(?::(?:0|[1-9][0-9]*))?")
+
+
+def check_device(value: Any, key: str = "device") -> str:
+    """``value`` if it names a device the jobs run models on: ``cpu``, ``cuda`` or ``cuda:N``,
+    spelled as ``torch.device`` accepts them (``cuda:01`` is not); else :class:`ConfigError`
+    naming ``key``. Whether that GPU exists is for the worker to find out."""
+    if not isinstance(value, str) or not _DEVICE.fullmatch(value):
+        raise ConfigError(f"{key} must be 'cpu', 'cuda' or 'cuda:N' (N a GPU index such as 0 or 1, as "
+                          f"torch.device reads it), got {value!r}")
+    return value
+
+
 def rename_aliases(layer: DictConfig, aliases: Mapping[str, str]) -> DictConfig:
     """``layer`` with each alias key (dotted) moved to the key it names; both given with
     different values is a :class:`ConfigError`."""

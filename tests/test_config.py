@@ -170,3 +170,45 @@ def test_on_error_is_checked_by_one_function_everywhere_a_policy_is_given(tmp_pa
         "join_data_dir": _on_error_message(lambda: join_data_dir(str(tmp_path / "d"), "train", None, on_error="skipp")),
     }
     assert all(msg.endswith(expected) for msg in messages.values()), messages
+
+
+@pytest.mark.parametrize("name", ["cpu", "cuda", "cuda:0", "cuda:1", "cuda:10"])
+def test_device_names_torch_accepts_are_accepted(name):
+    import torch
+
+    from espnet3_flows.config import check_device
+
+    assert check_device(name) == name
+    torch.device(name)  # what the worker does with it
+
+
+@pytest.mark.parametrize("name", ["cuda:01", "cuda:00", "cuda:", "cuda:-1", "cuda:+1", "cuda:x", "cuda:1.5",
+                                  "cuda:\u0663", " cuda", "cuda:0 ", "CUDA", "", "mps", "cpu:0", None,
+                                  pytest.param("gpu", id="word-gpu")])  # an id "gpu" would mark it a GPU test
+def test_bad_device_names_are_refused_alike_by_every_job_and_the_model_loader(name):
+    """One check (:func:`check_device`) for ``frontend.device``, ``xvector.device`` and the
+    x-vector model loader; ``cuda:01`` is refused as ``torch.device`` refuses it, and the device
+    types the jobs do not run models on (``mps``) are refused with the forms they take."""
+    import torch
+
+    from espnet3_flows.config import check_device
+    from espnet3_flows.xvector.job import XVectorJobConfig
+    from espnet3_flows.xvector.model import validate_device
+
+    if name and name.startswith("cuda"):
+        with pytest.raises(RuntimeError):
+            torch.device(name)  # torch refuses these spellings too
+    forms = "must be 'cpu', 'cuda' or 'cuda:N'"
+    with pytest.raises(ConfigError, match=f"^device {forms}"):
+        check_device(name)
+    with pytest.raises(ValueError, match=forms):
+        validate_device(name)
+    if name is None:
+        return
+    with pytest.raises(ConfigError, match=f"frontend.device {forms}"):
+        load_config(CollectStatsConfig, params={"frontend.type": "model", "frontend.device": name,
+                                                "frontend.model": {"_target_": "torch.nn.Identity"}})
+    with pytest.raises(ConfigError, match=f"xvector.device {forms}"):
+        load_config(XVectorJobConfig, params={"manifests": {"train": "/d/train.tsv"}, "xvector.device": name,
+                                              "xvector.toolkit": "custom",
+                                              "xvector.model": {"_target_": "torch.nn.Identity"}})

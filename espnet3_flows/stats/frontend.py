@@ -3,14 +3,13 @@ or an ESPnet2 frontend by name; model frontends on CPU or a GPU."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from espnet3_flows.audio import check_audio_settings
-from espnet3_flows.config import ConfigError, check_choices, check_targets, instantiate, to_plain
+from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.stats.espnet_frontend import ESPNET2_FRONTENDS
 
 FRONTEND_TYPES = ("fbank", "none", "model", "espnet2")
@@ -83,8 +82,7 @@ class FrontendConfig:
         elif self.name or self.conf or self.espnet_config:
             raise ConfigError(f"frontend.name, frontend.conf and frontend.espnet_config are for type=espnet2, "
                               f"not type={self.type}")
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise ConfigError(f"frontend.device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        check_device(self.device, "frontend.device")
         if self.device != "cpu" and self.type not in ("model", "espnet2"):
             raise ConfigError(f"frontend.device={self.device} is for type=model or espnet2 (type={self.type} "
                               "runs on the CPU)")

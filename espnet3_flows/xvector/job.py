@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 
 from espnet3_flows.audio import AudioConfig, check_audio_settings, read_audio
-from espnet3_flows.config import ConfigError, check_choices, check_targets, instantiate, to_plain
+from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner
 from espnet3_flows.utterance_job import EngineConfig, JobEnvProvider, ShardDataset, SplitsConfig, UtteranceRunner
@@ -119,8 +119,7 @@ class XVectorJobConfig(EngineConfig, SplitsConfig):
             check_audio_settings("xvector.", xv.sampling_rate, xv.channel, xv.max_duration)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", xv.device):
-            raise ConfigError(f"xvector.device must be 'cpu', 'cuda' or 'cuda:N', got {xv.device!r}")
+        check_device(xv.device, "xvector.device")
 
     def _resolve_aliases(self) -> None:
         """``xvector.manifest_paths`` and ``xvector.save_path`` (ESPnet3's x-vector recipe) name
