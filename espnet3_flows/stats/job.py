@@ -35,7 +35,8 @@ class CollectStatsConfig(EngineConfig, InputsConfig):
         write_collected_feats: Also write the features (``collect_feats/feats.scp``).
         collected_feats_format: ``ark`` (Kaldi ark/scp, one ark per shard) or ``npy`` (one
             ``collect_feats/data_feats/<utt>.npy`` per utterance and an scp of their paths, as
-            ESPnet2's ``collect_stats --write_collected_feats true`` writes them).
+            ESPnet2's ``collect_stats --write_collected_feats true`` writes them and its
+            ``NpyScpReader`` reads them).
         collect_stats_kwargs: Extra keyword arguments for ``model.collect_feats``.
         tokens: Token counts of the transcripts for ESPnet2's ``text_shape`` (see
             :class:`~espnet3_flows.stats.tokens.TokenConfig`); read from ``frontend.espnet_config``

@@ -29,7 +29,11 @@ class XVectorConfig:
     Attributes:
         toolkit: ``speechbrain`` (an ``EncoderClassifier``) or ``custom`` (``model`` below).
         pretrained_model: A local speechbrain model directory (``hyperparams.yaml`` and
-            checkpoints) or a hub id already cached locally; nothing is downloaded.
+            checkpoints) or a hub id already in the local Hugging Face cache (``HF_HUB_CACHE``,
+            ``HF_HOME``), loaded from its cached snapshot directory. Nothing is downloaded and the
+            hub is never contacted, whatever ``HF_HUB_OFFLINE`` says. Checked on the driver
+            before any cluster starts: a missing directory, one without ``hyperparams.yaml`` or an
+            uncached hub id is one ``error:`` line.
         model: For ``toolkit: custom``: ``{_target_: pkg.factory, ...}`` building a callable
             ``(wavs [B,T] float32, wav_lens [B] relative) -> [B, D]`` embeddings.
         device: ``cpu``, ``cuda`` or ``cuda:N``. On ``parallel.env: local_gpu`` each worker
@@ -81,7 +85,9 @@ class XVectorJobConfig(EngineConfig, SplitsConfig):
         output_dir: Output location (path or URL); ``xvector.save_path`` is the same key under
             ESPnet3's name.
         xvector: See :class:`XVectorConfig`.
-        shard_size: Utterances per shard.
+        shard_size: Mean utterances per shard, as for every job (the engine's ``shard_size``);
+            128 by default here, as a shard's audio is read whole to be length-sorted into
+            batches.
     """
 
     #: ESPnet3's x-vector recipe names (see :func:`espnet3_flows.config.rename_aliases`)
