@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Collection, Mapping, Sequence, TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from espnet3_flows.errors import Espnet3FlowsError
+from espnet3_flows.errors import ON_ERROR_POLICIES, Espnet3FlowsError
 
 T = TypeVar("T")
 
@@ -94,19 +95,46 @@ def load_config(
     return obj
 
 
-def check_choices(obj: Any, prefix: str = "") -> None:
+def check_choices(obj: Any, prefix: str = "", skip: Collection[str] = ()) -> None:
     """Raise :class:`ConfigError` for a field of the config dataclass ``obj`` whose value is not
     one of its ``choices`` (field metadata, the same list the UI form offers as a drop-down),
-    naming the key, the choices and the closest one."""
-    import difflib
-
+    naming the key, the choices and the closest one. Fields named in ``skip`` are not checked."""
     for f in dataclasses.fields(obj):
         choices = f.metadata.get("choices")
-        value = getattr(obj, f.name)
-        if choices and value not in choices:
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{prefix}{f.name} must be one of {tuple(choices)}, got {value!r}{hint}")
+        if choices and f.name not in skip:
+            check_choice(f"{prefix}{f.name}", getattr(obj, f.name), choices)
+
+
+def check_choice(key: str, value: Any, choices: Sequence[Any]) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is one of ``choices``, naming ``key``, the
+    choices and the closest one."""
+    import difflib
+
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key} must be one of {tuple(choices)}, got {value!r}{hint}")
+
+
+def check_on_error(value: Any, key: str = "on_error") -> None:
+    """The one check of an ``on_error`` policy (:data:`~espnet3_flows.errors.ON_ERROR_POLICIES`),
+    for the config (through its field's ``choices``), runners and planners alike."""
+    check_choice(key, value, ON_ERROR_POLICIES)
+
+
+#: ``cpu``, ``cuda`` or ``cuda:N`` as :class:`torch.device` reads them: N is ASCII digits without
+#: a leading zero (``torch.device("cuda:01")`` is an error)
+_DEVICE = re.compile(r"cpu|cuda(?::(?:0|[1-9][0-9]*))?")
+
+
+def check_device(value: Any, key: str = "device") -> str:
+    """``value`` if it names a device the jobs run models on: ``cpu``, ``cuda`` or ``cuda:N``,
+    spelled as ``torch.device`` accepts them (``cuda:01`` is not); else :class:`ConfigError`
+    naming ``key``. Whether that GPU exists is for the worker to find out."""
+    if not isinstance(value, str) or not _DEVICE.fullmatch(value):
+        raise ConfigError(f"{key} must be 'cpu', 'cuda' or 'cuda:N' (N a GPU index such as 0 or 1, as "
+                          f"torch.device reads it), got {value!r}")
+    return value
 
 
 def rename_aliases(layer: DictConfig, aliases: Mapping[str, str]) -> DictConfig:
@@ -248,7 +276,6 @@ def describe_keys(schema: type) -> dict[str, str]:
 def _attribute_docs(cls: type) -> dict[str, str]:
     """``name: text`` entries of the Google-style ``Attributes:`` section of ``cls.__doc__``."""
     import inspect
-    import re
 
     lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
     docs: dict[str, str] = {}

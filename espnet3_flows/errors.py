@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import errno
 
+#: The values of ``on_error``: ``fail`` stops at the first bad item, ``skip`` lists it and goes on
+#: (checked by :func:`espnet3_flows.config.check_on_error`, wherever a policy is given)
+ON_ERROR_POLICIES = ("fail", "skip")
+
 
 class Espnet3FlowsError(Exception):
     """The root of this package's errors: ``except Espnet3FlowsError`` catches every error the

@@ -35,6 +35,7 @@ from typing import IO, Any, Callable, Iterator, Mapping
 
 import fsspec
 
+from espnet3_flows.config import check_on_error
 from espnet3_flows.external_sort import sorted_rows
 from espnet3_flows.fingerprints import fingerprint_files
 from espnet3_flows.manifest import (
@@ -249,6 +250,7 @@ def join_data_dir(data_dir: str, split: str, out: IO[bytes], *, on_error: str = 
     Raises:
         ManifestError: a bad line under ``fail``, no ``wav.scp``, or no usable utterance.
     """
+    check_on_error(on_error)
     files = data_dir_files(data_dir, split, storage_options)
     cwd = os.path.abspath(cwd or os.getcwd())
     to_sort: set[str] = set()

@@ -14,9 +14,9 @@ from typing import Any, Iterator, Mapping
 
 import fsspec
 
+from espnet3_flows.config import check_on_error
 from espnet3_flows.errors import Espnet3FlowsError
 
-ON_ERROR_POLICIES = ("fail", "skip")
 #: Line formats of the files workers read: a TSV manifest, a lhotse CutSet's JSON lines, or the
 #: joined lines of a Kaldi data directory (see :mod:`espnet3_flows.kaldi_dir`)
 MANIFEST_FORMATS = ("tsv", "lhotse", "kaldi")
@@ -323,8 +323,7 @@ def read_manifest(
     Returns:
         The utterances in manifest order and the skipped lines.
     """
-    if on_error not in ON_ERROR_POLICIES:
-        raise ValueError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
+    check_on_error(on_error)
     fmt = manifest_format(path)
     utts: list[Utterance] = []
     skipped: list[SkippedItem] = []

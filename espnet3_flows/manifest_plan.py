@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from espnet3_flows import kaldi_dir
+from espnet3_flows.config import check_on_error
 from espnet3_flows.fingerprints import MISSING, Fingerprinter, fingerprint_files
 from espnet3_flows.manifest import (
     ManifestError,
@@ -104,6 +105,7 @@ def plan_manifest(
         ManifestError: a bad line under ``fail``, a repeated id under ``fail``, an unreadable
             manifest, a refused command, or a manifest with no usable line.
     """
+    check_on_error(on_error)
     manifest = _local_abspath(manifest)
     if kaldi_dir.is_data_dir(manifest, storage_options):
         return _plan_data_dir(manifest, split, shard_size, config, on_error, fingerprint, storage_options, spool,

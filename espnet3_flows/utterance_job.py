@@ -14,7 +14,8 @@ from espnet3_flows.audio import RecordingCache, recording_key
 from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.demo import DEMO_UTTERANCES
 from espnet3_flows.fingerprints import FINGERPRINT_MODES
-from espnet3_flows.manifest import ON_ERROR_POLICIES, SkippedItem, Utterance, read_manifest_slice, write_skipped_tsv
+from espnet3_flows.errors import ON_ERROR_POLICIES
+from espnet3_flows.manifest import SkippedItem, Utterance, read_manifest_slice, write_skipped_tsv
 from espnet3_flows.manifest_plan import plan_manifest
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.base_runner import BaseRunner
@@ -68,33 +69,42 @@ class EngineConfig:
     """The keys of every per-utterance job: sharding, errors, retries, inputs, storage, cluster.
 
     Attributes:
-        storage_options: fsspec options for the outputs and remote inputs (credentials,
-            ``client_kwargs.endpoint_url``); never written to outputs or logs.
-        shard_size: Utterances per shard (the unit of caching, retry and parallelism). Each
-            shard is one Prefect task (~10 ms of Prefect's bookkeeping on its worker, and the API
-            server's recording of its states; ``benchmarks/README.md``); 1000 utterances of 2-6 s
-            are ~1 s of work per worker, and at this size the flow's steady state equals the
-            engine's without Prefect. Lower it when there are more workers than shards.
+        storage_options: fsspec options for the outputs and remote inputs (``key``, ``secret``,
+            ``client_kwargs.endpoint_url``, ...); never written to outputs or logs, and never a
+            flow parameter (README, "Credentials").
+        shard_size: Mean utterances per shard: the unit of caching, retry and parallelism.
+            Boundaries are content-defined (a shard ends after an utterance whose id hash says
+            so, at least ``shard_size/2`` and at most ``2·shard_size`` utterances in), so
+            inserting or removing manifest lines recomputes only the shards that hold them. Each
+            computed shard is one Prefect task (~10 ms of Prefect's bookkeeping on its worker, and
+            the API server's recording of its states; ``benchmarks/README.md``, scale); 1000
+            utterances of 2-6 s are ~1 s of work per worker, and at this size the flow's steady
+            state equals the engine's without Prefect. Lower it when there are more workers than
+            shards.
         on_error: ``fail`` stops the run at the first bad item (never retried: it fails the same
-            way every time); ``skip`` lists it in ``skipped.tsv``.
+            way every time); ``skip`` lists it in ``skipped.tsv`` and goes on.
         retries: Retries of a failed shard task (Prefect); for infrastructure errors only
-            (storage, network, a lost worker), never for a bad item.
-        retry_delay_seconds: First retry delay; doubles on each retry (Prefect's exponential
-            backoff, each delay jittered by up to 50 % so that shards failed together do not
-            retry together).
+            (storage, network, a lost worker), never for a bad item: under ``on_error: fail`` the
+            run fails at once, since the item would fail the same way again.
+        retry_delay_seconds: First retry delay; doubles on each retry (Prefect's
+            ``exponential_backoff``, each delay jittered by up to 50 % with
+            ``retry_jitter_factor``, so that shards failed together do not retry together).
         fingerprint: How input files are fingerprinted into shard hashes: ``stat`` (size and
-            mtime of every audio file, or the object store's ETag: a file replaced in place is
-            recomputed) or ``manifest`` (no file system access at planning: a shard's hash covers
-            its manifest lines only, so a file replaced under the same path is not noticed; for
-            file systems where a stat per file is too slow).
-        parallel: Where shards run (see :class:`~espnet3_flows.parallel.cluster.ParallelConfig`).
+            mtime of every audio file, or the object store's ETag from one listing per
+            directory: a file replaced in place is recomputed; local stats go concurrent by
+            themselves when they are slow, as on NFS or Lustre) or ``manifest`` (no file system
+            access at planning: a shard's hash covers its manifest lines only, so a file
+            replaced under the same path is **not** recomputed; for file systems where a stat
+            per file is too slow).
+        parallel: Where shards run: the ``parallel:`` section
+            (:class:`~espnet3_flows.parallel.cluster.ParallelConfig`).
         allow_pipes: Whether audio entries that are commands (``sph2pipe -f wav X.sph |`` in a
             data directory's ``wav.scp``, or a manifest path ending in ``|``) may run, on every
             worker, through the shell. Off by default: a manifest from storage or a UI parameter
             must not execute commands; with it off, the first command entry is an error naming
             its file and line.
-        pipe_timeout: Seconds one audio command may run before it is killed (the shard then
-            fails and is retried).
+        pipe_timeout: Seconds one audio command may run before it is killed with its children
+            (the shard then fails and is retried).
     """
 
     storage_options: dict[str, Any] = field(default_factory=dict)
@@ -110,7 +120,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.pipe_timeout > 0:
             raise ConfigError(f"pipe_timeout must be a positive number of seconds, got {self.pipe_timeout}")
-        check_choices(self)  # on_error, fingerprint
+        check_choices(self)  # on_error, fingerprint and a job's own keys with choices (its sections check theirs)
         if self.shard_size < 1:
             raise ConfigError(f"shard_size must be >= 1, got {self.shard_size}")
         after = getattr(super(), "__post_init__", None)  # the next config base's checks (SplitsConfig)

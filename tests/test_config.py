@@ -141,3 +141,74 @@ def test_targets_are_built_by_hydra_as_in_espnet3():
     with pytest.raises(ConfigError, match=r"frontend\.model\.layers\[1\]\._target_: cannot import 'no_such\.Layer'"):
         check_targets({"_target_": "builtins.dict", "layers": [{"_target_": "builtins.list"},
                                                                {"_target_": "no_such.Layer"}]}, "frontend.model")
+
+
+def _on_error_message(call) -> str:
+    with pytest.raises(ConfigError) as info:
+        call()
+    return str(info.value)
+
+
+def test_on_error_is_checked_by_one_function_everywhere_a_policy_is_given(tmp_path):
+    """The config, a runner and the planners refuse an unknown policy with the same message
+    (one check, :func:`check_on_error`), instead of taking it for ``skip``."""
+    from espnet3_flows.kaldi_dir import join_data_dir
+    from espnet3_flows.manifest import read_manifest
+    from espnet3_flows.manifest_plan import plan_manifest
+    from espnet3_flows.parallel.base_runner import BaseRunner
+
+    manifest = tmp_path / "m.tsv"
+    manifest.write_text("u1\t/a.wav\n")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "wav.scp").write_text("u1 /a.wav\n")
+    expected = "on_error must be one of ('fail', 'skip'), got 'skipp' (did you mean 'skip'?)"
+    messages = {
+        "config": _on_error_message(lambda: load_config(CollectStatsConfig, overrides=["on_error=skipp"])),
+        "runner": _on_error_message(lambda: BaseRunner(None, on_error="skipp")),
+        "read_manifest": _on_error_message(lambda: read_manifest(str(manifest), "train", on_error="skipp")),
+        "plan_manifest": _on_error_message(lambda: plan_manifest(str(manifest), "train", 4, {}, on_error="skipp")),
+        "join_data_dir": _on_error_message(lambda: join_data_dir(str(tmp_path / "d"), "train", None, on_error="skipp")),
+    }
+    assert all(msg.endswith(expected) for msg in messages.values()), messages
+
+
+@pytest.mark.parametrize("name", ["cpu", "cuda", "cuda:0", "cuda:1", "cuda:10"])
+def test_device_names_torch_accepts_are_accepted(name):
+    import torch
+
+    from espnet3_flows.config import check_device
+
+    assert check_device(name) == name
+    torch.device(name)  # what the worker does with it
+
+
+@pytest.mark.parametrize("name", ["cuda:01", "cuda:00", "cuda:", "cuda:-1", "cuda:+1", "cuda:x", "cuda:1.5",
+                                  "cuda:\u0663", " cuda", "cuda:0 ", "CUDA", "", "mps", "cpu:0", None,
+                                  pytest.param("gpu", id="word-gpu")])  # an id "gpu" would mark it a GPU test
+def test_bad_device_names_are_refused_alike_by_every_job_and_the_model_loader(name):
+    """One check (:func:`check_device`) for ``frontend.device``, ``xvector.device`` and the
+    x-vector model loader; ``cuda:01`` is refused as ``torch.device`` refuses it, and the device
+    types the jobs do not run models on (``mps``) are refused with the forms they take."""
+    import torch
+
+    from espnet3_flows.config import check_device
+    from espnet3_flows.xvector.job import XVectorJobConfig
+    from espnet3_flows.xvector.model import validate_device
+
+    if name and name.startswith("cuda"):
+        with pytest.raises(RuntimeError):
+            torch.device(name)  # torch refuses these spellings too
+    forms = "must be 'cpu', 'cuda' or 'cuda:N'"
+    with pytest.raises(ConfigError, match=f"^device {forms}"):
+        check_device(name)
+    with pytest.raises(ValueError, match=forms):
+        validate_device(name)
+    if name is None:
+        return
+    with pytest.raises(ConfigError, match=f"frontend.device {forms}"):
+        load_config(CollectStatsConfig, params={"frontend.type": "model", "frontend.device": name,
+                                                "frontend.model": {"_target_": "torch.nn.Identity"}})
+    with pytest.raises(ConfigError, match=f"xvector.device {forms}"):
+        load_config(XVectorJobConfig, params={"manifests": {"train": "/d/train.tsv"}, "xvector.device": name,
+                                              "xvector.toolkit": "custom",
+                                              "xvector.model": {"_target_": "torch.nn.Identity"}})

@@ -33,9 +33,9 @@ class ExtractFeaturesConfig(EngineConfig, InputsConfig):
         frontend: Feature extraction, as for collect-stats (see
             :class:`~espnet3_flows.stats.frontend.FrontendConfig`): ``fbank``, ``espnet2`` or
             ``model`` (``none`` computes no features and is refused). The cuts' ``frame_shift``
-            is ``frontend.frame_shift`` for ``fbank`` and ``model`` (set it to the model's hop),
-            ``hop_length / fs`` for the ESPnet2 ``default`` frontend (see
-            :func:`~espnet3_flows.features.outputs.frame_shift_seconds`).
+            is ``frontend.frame_shift`` for ``fbank`` and ``model`` (set it to the model's hop,
+            e.g. ``0.02`` for HuBERT), ``hop_length / fs`` for the ESPnet2 ``default`` frontend
+            (see :func:`~espnet3_flows.features.outputs.frame_shift_seconds`).
     """
 
     output_dir: str = "exp/features"

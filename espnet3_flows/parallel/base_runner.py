@@ -22,8 +22,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import fsspec
 
+from espnet3_flows.config import check_on_error
 from espnet3_flows.errors import BadItemError, ItemError
-from espnet3_flows.manifest import ON_ERROR_POLICIES
 from espnet3_flows.parallel.env_injection import call_with_env, missing_keys
 from espnet3_flows.parallel.env_provider import ProviderError
 from espnet3_flows.parallel.results import RunOutcome, ShardResult, ShardStatus
@@ -92,8 +92,7 @@ class BaseRunner:
                  shard_subdir: str = "", resume: bool = True, fingerprint: Any = None, *, shard_size: int = 256,
                  storage_options: Mapping[str, Any] | None = None, on_error: str = "fail",
                  staging_dir: str | None = None):
-        if on_error not in ON_ERROR_POLICIES:
-            raise ValueError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
+        check_on_error(on_error)
         if batch_size is not None and batch_size != WHOLE_SHARD and (
                 isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer, None or {WHOLE_SHARD!r}, got {batch_size!r}")

@@ -36,13 +36,18 @@ class ParallelConfig:
     """The ``parallel:`` section: where shards run.
 
     Attributes:
-        env: ``serial`` (in this process, no Dask), ``local`` (a process ``LocalCluster``),
-            ``local_gpu`` (``dask_cuda.LocalCUDACluster``, one GPU per worker), a batch
-            scheduler of dask-jobqueue (``slurm``, ``pbs``, ``sge``, ``lsf``, ``htcondor``,
-            ``oar``, ``moab``), ``ssh`` (``distributed.SSHCluster`` on ``options.hosts``), ``kube``
-            (``dask_kubernetes``' operator ``KubeCluster``), or ``address``: the Dask cluster
-            someone else started (named by ``address`` or ``scheduler_file``), which is used and
-            left running. The envs are a registry (:mod:`espnet3_flows.parallel.backends`).
+        env: ``serial`` (in this process, no Dask: what ESPnet3's runner does with ``local``),
+            ``local`` (a process ``LocalCluster``, as ESPnet3's ``parallel_map`` reads ``local``),
+            ``local_gpu`` (``dask_cuda.LocalCUDACluster``, one GPU per worker; ``make install
+            EXTRAS=dev,espnet,gpu CONSTRAINTS=constraints-gpu.txt``: dask-cuda needs dask
+            2026.7.1), a batch scheduler of dask-jobqueue (``slurm``, ``pbs``, ``sge``, ``lsf``,
+            ``htcondor``, ``oar``, ``moab``), ``ssh`` (``distributed.SSHCluster`` on
+            ``options.hosts``; the ``ssh`` extra), ``kube`` (dask-kubernetes' operator
+            ``KubeCluster``; the ``kubernetes`` extra), or ``address``: the Dask cluster someone
+            else started (named by ``address`` or ``scheduler_file``), which is used and left
+            running. The envs are a registry (:mod:`espnet3_flows.parallel.backends`: per env its
+            cluster class or factory, how ``n_workers`` becomes workers, its options and
+            defaults).
         n_workers: Workers to start; 0 means one per CPU core (``local``), one per visible
             GPU (``local_gpu``), 1 job (batch schedulers, unless ``adapt`` is set), one worker
             per host after the first (``ssh``; else worker processes per host) or 1 pod (``kube``).
@@ -51,36 +56,47 @@ class ParallelConfig:
             ``memory``, ``walltime``, ``job_extra_directives`` for SLURM; ``hosts``,
             ``connect_options``, ``worker_options``, ``scheduler_options``, ``remote_python`` for
             ``ssh``; ``image``, ``resources``, ``env``, ``namespace`` for ``kube``). Unknown names
-            are an error at construction.
+            are an error at construction, with a suggestion. For batch schedulers, what is left
+            out comes from the site's dask-jobqueue config (``~/.config/dask/jobqueue.yaml``,
+            ``DASK_CONFIG``) as dask-jobqueue reads it; ``cores``, ``memory`` and ``processes``
+            fall back to 1, ``2GB`` and 1 only where neither gives one.
         adapt: Adaptive scaling bounds for batch schedulers, e.g. ``{"minimum": 1, "maximum": 8}``.
-        allowed_failures: How often a task may lose its worker before Dask gives up on it.
+        allowed_failures: How often a shard's task may lose its worker before Dask gives up on
+            it (the shard then fails).
         trim_worker_memory: Keep Dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` in worker
             processes. Off by default: setting it disables glibc's dynamic mmap threshold, so
             every waveform or feature array over 128 KiB is a fresh mmap that is page-faulted
             and unmapped again, which made the fbank loop ~3x slower in CPU time here
-            (benchmarks/bench_collect_stats.py). Turn it on if workers must hand memory back
-            to the OS promptly.
+            (``benchmarks/bench_collect_stats.py``). Turn it on if workers must hand memory back
+            to the OS promptly; its workers are then spawned.
         start_method: How ``local`` workers start: ``forkserver`` (default) forks them from
-            one server process that imported the job's libraries once, in the background, and
-            is kept for later runs in the same process (see :mod:`.forkserver`); ``spawn``
-            starts a fresh interpreter per worker (Dask's default). Other environments, and
-            ``trim_worker_memory``, always spawn.
-        address: ``env: address`` only: the running scheduler, e.g. ``tcp://host:8786``. Its
-            workers must import this project and see the manifests' audio and ``output_dir``
-            at the same paths; for flows, the driver's Prefect API must be reachable from them
-            (not a private server on the driver's loopback). The cluster's own settings apply:
-            ``n_workers``, ``options``, ``adapt`` and ``trim_worker_memory`` are an error,
-            ``threads_per_worker``, ``start_method`` and ``allowed_failures`` are not used.
+            one server process that imports Prefect's task engine and the job's libraries
+            (torch, lhotse, ...) once, in the background while the driver starts, and is kept
+            for later runs in the same process (see :mod:`espnet3_flows.parallel.forkserver`);
+            ``spawn`` starts a fresh interpreter per worker (Dask's default). Other
+            environments, and ``trim_worker_memory``, always spawn.
+        address: ``env: address`` only: the running scheduler, e.g. ``tcp://host:8786``. The
+            run connects a client, runs its shards there and closes only its client: the
+            scheduler and workers keep running, so repeated runs (nightly deployments) pay
+            neither a cluster start nor the workers' imports. Its workers must import this
+            project and see the manifests' audio and ``output_dir`` at the same paths; for
+            flows, the Prefect API must be reachable from them: set ``PREFECT_API_URL`` to a
+            server (not the private one on the driver's loopback), in the workers' environment
+            too. The cluster's own settings apply: ``n_workers``, ``options``, ``adapt`` and
+            ``trim_worker_memory`` are an error, ``threads_per_worker``, ``start_method`` and
+            ``allowed_failures`` are not used.
         scheduler_file: ``env: address`` only, instead of ``address``: the JSON file written by
-            ``dask scheduler --scheduler-file PATH``; its ``address`` is read when a run starts.
+            ``dask scheduler --scheduler-file PATH``; its ``address`` is read when a run starts
+            (e.g. a cluster started in a SLURM allocation, on shared storage).
         cluster_class: Any other Dask cluster class or factory, ``package.module.Name`` (as
             prefect-dask's ``cluster_class``): called with ``n_workers`` and ``options``; ``env``
             stays at its default then.
         inline_shards: At most this many shards to compute run in this process, not on a new
             ``local`` cluster. They run one after the other, as ``serial`` runs them: a cluster's
             start, its workers' imports and its teardown (~2 s here) cost more than a second
-            worker gains on a small run (a dev split, a smoke test). 0: always start the cluster
-            (e.g. for a runner that may crash its process). Other backends always use theirs.
+            worker gains on a small run (a dev split, a smoke test). The outputs are the same.
+            0: always start the cluster (e.g. for a runner that may crash its process). Other
+            backends always use their cluster.
         allow_overwrite_lock: ESPnet3's key (replace a stale shard lock), accepted so that an
             ESPnet3 ``parallel:`` section loads unchanged; it has no effect here: shards are staged
             and published atomically, and there are no lock files to go stale.
@@ -93,7 +109,7 @@ class ParallelConfig:
     adapt: dict[str, Any] = field(default_factory=dict)
     allowed_failures: int = 3
     trim_worker_memory: bool = False
-    start_method: str = "forkserver"
+    start_method: str = field(default="forkserver", metadata={"choices": START_METHODS})
     address: str = ""
     scheduler_file: str = ""
     cluster_class: str = ""
@@ -103,15 +119,12 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if self.env not in BUILTIN_ENVS:
             get_backend(self.env)  # a registered backend beyond the built-in ones, or the error naming them
-        else:
-            check_choices(self, "parallel.")
+        check_choices(self, "parallel.", skip=() if self.env in BUILTIN_ENVS else ("env",))
         if self.cluster_class and self.env != ParallelConfig.env:  # env left at its default
             raise ConfigError(f"parallel.cluster_class runs {self.cluster_class}; leave parallel.env unset with it "
                               f"(parallel.env is {self.env!r})")
         if self.n_workers < 0:
             raise ConfigError(f"parallel.n_workers must be >= 0, got {self.n_workers}")
-        if self.start_method not in START_METHODS:
-            raise ConfigError(f"parallel.start_method must be one of {', '.join(START_METHODS)}, got {self.start_method!r}")
         if self.inline_shards < 0:
             raise ConfigError(f"parallel.inline_shards must be >= 0, got {self.inline_shards}")
         if self.threads_per_worker < 1:

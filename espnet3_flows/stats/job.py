@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from espnet3_flows.audio import AudioConfig, audio_header, load_audio
-from espnet3_flows.config import ConfigError, to_plain
+from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
@@ -18,6 +18,10 @@ from espnet3_flows.stats.tokens import TokenConfig
 from espnet3_flows.utterance_job import EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner
 
 from espnet3_flows.stats.outputs import StatsShardWriter, publish_split
+
+#: ``collected_feats_format``: Kaldi ark/scp, or one ``.npy`` per utterance as ESPnet2 writes them
+COLLECTED_FEATS_FORMATS = ("ark", "npy")
+
 
 @dataclass
 class CollectStatsConfig(EngineConfig, InputsConfig):
@@ -31,7 +35,8 @@ class CollectStatsConfig(EngineConfig, InputsConfig):
         write_collected_feats: Also write the features (``collect_feats/feats.scp``).
         collected_feats_format: ``ark`` (Kaldi ark/scp, one ark per shard) or ``npy`` (one
             ``collect_feats/data_feats/<utt>.npy`` per utterance and an scp of their paths, as
-            ESPnet2's ``collect_stats --write_collected_feats true`` writes them).
+            ESPnet2's ``collect_stats --write_collected_feats true`` writes them and its
+            ``NpyScpReader`` reads them).
         collect_stats_kwargs: Extra keyword arguments for ``model.collect_feats``.
         tokens: Token counts of the transcripts for ESPnet2's ``text_shape`` (see
             :class:`~espnet3_flows.stats.tokens.TokenConfig`); read from ``frontend.espnet_config``
@@ -41,18 +46,16 @@ class CollectStatsConfig(EngineConfig, InputsConfig):
     output_dir: str = "exp/collect_stats"
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
     write_collected_feats: bool = False
-    collected_feats_format: str = "ark"
+    collected_feats_format: str = field(default="ark", metadata={"choices": COLLECTED_FEATS_FORMATS})
     collect_stats_kwargs: dict[str, Any] = field(default_factory=dict)
     tokens: TokenConfig = field(default_factory=TokenConfig)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        super().__post_init__()  # checks collected_feats_format against its choices too
         if self.frontend.espnet_config and not self.tokens.token_type:
             from espnet3_flows.stats.espnet_frontend import load_espnet_config
 
             self.tokens.fill_from_espnet_config(load_espnet_config(self.frontend.espnet_config))
-        if self.collected_feats_format not in ("ark", "npy"):
-            raise ConfigError(f"collected_feats_format must be 'ark' or 'npy', got {self.collected_feats_format!r}")
 
 
 def build_env(cfg: CollectStatsConfig) -> dict[str, Any]:

@@ -11,10 +11,10 @@ tokenizer classes and ``TokenIDConverter``, as ESPnet2's ``CommonPreprocessor`` 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from espnet3_flows.config import ConfigError
+from espnet3_flows.config import ConfigError, check_choices
 
 TOKEN_TYPES = ("", "none", "char", "word", "bpe", "phn")
 _CONFIG_KEYS = ("token_type", "token_list", "bpemodel", "non_linguistic_symbols", "cleaner", "g2p")
@@ -26,7 +26,9 @@ class TokenConfig:
 
     Attributes:
         token_type: ``char``, ``word``, ``bpe`` or ``phn`` as in ESPnet2; ``none``: no
-            ``text_shape``; empty (default): ``frontend.espnet_config``'s, if it names one, else none.
+            ``text_shape``; empty (default): ``frontend.espnet_config``'s, if it names one, else
+            none. With one, collect-stats writes ``text_shape`` and ``text_shape.<token_type>``
+            as ``asr.sh`` stage 10 does (README, "Replacing ``asr.sh`` stage 10").
         token_list: The token list: a file (one token a line, ESPnet2's ``tokens.txt``) or the
             list itself (a trained model's ``config.yaml`` holds it inline). Unknown tokens
             count as ``<unk>``, as in ESPnet2.
@@ -36,7 +38,7 @@ class TokenConfig:
         g2p: For ``phn``: ESPnet2's ``g2p`` (``g2p_en``, ``pyopenjtalk``, ...).
     """
 
-    token_type: str = ""
+    token_type: str = field(default="", metadata={"choices": TOKEN_TYPES})
     token_list: Any = ""
     bpemodel: str = ""
     non_linguistic_symbols: str = ""
@@ -44,8 +46,7 @@ class TokenConfig:
     g2p: str = ""
 
     def __post_init__(self) -> None:
-        if self.token_type not in TOKEN_TYPES:
-            raise ConfigError(f"tokens.token_type must be one of {TOKEN_TYPES[1:]} or empty, got {self.token_type!r}")
+        check_choices(self, "tokens.")
         if self.enabled and not self.token_list:
             raise ConfigError(f"tokens.token_type={self.token_type} needs tokens.token_list (ESPnet2's tokens.txt)")
         if self.token_type == "bpe" and not self.bpemodel:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 
 from espnet3_flows.audio import AudioConfig, check_audio_settings, read_audio
-from espnet3_flows.config import ConfigError, check_choices, check_targets, instantiate, to_plain
+from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner
 from espnet3_flows.utterance_job import EngineConfig, JobEnvProvider, ShardDataset, SplitsConfig, UtteranceRunner
@@ -29,7 +29,11 @@ class XVectorConfig:
     Attributes:
         toolkit: ``speechbrain`` (an ``EncoderClassifier``) or ``custom`` (``model`` below).
         pretrained_model: A local speechbrain model directory (``hyperparams.yaml`` and
-            checkpoints) or a hub id already cached locally; nothing is downloaded.
+            checkpoints) or a hub id already in the local Hugging Face cache (``HF_HUB_CACHE``,
+            ``HF_HOME``), loaded from its cached snapshot directory. Nothing is downloaded and the
+            hub is never contacted, whatever ``HF_HUB_OFFLINE`` says. Checked on the driver
+            before any cluster starts: a missing directory, one without ``hyperparams.yaml`` or an
+            uncached hub id is one ``error:`` line.
         model: For ``toolkit: custom``: ``{_target_: pkg.factory, ...}`` building a callable
             ``(wavs [B,T] float32, wav_lens [B] relative) -> [B, D]`` embeddings.
         device: ``cpu``, ``cuda`` or ``cuda:N``. On ``parallel.env: local_gpu`` each worker
@@ -81,7 +85,9 @@ class XVectorJobConfig(EngineConfig, SplitsConfig):
         output_dir: Output location (path or URL); ``xvector.save_path`` is the same key under
             ESPnet3's name.
         xvector: See :class:`XVectorConfig`.
-        shard_size: Utterances per shard.
+        shard_size: Mean utterances per shard, as for every job (the engine's ``shard_size``);
+            128 by default here, as a shard's audio is read whole to be length-sorted into
+            batches.
     """
 
     #: ESPnet3's x-vector recipe names (see :func:`espnet3_flows.config.rename_aliases`)
@@ -119,8 +125,7 @@ class XVectorJobConfig(EngineConfig, SplitsConfig):
             check_audio_settings("xvector.", xv.sampling_rate, xv.channel, xv.max_duration)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", xv.device):
-            raise ConfigError(f"xvector.device must be 'cpu', 'cuda' or 'cuda:N', got {xv.device!r}")
+        check_device(xv.device, "xvector.device")
 
     def _resolve_aliases(self) -> None:
         """``xvector.manifest_paths`` and ``xvector.save_path`` (ESPnet3's x-vector recipe) name

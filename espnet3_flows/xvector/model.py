@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 import torch
 
+from espnet3_flows.config import check_device
 from espnet3_flows.errors import BadItemError, Espnet3FlowsError
 
 if TYPE_CHECKING:
     from speechbrain.inference.speaker import EncoderClassifier
 
 HPARAMS_FILE = "hyperparams.yaml"
-_DEVICE_RE = re.compile(r"^(cpu|cuda(:(0|[1-9][0-9]*))?)$")
 # Downloaded speechbrain model directories (e.g. spkrec-ecapa-voxceleb) point their pretrainer at
 # `<pretrained_path>/...` with pretrained_path set to the hub id: loading one "offline" would still
 # go to the hub unless pretrained_path is pointed at the directory itself.
@@ -47,10 +47,10 @@ class EmbeddingModel(Protocol):
 def validate_device(device: str) -> str:
     """Return ``device`` if it is ``cpu``, ``cuda`` or ``cuda:N`` and usable here.
 
-    Raises ValueError for a malformed name, XVectorModelError when CUDA (or GPU N) is not available.
+    Raises ValueError (a :class:`~espnet3_flows.config.ConfigError`) for a malformed name (see
+    :func:`~espnet3_flows.config.check_device`), XVectorModelError when CUDA (or GPU N) is not available.
     """
-    if not isinstance(device, str) or not _DEVICE_RE.match(device):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    check_device(device)
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise XVectorModelError(f"device {device!r} requested but torch.cuda is not available")

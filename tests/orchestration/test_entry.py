@@ -51,6 +51,38 @@ def test_the_form_has_every_config_key_with_its_default_and_description_but_no_c
     assert form["shard_size"]["type"] == "integer"
 
 
+def _keys_with_choices(section: type, prefix: str = "") -> dict[str, tuple]:
+    """Dotted key → the fixed values of every key of a config dataclass with ``choices``."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(section)
+    out = {}
+    for f in dataclasses.fields(section):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(_keys_with_choices(hints[f.name], f"{prefix}{f.name}."))
+        elif f.metadata.get("choices"):
+            out[prefix + f.name] = tuple(f.metadata["choices"])
+    return out
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_every_key_with_fixed_values_is_a_drop_down_of_exactly_them(job):
+    from espnet3_flows.orchestration.jobs import get_job
+
+    schema = job_flow(job).parameters.model_dump()
+    form = _form_keys(schema, schema)
+    choices = _keys_with_choices(get_job(job).config_class)
+    for key, values in choices.items():
+        assert form[key].get("enum") == list(values), f"{job}: {key} is no drop-down of {values}"
+    engine = {"on_error", "fingerprint", "parallel.env", "parallel.start_method"}
+    own = {"collect_stats": {"frontend.type", "frontend.name", "collected_feats_format", "tokens.token_type"},
+           "extract_features": {"frontend.type", "frontend.name"}, "extract_xvectors": {"xvector.toolkit"}}[job]
+    assert engine | own <= set(choices)  # start_method, collected_feats_format, token_type: once free text
+    if job == "collect_stats":
+        assert form["tokens.token_type"]["enum"][:2] == ["", "none"] and "default" in form["frontend.name"]["enum"]
+
+
 def test_section_parameters_set_only_the_keys_that_differ_from_their_defaults(tmp_path, demo_corpus):
     """The UI sends a whole section (every key filled with its default): only the changed keys
     are set, so a config file's other keys in that section stand."""

@@ -117,7 +117,7 @@ def test_local_path_problems_are_clear(tmp_path: Path) -> None:
         load_speechbrain_encoder(str(tmp_path / "empty"), savedir=tmp_path / "save")
 
 
-@pytest.mark.parametrize("bad", ["gpu", "CPU", "cuda:", "cuda:01", "cuda:-1", "cuda:x", "", "mps"])
+@pytest.mark.parametrize("bad", [pytest.param("gpu", id="word-gpu"), "CPU", "cuda:", "cuda:01", "cuda:-1", "cuda:x", "", "mps"])
 def test_malformed_device_rejected(bad: str) -> None:
     with pytest.raises(ValueError, match="device"):
         validate_device(bad)
