@@ -139,6 +139,28 @@ def test_publish_file_and_dir(tmp_path, monkeypatch):
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("write", ["write_bytes", "publish_file"])
+def test_a_symlinked_output_is_replaced_never_written_through(tmp_path, write):
+    """ESPnet recipes link a pretrained model's feats_stats.npz into the stats directory
+    (espnet/espnet PR #6507 overwrote the pretrained file through such a link)."""
+    pretrained = tmp_path / "pretrained" / "feats_stats.npz"
+    pretrained.parent.mkdir()
+    pretrained.write_bytes(b"pretrained stats")
+    out = tmp_path / "out" / "train"
+    out.mkdir(parents=True)
+    (out / "feats_stats.npz").symlink_to(pretrained)
+    store = Storage(str(tmp_path / "out"))
+    if write == "write_bytes":
+        store.write_bytes("train/feats_stats.npz", b"new stats")
+    else:
+        local = tmp_path / "staged.npz"
+        local.write_bytes(b"new stats")
+        store.publish_file(local, "train/feats_stats.npz")
+    assert pretrained.read_bytes() == b"pretrained stats"
+    assert not (out / "feats_stats.npz").is_symlink()
+    assert (out / "feats_stats.npz").read_bytes() == b"new stats"
+
+
 def test_check_writable(tmp_path):
     Storage(tmp_path / "new" / "dir").check_writable()
     assert list((tmp_path / "new" / "dir").iterdir()) == []  # the probe is removed

@@ -216,6 +216,23 @@ def test_every_published_scp_names_files_that_exist(main_run):
     assert seen == set(merged)
 
 
+def test_outputs_linked_to_a_pretrained_model_are_replaced_not_written_through(main_run, corpus, tmp_path):
+    out, _ = main_run
+    manifest, _ = corpus
+    pretrained = tmp_path / "pretrained"
+    pretrained.mkdir()
+    names = ("feats_stats.npz", "feats_shape", "summary.json")
+    (tmp_path / "out" / "train").mkdir(parents=True)
+    for name in names:
+        (pretrained / name).write_bytes(b"the pretrained model's " + name.encode())
+        (tmp_path / "out" / "train" / name).symlink_to(pretrained / name)
+    _run(_config(manifest, str(tmp_path / "out")))
+    for name in names:
+        assert (pretrained / name).read_bytes() == b"the pretrained model's " + name.encode()
+        assert not (tmp_path / "out" / "train" / name).is_symlink()
+    _assert_same_stats(_npz(tmp_path / "out" / "train" / "feats_stats.npz"), _npz(out / "train" / "feats_stats.npz"))
+
+
 def test_shape_files_are_sorted_by_id_whatever_the_manifest_order(main_run, corpus, tmp_path, monkeypatch):
     """ESPnet2 sorts shape files by utterance id (aggregate_stats_dirs.py); a shuffled manifest
     over several shards, merged through runs on disk, gives the same files byte for byte."""
