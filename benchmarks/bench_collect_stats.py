@@ -79,7 +79,7 @@ def kernel_loop(paths: Sequence[str], fast: bool = False) -> dict[str, Any]:
     import numpy as np
     import soundfile as sf
 
-    from espnet3_flows.stats.fbank import FastFbank
+    from espnet3_flows.frontends.fbank import FastFbank
 
     lhotse_fbank = _extractor()
     extract = FastFbank(lhotse_fbank) if fast else (lambda wave: lhotse_fbank.extract(wave, common.SAMPLE_RATE))
@@ -495,7 +495,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "Fixed = wall − n / steady: cluster start, worker imports, planning, task submission, merge, artifacts. "
         "Compute-only = utterances / (sum of shard compute seconds / workers).",
         "kernel is the issue's reference: a plain loop with lhotse's Fbank.extract. The job computes the same "
-        "features (to float32 rounding) with espnet3_flows.stats.fbank.FastFbank; the FastFbank kernel row is the "
+        "features (to float32 rounding) with espnet3_flows.frontends.fbank.FastFbank; the FastFbank kernel row is the "
         "same plain loop with it, so 'vs 2 × the FastFbank kernel' is the parallel efficiency alone.",
         "Every row reads its audio from the page cache, as the kernel does: the large-corpus flow row reads its "
         "files once, untimed, right before its run (this VM reclaims pages left untouched for a while). "

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from espnet3_flows.audio import RecordingCache, recording_key
+from espnet3_flows.audio import AudioConfig, RecordingCache, recording_key
 from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.demo import DEMO_UTTERANCES
 from espnet3_flows.fingerprints import FINGERPRINT_MODES
@@ -126,6 +126,17 @@ class EngineConfig:
         after = getattr(super(), "__post_init__", None)  # the next config base's checks (SplitsConfig)
         if after is not None:
             after()
+
+
+def audio_env(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration: float | None) -> dict[str, Any]:
+    """The env keys every audio job's workers share: ``audio`` (how to load and check an
+    utterance's audio) and ``storage_options``. Torch runs one thread per worker process: the
+    workers are the parallelism, and more threads per worker only contend for the same cores."""
+    import torch
+
+    torch.set_num_threads(1)
+    return {"audio": AudioConfig(sampling_rate, channel, max_duration, cfg.allow_pipes, cfg.pipe_timeout),
+            "storage_options": dict(cfg.storage_options)}
 
 
 def check_split_names(manifests: Mapping[str, str]) -> None:

@@ -71,6 +71,29 @@ def test_no_import_cycles():
     assert _cycles(_graph()) == []
 
 
+JOBS = ("stats", "xvector", "features", "batching")
+#: what the layers below the jobs are (imports only point down: none of them names a job)
+SHARED = ("frontends", "parallel", "audio", "manifest", "manifest_plan", "fingerprints", "sharding",
+          "storage", "config", "errors", "scp", "external_sort", "kaldi_dir", "inputs")
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_jobs_import_no_other_job_and_shared_layers_import_no_job():
+    """A concept two jobs share lives below them (frontends/, the engine), not inside one job."""
+    wrong = []
+    for name, deps in _graph().items():
+        here = _package(name)
+        for dep in deps:
+            there = _package(dep)
+            if there in JOBS and there != here and (here in JOBS or here in SHARED):
+                wrong.append(f"{name} -> {dep}")
+    assert wrong == []
+
+
 def test_job_packages_import_no_torch():
     code = ("import sys, espnet3_flows.stats, espnet3_flows.xvector, espnet3_flows.features, "
             "espnet3_flows.xvector.job; print('torch' in sys.modules)")

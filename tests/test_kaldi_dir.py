@@ -17,7 +17,7 @@ from espnet3_flows.audio import AudioConfig, AudioError, RecordingCache, load_au
 from espnet3_flows.config import ConfigError, load_config
 from espnet3_flows.manifest import ManifestError, Utterance, fingerprint_target, read_manifest_slice
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
-from espnet3_flows.stats.frontend import FbankFrontend, FrontendConfig
+from espnet3_flows.frontends.frontend import FbankFrontend, FrontendConfig
 from espnet3_flows.storage import Storage
 
 SR = 16000

@@ -15,9 +15,9 @@ from typing import Any, Mapping
 from espnet3_flows.audio import AudioConfig
 from espnet3_flows.config import ConfigError
 from espnet3_flows.features.outputs import FeatureShardWriter, publish_split, shard_ark_rel
-from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
-from espnet3_flows.stats.job import CollectStatsRunner
-from espnet3_flows.utterance_job import EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner
+from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend, extract_features
+from espnet3_flows.utterance_job import (EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner,
+                                         audio_env)
 
 
 @dataclass
@@ -31,7 +31,7 @@ class ExtractFeaturesConfig(EngineConfig, InputsConfig):
             ``feats_shape``, ``cuts.jsonl.gz``, ``feats/feats.<shard>.ark``, ``skipped.tsv``,
             ``summary.json``.
         frontend: Feature extraction, as for collect-stats (see
-            :class:`~espnet3_flows.stats.frontend.FrontendConfig`): ``fbank``, ``espnet2`` or
+            :class:`~espnet3_flows.frontends.frontend.FrontendConfig`): ``fbank``, ``espnet2`` or
             ``model`` (``none`` computes no features and is refused). The cuts' ``frame_shift``
             is ``frontend.frame_shift`` for ``fbank`` and ``model`` (set it to the model's hop,
             e.g. ``0.02`` for HuBERT), ``hop_length / fs`` for the ESPnet2 ``default`` frontend
@@ -49,13 +49,8 @@ class ExtractFeaturesConfig(EngineConfig, InputsConfig):
 
 def build_env(cfg: ExtractFeaturesConfig) -> dict[str, Any]:
     """The env of ``forward``: ``frontend``, ``audio`` and ``storage_options``, once per worker."""
-    import torch
-
-    torch.set_num_threads(1)
     fe = cfg.frontend
-    return {"frontend": build_frontend(fe),
-            "audio": AudioConfig(fe.sampling_rate, fe.channel, fe.max_duration, cfg.allow_pipes, cfg.pipe_timeout),
-            "storage_options": dict(cfg.storage_options)}
+    return {**audio_env(cfg, fe.sampling_rate, fe.channel, fe.max_duration), "frontend": build_frontend(fe)}
 
 
 class FeatureRunner(UtteranceRunner):
@@ -75,9 +70,9 @@ class FeatureRunner(UtteranceRunner):
                 storage_options: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The features of the utterances of ``idx`` (collect-stats' extraction, checks included),
         with each utterance's transcript and speaker."""
-        out = CollectStatsRunner.forward(idx, dataset, frontend, audio, storage_options, {})
-        for r, i in zip(out, idx if isinstance(idx, list) else [idx]):
-            utt = dataset[i]
+        utts = [dataset[i] for i in (idx if isinstance(idx, list) else [idx])]
+        out = extract_features(utts, frontend, audio, storage_options, dataset.audio_cache)
+        for r, utt in zip(out, utts):
             r["text"], r["speaker"] = utt.text, utt.speaker
         return out
 

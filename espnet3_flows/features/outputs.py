@@ -24,7 +24,7 @@ from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.scp import scp_offsets
 from espnet3_flows.storage import Storage
-from espnet3_flows.stats.frontend import FrontendConfig
+from espnet3_flows.frontends.frontend import FrontendConfig
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 _EXPORTS = {
     "StatsAccumulator": "espnet3_flows.stats.accumulator",
-    "FrontendConfig": "espnet3_flows.stats.frontend",
-    "build_frontend": "espnet3_flows.stats.frontend",
+    "FrontendConfig": "espnet3_flows.frontends.frontend",
+    "build_frontend": "espnet3_flows.frontends.frontend",
     "CollectStatsConfig": "espnet3_flows.stats.job",
     "CollectStatsRunner": "espnet3_flows.stats.job",
 }

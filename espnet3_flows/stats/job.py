@@ -6,16 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-
-from espnet3_flows.audio import AudioConfig, audio_header, load_audio
+from espnet3_flows.audio import AudioConfig, audio_header
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
+from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend, extract_features
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
-from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
 from espnet3_flows.stats.tokens import TokenConfig
-from espnet3_flows.utterance_job import EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner
+from espnet3_flows.utterance_job import (EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner,
+                                         audio_env)
 
 from espnet3_flows.stats.outputs import StatsShardWriter, publish_split
 
@@ -53,7 +52,7 @@ class CollectStatsConfig(EngineConfig, InputsConfig):
     def __post_init__(self) -> None:
         super().__post_init__()  # checks collected_feats_format against its choices too
         if self.frontend.espnet_config and not self.tokens.token_type:
-            from espnet3_flows.stats.espnet_frontend import load_espnet_config
+            from espnet3_flows.frontends.espnet2_frontend import load_espnet_config
 
             self.tokens.fill_from_espnet_config(load_espnet_config(self.frontend.espnet_config))
 
@@ -62,14 +61,10 @@ def build_env(cfg: CollectStatsConfig) -> dict[str, Any]:
     """The env of collect-stats' ``forward``: ``frontend``, ``audio``, ``storage_options``,
     ``collect_stats_kwargs`` and ``tokens`` (a :class:`~espnet3_flows.stats.tokens.TokenCounter`
     or ``None``), built once per worker (``dataset``, a shard's utterances, comes with each shard)."""
-    import torch
-
-    torch.set_num_threads(1)
     fe = cfg.frontend
     return {
+        **audio_env(cfg, fe.sampling_rate, fe.channel, fe.max_duration),
         "frontend": build_frontend(fe),
-        "audio": AudioConfig(fe.sampling_rate, fe.channel, fe.max_duration, cfg.allow_pipes, cfg.pipe_timeout),
-        "storage_options": dict(cfg.storage_options),
         "collect_stats_kwargs": dict(cfg.collect_stats_kwargs),
         "tokens": _token_counter(cfg.tokens),
     }
@@ -114,16 +109,9 @@ class CollectStatsRunner(UtteranceRunner):
             headers = [audio_header(u, audio, storage_options, dataset.audio_cache) for u in utts]
             return [{"utt_id": u.utt_id, "speech_len": n, "rate": rate, "feats": None, "tokens": c}
                     for u, (n, rate), c in zip(utts, headers, counts)]
-        loaded = [load_audio(u, audio, storage_options, dataset.audio_cache) for u in utts]
-        waves = [w for w, _ in loaded]
-        feats = frontend(waves, collect_stats_kwargs)
-        out = []
-        for u, (w, rate), f, c in zip(utts, loaded, feats, counts):
-            if f.ndim != 2 or f.shape[0] == 0:
-                raise BadItemError(f"utt {u.utt_id!r}: the frontend returned features of shape {tuple(f.shape)}")
-            if not np.isfinite(f).all():
-                raise BadItemError(f"utt {u.utt_id!r}: features contain NaN or Inf")
-            out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f, "tokens": c})
+        out = extract_features(utts, frontend, audio, storage_options, dataset.audio_cache, collect_stats_kwargs)
+        for r, c in zip(out, counts):
+            r["tokens"] = c
         return out
 
     def shard_env(self, shard: Shard, env: Mapping[str, Any]) -> Mapping[str, Any]:

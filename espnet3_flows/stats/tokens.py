@@ -94,7 +94,7 @@ class TokenCounter:
     tokenizer, then ``TokenIDConverter``); built once per worker."""
 
     def __init__(self, cfg: TokenConfig):
-        from espnet3_flows.stats.espnet_frontend import INSTALL_HINT, check_espnet_installed
+        from espnet3_flows.frontends.espnet2_frontend import INSTALL_HINT, check_espnet_installed
 
         check_espnet_installed()
         try:

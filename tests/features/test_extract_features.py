@@ -18,7 +18,7 @@ from espnet3_flows.config import ConfigError, load_config
 from espnet3_flows.features.job import ExtractFeaturesConfig
 from espnet3_flows.manifest import read_manifest
 from espnet3_flows.orchestration.flows import run_job
-from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
+from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend
 from tests.support.servers import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -130,7 +130,7 @@ class FbankModel:
     """``collect_feats`` over a padded batch, as an ESPnet model's: ``{"feats", "feats_lengths"}``."""
 
     def __init__(self):
-        from espnet3_flows.stats.frontend import FrontendConfig, build_frontend
+        from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend
 
         self.frontend = build_frontend(FrontendConfig())
 

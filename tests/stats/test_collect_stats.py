@@ -124,7 +124,7 @@ def test_espnet2_outputs_and_exact_normalisation(main_run, corpus):
     for utt, path in rows:
         samples, rate = sf.read(path, dtype="float32")
         assert rate == SR
-        # the fast fbank equals lhotse's to float32 rounding (tests/stats/test_fbank.py)
+        # the fast fbank equals lhotse's to float32 rounding (tests/frontends/test_fbank.py)
         np.testing.assert_allclose(feats[utt], _fbank(samples), rtol=0, atol=1e-5)
 
     allfeats = np.concatenate([feats[u] for u, _ in rows]).astype(np.float64)

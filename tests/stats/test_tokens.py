@@ -13,7 +13,7 @@ import yaml
 
 from espnet3_flows.config import ConfigError, load_config
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
-from tests.stats.test_espnet_frontend import FRONTEND_CONF, FrontendOnlyModel
+from tests.frontends.test_espnet2_frontend import FRONTEND_CONF, FrontendOnlyModel
 
 SR = 16000
 WORDS = ["hello", "world", "speech", "data", "flows", "stats", "token", "shape", "kaldi", "recipe"]

@@ -1,5 +1,6 @@
-"""Feature frontends for collect-stats: lhotse fbank, lengths only, any model with ``collect_feats``,
-or an ESPnet2 frontend by name; model frontends on CPU or a GPU."""
+"""Feature frontends shared by the jobs: lhotse fbank, lengths only, any model with
+``collect_feats``, or an ESPnet2 frontend by name; model frontends on CPU or a GPU; and
+:func:`extract_features`, the one way a job runs a frontend over utterances."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import numpy as np
 
 from espnet3_flows.audio import check_audio_settings
 from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
-from espnet3_flows.stats.espnet_frontend import ESPNET2_FRONTENDS
+from espnet3_flows.frontends.espnet2_frontend import ESPNET2_FRONTENDS
 
 FRONTEND_TYPES = ("fbank", "none", "model", "espnet2")
 #: Version of the fbank computation, hashed into collect-stats shards: features that differ even
-#: in float32 rounding are recomputed rather than merged with older shards
+#: in float32 rounding are recomputed rather than merged with older shards. These identifiers are
+#: not module paths (the modules moved from stats/): changing one recomputes every user's shards
 FBANK_IMPLEMENTATION = "espnet3_flows.stats.fbank/1"
 #: Version of how model and ESPnet2 frontends are run (one utterance per call unless batched)
 TORCH_FRONTEND_IMPLEMENTATION = "espnet3_flows.stats.frontend.TorchFrontend/1"
@@ -26,7 +28,7 @@ class FrontendConfig:
 
     Attributes:
         type: ``fbank`` (the default: lhotse's Kaldi-compatible log-mel ``Fbank``, computed by
-            :class:`~espnet3_flows.stats.fbank.FastFbank`: lhotse's framing, window and mel
+            :class:`~espnet3_flows.frontends.fbank.FastFbank`: lhotse's framing, window and mel
             matrix in fewer passes, equal to ``Fbank.extract`` within 1e-6 and ~2x faster per
             core), ``none`` (lengths only: audio headers are read, nothing is decoded or
             extracted; ESPnet2's ``extract_feats_in_collect_stats=False``), ``model`` (any torch
@@ -106,7 +108,7 @@ class FrontendConfig:
 
     def _resolve_espnet2(self) -> None:
         """Fill ``name`` and ``conf`` from ``espnet_config``; ``fs`` sets ``sampling_rate``."""
-        from espnet3_flows.stats import espnet_frontend
+        from espnet3_flows.frontends import espnet2_frontend as espnet_frontend
 
         espnet_frontend.check_espnet_installed()
         base_name, base_conf = "", {}
@@ -134,7 +136,7 @@ class FrontendConfig:
         batching = {"max_batch_samples": self.max_batch_samples, "implementation": TORCH_FRONTEND_IMPLEMENTATION}
         if self.type == "model":
             return {**base, "model": to_plain(self.model), **batching}
-        from espnet3_flows.stats.espnet_frontend import espnet_version
+        from espnet3_flows.frontends.espnet2_frontend import espnet_version
 
         return {**base, "name": self.name, "conf": to_plain(self.conf), "espnet": espnet_version(), **batching}
 
@@ -148,14 +150,14 @@ class Frontend(Protocol):
 class FbankFrontend:
     """lhotse's ``Fbank`` (Kaldi-compatible log-mel filterbank) on each waveform.
 
-    Computed by :class:`~espnet3_flows.stats.fbank.FastFbank` from lhotse's own extractor:
+    Computed by :class:`~espnet3_flows.frontends.fbank.FastFbank` from lhotse's own extractor:
     the same features to float32 rounding, about 2x faster on one core.
     """
 
     def __init__(self, cfg: FrontendConfig):
         from lhotse import Fbank, FbankConfig
 
-        from espnet3_flows.stats.fbank import FastFbank
+        from espnet3_flows.frontends.fbank import FastFbank
 
         self.fbank = FastFbank(Fbank(FbankConfig(sampling_rate=cfg.sampling_rate, num_mel_bins=cfg.num_mel_bins,
                                                  frame_shift=cfg.frame_shift, frame_length=cfg.frame_length,
@@ -248,7 +250,41 @@ def build_frontend(cfg: FrontendConfig) -> Frontend | None:
     if cfg.type == "model":
         return model_frontend(instantiate(cfg.model, "frontend.model"), cfg.device, cfg.max_batch_samples)
     if cfg.type == "espnet2":
-        from espnet3_flows.stats.espnet_frontend import build_espnet2_frontend
+        from espnet3_flows.frontends.espnet2_frontend import build_espnet2_frontend
 
         return espnet2_frontend(build_espnet2_frontend(cfg.name, cfg.conf), cfg.device, cfg.max_batch_samples)
     return None
+
+
+def extract_features(utts: Sequence[Any], frontend: Callable[..., Sequence[np.ndarray]], audio: Any,
+                     storage_options: Mapping[str, Any] | None, cache: Any,
+                     kwargs: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Load ``utts`` and run ``frontend`` over them as one batch.
+
+    Args:
+        utts: :class:`~espnet3_flows.manifest.Utterance` records.
+        frontend: What :func:`build_frontend` built (not ``None``).
+        audio: The :class:`~espnet3_flows.audio.AudioConfig` to load with.
+        storage_options: fsspec options for remote audio.
+        cache: The shard's :class:`~espnet3_flows.audio.RecordingCache`.
+        kwargs: Extra keyword arguments for a model's ``collect_feats``.
+
+    Returns:
+        Per utterance ``{utt_id, speech_len (samples), rate (native), feats (frames × dim)}``.
+
+    Raises:
+        BadItemError: unreadable audio, or features that are empty, not 2-D, NaN or Inf.
+    """
+    from espnet3_flows.audio import load_audio
+    from espnet3_flows.errors import BadItemError
+
+    loaded = [load_audio(u, audio, storage_options, cache) for u in utts]
+    feats = frontend([w for w, _ in loaded], dict(kwargs or {}))
+    out = []
+    for u, (w, rate), f in zip(utts, loaded, feats):
+        if f.ndim != 2 or f.shape[0] == 0:
+            raise BadItemError(f"utt {u.utt_id!r}: the frontend returned features of shape {tuple(f.shape)}")
+        if not np.isfinite(f).all():
+            raise BadItemError(f"utt {u.utt_id!r}: features contain NaN or Inf")
+        out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f})
+    return out

@@ -3,7 +3,7 @@
 ``frontend.name`` and ``frontend.conf`` are an ``asr.yaml``'s ``frontend`` and ``frontend_conf``
 (paste yours), or ``frontend.espnet_config`` names a trained model's ``config.yaml`` to read them
 from. The frontend is ESPnet2's own class, so the features are the ones the model was trained on
-(``tests/stats/test_espnet_frontend.py`` checks the statistics against ESPnet2's
+(``tests/frontends/test_espnet2_frontend.py`` checks the statistics against ESPnet2's
 ``collect_stats``).
 
 ESPnet is an optional dependency: ``pip install 'espnet3-flows[espnet]'`` installs what its

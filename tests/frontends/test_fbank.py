@@ -9,7 +9,7 @@ import pytest
 import torch
 from lhotse import Fbank, FbankConfig
 
-from espnet3_flows.stats.fbank import FastFbank, FbankTooShortError, _mel_bands
+from espnet3_flows.frontends.fbank import FastFbank, FbankTooShortError, _mel_bands
 
 # measured 9.5e-7: float32 rounding of re²+im² (lhotse: |X|² through hypot) and of the banded mel sums
 ATOL = 1e-5

@@ -20,7 +20,7 @@ import torch
 
 from espnet3_flows.config import ConfigError, load_config
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
-from espnet3_flows.stats.frontend import TorchFrontend, model_frontend
+from espnet3_flows.frontends.frontend import TorchFrontend, model_frontend
 
 SR = 16000
 FRONTEND_CONF = {"n_fft": 512, "hop_length": 128, "n_mels": 80, "fs": "16k"}
@@ -194,7 +194,7 @@ def test_espnet2_config_errors(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="has no frontend"):
         cfg("frontend.type=espnet2", f"frontend.espnet_config={nofe}")
     with pytest.raises(ConfigError, match="frontend.conf does not fit ESPnet2's DefaultFrontend"):
-        from espnet3_flows.stats.espnet_frontend import build_espnet2_frontend
+        from espnet3_flows.frontends.espnet2_frontend import build_espnet2_frontend
 
         build_espnet2_frontend("default", {"n_ffft": 512})
     with pytest.raises(ConfigError, match="are for type=espnet2, not type=fbank"):
@@ -203,7 +203,7 @@ def test_espnet2_config_errors(tmp_path, monkeypatch):
         cfg("frontend.device=cuda")
     import importlib.util
 
-    from espnet3_flows.stats import espnet_frontend
+    from espnet3_flows.frontends import espnet2_frontend as espnet_frontend
 
     real = importlib.util.find_spec
     monkeypatch.setattr(espnet_frontend.importlib.util, "find_spec",
@@ -253,7 +253,7 @@ def test_model_frontend_through_the_job_on_cpu(data_dir, tmp_path):
     out = tmp_path / "out"
     cfg = load_config(CollectStatsConfig, overrides=[
         f"manifests.train={data_dir}", f"output_dir={out}", "parallel.env=serial", "frontend.type=model",
-        "frontend.model._target_=tests.stats.test_espnet_frontend.TinyHubert", "frontend.device=cpu"])
+        "frontend.model._target_=tests.frontends.test_espnet2_frontend.TinyHubert", "frontend.device=cpu"])
     summary = CollectStatsRunner(cfg, "train").run(progress=False).merged
     assert summary["utterances"] == 40
     stats = _npz(out / "train/feats_stats.npz")
@@ -270,7 +270,7 @@ def test_cuda_device_without_a_gpu_is_a_clear_error(monkeypatch):
 def test_espnet2_and_model_frontends_on_gpu_equal_cpu(data_dir, tmp_path):
     from espnet2.asr.frontend.default import DefaultFrontend
 
-    from espnet3_flows.stats.frontend import espnet2_frontend
+    from espnet3_flows.frontends.frontend import espnet2_frontend
 
     waves = [sf.read(line.split()[1], dtype="float32")[0] for line in (data_dir / "wav.scp").read_text().splitlines()[:8]]
     cpu = espnet2_frontend(DefaultFrontend(**FRONTEND_CONF))(waves, {})

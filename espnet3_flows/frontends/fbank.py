@@ -7,7 +7,7 @@ matrix product in which 87 % of the weights are zero. This module runs the same 
 lhotse's own framing, window and mel matrix, but takes the power spectrum as ``re² + im²``,
 pre-emphasises in place and multiplies each band of filters by its own bins only: about 2x
 faster on one core (the kernel rows of ``benchmarks/bench_collect_stats.py``), features equal
-to lhotse's within 1e-6 (float32 rounding; ``tests/stats/test_fbank.py``).
+to lhotse's within 1e-6 (float32 rounding; ``tests/frontends/test_fbank.py``).
 Configurations it does not cover (energy features, magnitude spectra) run lhotse's own ``extract``.
 """
 

@@ -1,0 +1,30 @@
+"""Frontends: what turns an utterance's audio into features, shared by the jobs (collect-stats'
+statistics and shapes, extract-features' arks).
+
+- :mod:`~espnet3_flows.frontends.frontend`: ``FrontendConfig`` (the ``frontend:`` section) and
+  ``build_frontend``, the callable a worker builds once; ``extract_features`` runs it over
+  loaded utterances with the checks every job applies;
+- :mod:`~espnet3_flows.frontends.fbank`: lhotse's fbank, batched and exact (``FastFbank``);
+- :mod:`~espnet3_flows.frontends.espnet2_frontend`: ESPnet2's own frontends (``frontend.type: espnet2``).
+
+The names below are imported on first use (importing the package imports no numpy or torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "FrontendConfig": "espnet3_flows.frontends.frontend",
+    "build_frontend": "espnet3_flows.frontends.frontend",
+    "extract_features": "espnet3_flows.frontends.frontend",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
