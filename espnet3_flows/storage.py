@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
+import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Mapping
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -168,6 +170,25 @@ class Storage:
             raise StorageError(f"cannot publish {self.uri(rel)}: {exc}") from exc
         return self.uri(rel)
 
+    @contextlib.contextmanager
+    def atomic_writer(self, rel: str) -> Iterator[BinaryIO]:
+        """A seekable local file (``w+b``) published at ``rel`` only when the block ends without
+        an exception: renamed into place on a local store, uploaded in one step to an object
+        store (a local temporary file in between). Nothing is visible at ``rel`` before, and an
+        exception leaves ``rel`` as it was.
+
+        Raises:
+            StorageError: the file cannot be published (the block's own exceptions pass as they are).
+        """
+        if self.is_local:
+            with atomic_local_file(self.path(rel)) as f:
+                yield f
+            return
+        with tempfile.NamedTemporaryFile(prefix="espnet3-upload-", suffix=posixpath.splitext(rel)[1]) as f:
+            yield f  # type: ignore[misc]
+            f.flush()
+            self.publish_file(f.name, rel)
+
     def publish_dir(self, local_dir: str | os.PathLike[str], rel: str) -> list[str]:
         """Publish every file below ``local_dir`` under ``rel``; returns relative file names."""
         names = sorted(_walk_files(Path(local_dir)))
@@ -202,16 +223,19 @@ class Storage:
         self.remove(probe)
 
 
-def replace_atomically(dest: str | os.PathLike[str], write: Callable[[BinaryIO], Any], *, fsync: bool = True) -> None:
-    """Write a local file through a uniquely named temporary file beside ``dest`` (concurrent
-    writers never share one), fsync it (``fsync=False`` for scratch files), then rename it over
-    ``dest``: a reader sees the old file or the whole new one, never a part."""
+@contextlib.contextmanager
+def atomic_local_file(dest: str | os.PathLike[str], *, fsync: bool = True) -> Iterator[BinaryIO]:
+    """A seekable file (``w+b``) that becomes ``dest`` only when the block ends without an
+    exception: a uniquely named temporary file beside ``dest`` (concurrent writers never share
+    one), fsynced (``fsync=False`` for scratch files), renamed over ``dest``. A reader sees the old
+    file or the whole new one, never a part; a symlink at ``dest`` is replaced, never written
+    through; on an exception nothing changes and the temporary file is removed."""
     dest = os.fspath(dest)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"  # short: ids near the 255-byte name limit still fit
     try:
-        with open(tmp, "wb") as f:
-            write(f)
+        with open(tmp, "w+b") as f:
+            yield f
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
@@ -219,6 +243,12 @@ def replace_atomically(dest: str | os.PathLike[str], write: Callable[[BinaryIO],
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def replace_atomically(dest: str | os.PathLike[str], write: Callable[[BinaryIO], Any], *, fsync: bool = True) -> None:
+    """Write a local file with ``write(f)`` through :func:`atomic_local_file`."""
+    with atomic_local_file(dest, fsync=fsync) as f:
+        write(f)
 
 
 def _copy_into(src: str, out: BinaryIO) -> None:

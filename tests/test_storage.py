@@ -255,3 +255,24 @@ def test_atomic_writes_with_concurrent_writers(tmp_path, write):
     assert not errors
     assert seen and seen <= set(payloads)
     assert dest.read_bytes() in payloads and [p.name for p in dest.parent.iterdir()] == ["plan.txt"]
+
+
+@pytest.mark.parametrize("url", ["local", "memory"])
+def test_atomic_writer_publishes_on_success_only(tmp_path, url):
+    root = str(tmp_path / "out") if url == "local" else f"memory://atomic-{uuid.uuid4().hex}"
+    store = Storage(root)
+    store.write_bytes("a/joined.tsv", b"old")
+    with store.atomic_writer("a/joined.tsv") as f:
+        f.write(b"new, being written")
+        f.seek(0)  # seekable: a writer may restart (the Kaldi-dir join does)
+        f.truncate()
+        f.write(b"new")
+        assert store.read_bytes("a/joined.tsv") == b"old"  # nothing visible before the block ends
+    assert store.read_bytes("a/joined.tsv") == b"new"
+    with pytest.raises(ZeroDivisionError):
+        with store.atomic_writer("a/joined.tsv") as f:
+            f.write(b"partial")
+            1 / 0
+    assert store.read_bytes("a/joined.tsv") == b"new"
+    if url == "local":
+        assert sorted(p.name for p in (tmp_path / "out" / "a").iterdir()) == ["joined.tsv"]  # no temp left
