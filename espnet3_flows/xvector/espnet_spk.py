@@ -216,7 +216,7 @@ def espnet_embedder(model: torch.nn.Module, exact_padding: bool | None = None) -
                 return alone(wavs)
             if aligner is not None:
                 try:
-                    return aligner.embed(wavs[:, : int(samples.max())].to(device, torch.float32), samples)
+                    return aligner.embed([w[:k].to(device, torch.float32) for w, k in zip(wavs, samples.tolist())])
                 except _Ambiguous:
                     pass
             out: list[torch.Tensor | None] = [None] * len(samples)

@@ -1,23 +1,26 @@
 """Makes an ESPnet-SPK model give each utterance of a zero-padded batch the embedding it gets alone.
 
 ESPnet's ``ESPnetSpeakerModel`` is exact only one utterance at a time (``Speech2Embedding``):
-in a padded batch, every layer that looks along time sees the padding. For the architectures of
-ESPnet's VoxCeleb speaker models (RawNet3 on the ``asteroid_frontend`` sinc filterbank, ECAPA-TDNN
-on ``melspec_torch``, both with ``chn_attn_stat`` pooling) `SpkPaddingAligner` puts hooks on
-exactly those layers, dormant outside `SpkPaddingAligner.embed`:
+in a padded batch, every layer that looks along time sees the padding. `SpkPaddingAligner`
+runs ESPnet's own inference steps, split where it matters:
 
-- the waveform's instance norm and the features' mean subtraction use each utterance's own frames;
-- ``melspec_torch``'s centred STFT sees each utterance reflected past its end, as alone;
-- every "same" convolution sees zeros past each utterance's end, as its own padding gives alone;
-- max pooling shortens each utterance's length as it does alone (``floor(len / k)``);
-- the time averages of AFMS (RawNet3) and of the SE blocks (ECAPA) cover each utterance's frames;
+- features (``model.extract_feats``: frontend and normalization) are computed for each
+  utterance alone, exactly as ``Speech2Embedding`` computes them: they are cheap, and RawNet3's
+  log sinc filterbank amplifies float rounding of near-silent bands (a batched STFT or sinc
+  convolution would differ by 1e-5 in the embedding, for an 8 kHz recording resampled);
+- the encoder, where the work is, runs on the zero-padded batch of features, with hooks on exactly
+  the layers that look along time (dormant outside `SpkPaddingAligner.embed`): every "same"
+  convolution sees zeros past each utterance's end, as its own padding gives alone; max pooling
+  shortens each utterance as it does alone (``floor(len / k)``); the time averages of AFMS
+  (RawNet3) and of the SE blocks (ECAPA-TDNN) cover each utterance's frames;
 - the attentive pooling gets the lengths ``Speech2Embedding`` gives it for that utterance alone
   (the frontend's frame count, which RawNet3's pooling also divides by) and attends only to the
-  frames the utterance has alone.
+  frames the utterance has alone; the projector maps each utterance's vector.
 
-Lengths travel by tensor size: each padded time axis (samples, frames, frames after each
-pooling) is registered with the per-utterance lengths it carries. A model with any other layer
-on the way (`alignment_problem` names it) is batched by equal lengths instead, which is exact too.
+Lengths travel by tensor size: each padded time axis (frames, frames after each pooling) is
+registered with the per-utterance lengths it carries. Encoders: ``rawnet3`` and ``ecapa_tdnn``
+(ESPnet's VoxCeleb speaker models), pooling ``chn_attn_stat``. A model with any other layer on the
+way (`alignment_problem` names it) is batched by equal lengths instead, which is exact too.
 """
 
 from __future__ import annotations
@@ -41,12 +44,11 @@ class _Lengths(threading.local):
 
     by_size: dict[int, torch.Tensor] | None = None
     pooled: torch.Tensor | None = None  # frames the pooling's input has per utterance
+    feat_lengths: torch.Tensor | None = None  # what the pooling gets alone, per utterance
 
 
 def _classes() -> dict[str, type]:
-    """ESPnet's (and asteroid's, torchaudio's) classes the aligner knows, imported on first use."""
-    from espnet2.asr.frontend.asteroid_frontend import AsteroidFrontend
-    from espnet2.asr.frontend.melspec_torch import MelSpectrogramTorch
+    """ESPnet's classes the aligner knows, imported on first use."""
     from espnet2.spk.encoder.ecapa_tdnn_encoder import EcapaTdnnEncoder
     from espnet2.spk.encoder.rawnet3_encoder import RawNet3Encoder
     from espnet2.spk.layers.ecapa_block import EcapaBlock, SEModule
@@ -54,8 +56,7 @@ def _classes() -> dict[str, type]:
     from espnet2.spk.pooling.chn_attn_stat_pooling import ChnAttnStatPooling
     from espnet2.spk.projector.abs_projector import AbsProjector
 
-    return {"AsteroidFrontend": AsteroidFrontend, "MelSpectrogramTorch": MelSpectrogramTorch,
-            "EcapaTdnnEncoder": EcapaTdnnEncoder, "RawNet3Encoder": RawNet3Encoder, "EcapaBlock": EcapaBlock,
+    return {"EcapaTdnnEncoder": EcapaTdnnEncoder, "RawNet3Encoder": RawNet3Encoder, "EcapaBlock": EcapaBlock,
             "SEModule": SEModule, "AFMS": AFMS, "Bottle2neck": Bottle2neck, "ChnAttnStatPooling": ChnAttnStatPooling,
             "AbsProjector": AbsProjector}
 
@@ -63,15 +64,9 @@ def _classes() -> dict[str, type]:
 def alignment_problem(model: Any) -> str | None:
     """Why padded batches of the ESPnet-SPK ``model`` cannot be made exact, or None when they can."""
     c = _classes()
-    frontend = getattr(model, "frontend", None)
-    if isinstance(frontend, c["MelSpectrogramTorch"]):
-        spec = frontend.transform.spectrogram
-        if not spec.center or spec.pad_mode != "reflect":
-            return "melspec_torch without a centred, reflect-padded STFT"
-    elif not isinstance(frontend, c["AsteroidFrontend"]):
-        return f"frontend {type(frontend).__name__} (exact batches know asteroid_frontend and melspec_torch)"
-    if getattr(model, "normalize", None) is not None:
-        return f"normalize {type(model.normalize).__name__} (exact batches know none)"
+    if not all(hasattr(model, k) for k in ("extract_feats", "encode_frame", "project_spk_embd", "encoder",
+                                             "pooling")):
+        return f"{type(model).__name__} is not an ESPnetSpeakerModel"
     if not isinstance(model.encoder, (c["RawNet3Encoder"], c["EcapaTdnnEncoder"])):
         return f"encoder {type(model.encoder).__name__} (exact batches know rawnet3 and ecapa_tdnn)"
     if not isinstance(model.pooling, c["ChnAttnStatPooling"]):
@@ -123,20 +118,6 @@ class SpkPaddingAligner:
         c = _classes()
         self.model = model
         self._ctx = _Lengths()
-        frontend = model.frontend
-        if isinstance(frontend, c["AsteroidFrontend"]):
-            kernel, stride = frontend.sinc_kernel_size, frontend.sinc_stride
-            self._frames = lambda n: torch.div(n - kernel, stride, rounding_mode="floor") + 1
-            self.extra = 0
-            self._mean_normalized = True
-            frontend.norm.register_forward_hook(self._instance_norm_hook)
-        else:
-            hop = frontend.transform.spectrogram.hop_length
-            self._frames = lambda n: torch.div(n, hop, rounding_mode="floor") + 1
-            self.extra = frontend.transform.spectrogram.n_fft // 2  # room for each utterance's reflection
-            self._mean_normalized = frontend.normalize == "mn"
-            frontend.transform.register_forward_pre_hook(self._reflect_hook)
-        frontend.register_forward_hook(self._frontend_hook)
         for module in model.encoder.modules():
             if isinstance(module, torch.nn.Conv1d) and module.kernel_size[0] > 1:
                 module.register_forward_pre_hook(self._zero_past_end_hook)
@@ -164,39 +145,6 @@ class SpkPaddingAligner:
         by_size[size] = lengths
 
     # -- hooks (each does nothing outside `embed`) --
-    def _instance_norm_hook(self, norm: torch.nn.InstanceNorm1d, args: tuple, out: torch.Tensor) -> Any:
-        x = args[0]
-        lengths = self._lookup(x.shape[-1])
-        if lengths is None:
-            return None
-        mean = _masked_mean(x, lengths, 2)
-        var = _masked_mean((x - mean) ** 2, lengths, 2)
-        y = (x - mean) / torch.sqrt(var + norm.eps)
-        if norm.affine:
-            y = y * norm.weight[None, :, None] + norm.bias[None, :, None]
-        return y
-
-    def _reflect_hook(self, _module: Any, args: tuple) -> Any:
-        x = args[0]  # [B, samples]
-        lengths = self._lookup(x.shape[-1])
-        if lengths is None:
-            return None
-        t = torch.arange(x.shape[-1], device=x.device)[None, :]
-        ends = lengths.to(x.device)[:, None]
-        source = torch.where(t < ends, t, (2 * (ends - 1) - t).clamp(min=0))
-        return (torch.gather(x, 1, source),) + tuple(args[1:])
-
-    def _frontend_hook(self, _module: Any, _args: tuple, out: tuple) -> Any:
-        feats, feat_lengths = out  # [B, frames, D]
-        samples = self._ctx.by_size.get(-1) if self._ctx.by_size is not None else None
-        if samples is None:
-            return None
-        frames = self._frames(samples)
-        self._register(feats.shape[1], frames)
-        if self._mean_normalized:  # the frontend subtracted the mean over every frame, padding included
-            feats = feats - _masked_mean(feats, frames, 1)
-        return feats, feat_lengths
-
     def _zero_past_end_hook(self, _module: Any, args: tuple) -> Any:
         x = args[0]  # [B, C, T]
         lengths = self._lookup(x.shape[-1])
@@ -227,15 +175,15 @@ class SpkPaddingAligner:
     def _pooling_hook(self, _module: Any, args: tuple, kwargs: dict) -> Any:
         x = args[0] if args else kwargs["x"]
         frames = self._lookup(x.shape[-1])
-        samples = self._ctx.by_size.get(-1) if self._ctx.by_size is not None else None
-        if frames is None or samples is None:
+        feat_lengths = self._ctx.feat_lengths
+        if frames is None or feat_lengths is None:
             return None
         valid = _valid(frames, x.shape[-1], x.device)[:, None, :]
         x = torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device))
         # alone, Speech2Embedding's pooling gets the frontend's frame count, also past a
         # downsampling encoder's end: its statistics divide by it
         kwargs = {k: v for k, v in kwargs.items() if k != "x"}
-        kwargs["feat_lengths"] = self._frames(samples)
+        kwargs["feat_lengths"] = feat_lengths
         self._ctx.pooled = frames
         return (x,), kwargs
 
@@ -246,19 +194,27 @@ class SpkPaddingAligner:
         valid = _valid(frames, w.shape[-1], w.device)[:, None, :]
         return w.masked_fill(~valid, torch.finfo(w.dtype).min)
 
-    def embed(self, wavs: torch.Tensor, samples: torch.Tensor) -> torch.Tensor:
-        """Embeddings [B, D] of zero-padded ``wavs`` [B, T] whose utterances have ``samples`` [B]
-        samples, each equal (up to float rounding) to ``Speech2Embedding`` on that utterance alone.
+    def embed(self, waves: list[torch.Tensor]) -> torch.Tensor:
+        """Embeddings [B, D] of 1-D ``waves`` (on the model's device), each equal (up to float
+        rounding) to ``Speech2Embedding`` on that utterance alone.
 
         Raises `_Ambiguous` (private) when two time axes cannot be told apart by size.
         """
-        samples = samples.to(torch.long)
-        if self.extra:
-            wavs = torch.nn.functional.pad(wavs, (0, self.extra))
-        self._ctx.by_size = {-1: samples.to(wavs.device), wavs.shape[-1]: samples.to(wavs.device)}
+        model = self.model
+        feats, feat_lengths = [], []
+        for wave in waves:  # as Speech2Embedding: [1, T], no lengths
+            f, n = model.extract_feats(wave[None], None)
+            feats.append(f[0])
+            feat_lengths.append(torch.as_tensor(f.shape[1] if n is None else n[0]))
+        frames = torch.tensor([f.shape[0] for f in feats], device=feats[0].device)
+        batch = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)  # [B, frames, D], zeros past each end
+        self._ctx.by_size = {batch.shape[1]: frames}
+        self._ctx.feat_lengths = torch.stack(feat_lengths).to(batch.device)
         self._ctx.pooled = None
         try:
-            return self.model(speech=wavs, speech_lengths=samples.to(wavs.device), extract_embd=True)
+            pooled = model.pooling(model.encode_frame(batch), feat_lengths=self._ctx.feat_lengths)
+            return model.project_spk_embd(pooled)
         finally:
             self._ctx.by_size = None
+            self._ctx.feat_lengths = None
             self._ctx.pooled = None
