@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from espnet3_flows.xvector.espnet_spk import espnet_embedder, load_espnet_spk_model, resolve_espnet_model
+from espnet3_flows.xvector.espnet_spk import (
+    espnet_embedder,
+    import_speaker_task,
+    load_espnet_spk_model,
+    resolve_espnet_model,
+)
 from espnet3_flows.xvector.model import XVectorModelError, embed_waveforms
 from espnet3_flows.xvector.random_spk import build_random_espnet_spk, build_random_rawnet3
 from espnet3_flows.xvector.rawnet3 import load_recipe_rawnet3, rawnet_embedder
@@ -44,6 +49,7 @@ def spk_model(request, tmp_path_factory) -> tuple[str, Path]:
 
 def speech2embedding(pth: Path, waves: list[np.ndarray]) -> np.ndarray:
     """ESPnet's own extractor, one utterance per call (``extract_spk_embed.py --toolkit espnet``)."""
+    import_speaker_task()  # first: ESPnet's own import would try to download NLTK data
     from espnet2.bin.spk_inference import Speech2Embedding
 
     s2e = Speech2Embedding(train_config=None, model_file=str(pth))
