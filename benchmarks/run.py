@@ -134,6 +134,7 @@ BENCHMARKS = {b.name: b for b in [
     Benchmark("xvector", "bench_xvector", False, _xvector_result, _xvector_table, _xvector_plot),
     Benchmark("batching", "bench_batching", False, _batching_result, _batching_table),
     Benchmark("espnet2", "bench_espnet2", False),
+    Benchmark("spk_embed", "bench_spk_embed", False),
     Benchmark("s3", "bench_s3", False),
     Benchmark("startup", "bench_startup", False),
 ]}

@@ -41,7 +41,7 @@ class AudioConfig:
     """How audio is read for a job.
 
     Attributes:
-        sampling_rate: Target rate in Hz; other rates are resampled (polyphase, exact ratio).
+        sampling_rate: Target rate in Hz; other rates are resampled (see ``resampler``).
         channel: Channel index to keep from multi-channel audio, or ``None`` for the mean.
         max_duration: Longest accepted utterance in seconds (checked from the header, before
             decoding, so a 2-hour file is refused without loading it; for a segment, the
@@ -50,6 +50,7 @@ class AudioConfig:
             audio); see :mod:`espnet3_flows.kaldi_dir`.
         pipe_timeout: Seconds a command may run before it is killed (the shard then fails and
             is retried).
+        resampler: How other rates are resampled (one of `RESAMPLERS`, see :func:`resample`).
     """
 
     sampling_rate: int = 16000
@@ -57,6 +58,7 @@ class AudioConfig:
     max_duration: float | None = 3600.0
     allow_pipes: bool = False
     pipe_timeout: float = 600.0
+    resampler: str = "poly"
 
 
 #: How far a segment may end past its recording before it is a bad item (Kaldi's
@@ -167,7 +169,7 @@ def load_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str
     if not np.isfinite(mono).all():
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): audio contains NaN or Inf samples")
     if rate != config.sampling_rate:
-        mono = resample(mono, rate, config.sampling_rate)
+        mono = resample(mono, rate, config.sampling_rate, config.resampler)
     return mono, int(rate)
 
 
@@ -279,8 +281,27 @@ def _check_duration(seconds: float, config: AudioConfig) -> None:
         raise AudioError(f"duration {seconds:.1f} s exceeds max_duration {config.max_duration:g} s")
 
 
-def resample(x: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
-    """Polyphase resampling by the exact rational ratio ``target_sr / orig_sr`` (float32 out)."""
+#: ``poly``: scipy's polyphase filter by the exact rational ratio; ``librosa``: ``librosa.resample``
+#: with its default (soxr), as ESPnet's ``extract_spk_embed.py`` resamples; ``torchaudio``:
+#: ``torchaudio``'s default sinc resampler, as ``extract_spk_embed_parallel.py`` does.
+RESAMPLERS = ("poly", "librosa", "torchaudio")
+
+
+def resample(x: np.ndarray, orig_sr: int, target_sr: int, method: str = "poly") -> np.ndarray:
+    """``x`` resampled from ``orig_sr`` to ``target_sr`` by ``method`` (one of `RESAMPLERS`; float32 out)."""
+    if method == "librosa":
+        import librosa
+
+        return np.asarray(librosa.resample(x.astype(np.float32), orig_sr=int(orig_sr), target_sr=int(target_sr)),
+                          dtype=np.float32)
+    if method == "torchaudio":
+        import torch
+        import torchaudio
+
+        return torchaudio.functional.resample(torch.from_numpy(x.astype(np.float32))[None], int(orig_sr),
+                                              int(target_sr))[0].numpy()
+    if method != "poly":
+        raise ValueError(f"unknown resampler {method!r}; one of {RESAMPLERS}")
     from scipy.signal import resample_poly
 
     g = math.gcd(int(orig_sr), int(target_sr))

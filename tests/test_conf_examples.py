@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 def test_there_are_examples_for_each_kind_of_site():
     assert {p.stem for p in EXAMPLES} >= {"stats_local", "stats_slurm_cpu", "stats_slurm_gpu", "stats_s3", "stats_ssh",
-                                          "xvectors"}
+                                          "xvectors", "xvectors_espnet"}
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,27 @@ def ecapa_dir(tmp_path_factory) -> Path:
     from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
 
     return build_random_ecapa_dir(tmp_path_factory.mktemp("ecapa") / "model")
+
+
+@pytest.fixture(scope="module")
+def espnet_spk_model(tmp_path_factory) -> Path:
+    from espnet3_flows.xvector.random_spk import build_random_espnet_spk
+
+    return build_random_espnet_spk(tmp_path_factory.mktemp("espnet_spk"), "rawnet3")
+
+
+def _hub_cache(pth: Path, cache: Path, tag: str) -> None:
+    """``pth`` and its config.yaml as an ESPnet model package in a Hugging Face cache (meta.yaml)."""
+    import shutil
+
+    repo = cache / f"models--{tag.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    (snapshot / "exp").mkdir(parents=True)
+    shutil.copy(pth, snapshot / "exp" / "model.pth")
+    shutil.copy(pth.parent / "config.yaml", snapshot / "exp" / "config.yaml")
+    (snapshot / "meta.yaml").write_text("files:\n  model_file: exp/model.pth\nyaml_files:\n  train_config: exp/config.yaml\n")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
@@ -38,7 +59,13 @@ def test_example_config_plans_with_dry_run(example, tmp_path, demo_corpus, ecapa
     if "xvector" in conf:
         job = "extract_xvectors"
         overrides = [f"xvector.manifest_paths.{split}={manifest}" for split in conf["xvector"]["manifest_paths"]]
-        overrides += [f"xvector.save_path={tmp_path / 'out'}", f"xvector.pretrained_model={ecapa_dir}"]
+        overrides += [f"xvector.save_path={tmp_path / 'out'}"]
+        if conf["xvector"].get("toolkit") == "espnet":
+            # the example's model tag, found in a Hugging Face cache as a download would leave it
+            _hub_cache(request.getfixturevalue("espnet_spk_model"), tmp_path / "hub", conf["xvector"]["pretrained_model"])
+            env["HF_HUB_CACHE"] = str(tmp_path / "hub")
+        else:
+            overrides.append(f"xvector.pretrained_model={ecapa_dir}")
     else:
         job = "collect_stats"
         out = str(tmp_path / "out")

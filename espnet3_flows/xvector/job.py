@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from espnet3_flows.audio import AudioConfig, check_audio_settings, read_audio
+from espnet3_flows.audio import RESAMPLERS, AudioConfig, check_audio_settings, read_audio
 from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner
@@ -19,35 +19,51 @@ from espnet3_flows.utterance_job import EngineConfig, JobEnvProvider, ShardDatas
 from espnet3_flows.xvector.outputs import EmbeddingWriter
 from espnet3_flows.xvector.publish import publish_split
 
-TOOLKITS = ("speechbrain", "custom")
+TOOLKITS = ("speechbrain", "espnet", "rawnet", "custom")
+#: ``spk_embed_tag`` per toolkit when none is given: ``tts.sh``'s ``espnet_spk`` for ESPnet's own
+#: toolkits, and the name this job always used for the others (their outputs stay where they were)
+DEFAULT_TAGS = {"espnet": "espnet_spk", "rawnet": "espnet_spk"}
+#: ``resampler`` per toolkit when none is given: ESPnet's recipe (``extract_spk_embed.py``) resamples
+#: with ``librosa.resample``
+DEFAULT_RESAMPLERS = {"espnet": "librosa", "rawnet": "librosa"}
 
 
 @dataclass
 class XVectorConfig:
-    """The ``xvector:`` section (names as in ESPnet3's x-vector recipe).
+    """The ``xvector:`` section (names as in ESPnet3's x-vector recipe and ESPnet's
+    ``extract_spk_embed.py``).
 
     Attributes:
-        toolkit: ``speechbrain`` (an ``EncoderClassifier``) or ``custom`` (``model`` below).
-        pretrained_model: A local speechbrain model directory (``hyperparams.yaml`` and
-            checkpoints) or a hub id already in the local Hugging Face cache (``HF_HUB_CACHE``,
-            ``HF_HOME``), loaded from its cached snapshot directory. Nothing is downloaded and the
-            hub is never contacted, whatever ``HF_HUB_OFFLINE`` says. Checked on the driver
-            before any cluster starts: a missing directory, one without ``hyperparams.yaml`` or an
-            uncached hub id is one ``error:`` line.
+        toolkit: ``speechbrain`` (an ``EncoderClassifier``), ``espnet`` (an ESPnet-SPK model, as
+            ``espnet2.bin.spk_inference.Speech2Embedding`` runs it: ``spk_embed_tool=espnet`` of
+            ``tts.sh``), ``rawnet`` (the recipe's RawNet3: ten 3-s windows averaged) or ``custom``
+            (``model`` below). The default stays ``speechbrain`` (ESPnet's recipes default to
+            ``espnet``: set it).
+        pretrained_model: ``speechbrain``: a local model directory (``hyperparams.yaml`` and
+            checkpoints) or a hub id already cached locally. ``espnet``: a ``.pth`` with its
+            training ``config.yaml`` beside it, a directory holding them (or an unpacked model
+            with ``meta.yaml``), or a model tag (``espnet/voxcelebs12_rawnet3``) already in the
+            local Hugging Face cache. ``rawnet``: the RawNet3 weights file
+            (``tools/RawNet/python/RawNet3/models/weights/model.pt``). Nothing is downloaded.
         model: For ``toolkit: custom``: ``{_target_: pkg.factory, ...}`` building a callable
             ``(wavs [B,T] float32, wav_lens [B] relative) -> [B, D]`` embeddings.
         device: ``cpu``, ``cuda`` or ``cuda:N``. On ``parallel.env: local_gpu`` each worker
             sees only its own GPU, so ``cuda`` is that worker's GPU.
-        spk_embed_tag: Names the outputs as ESPnet2's ``extract_xvectors.py`` does: they go to
-            ``{output_dir}/{tag}/{split}/`` as ``{tag}.{ark,scp}`` and ``spk_{tag}.{ark,scp}``
-            (the default keeps ``xvector.scp`` and ``spk_xvector.scp``).
+        spk_embed_tag: Names the outputs as ESPnet2's ``extract_xvectors.py`` /
+            ``extract_spk_embed.py`` do: they go to ``{output_dir}/{tag}/{split}/`` as
+            ``{tag}.{ark,scp}`` and ``spk_{tag}.{ark,scp}``. Empty: ``espnet_spk`` (``tts.sh``'s
+            name) for ``espnet`` and ``rawnet``, ``xvector`` for ``speechbrain`` and ``custom``.
         save_path: ESPnet3's name of ``output_dir`` (an alias: give either; both set to
             different places is an error).
         batch_size: Utterances per model call, length-sorted within a shard; 0 picks 1 on CPU
-            (batching does not pay there: measured 0.7x) and 16 on CUDA.
+            (batching does not pay there: measured 0.7x) and 16 on CUDA. Every toolkit but
+            ``custom`` gives each utterance of a batch the embedding it gets alone.
         max_padded_samples: Optional cap on ``batch × longest`` samples per model call.
-        sampling_rate: The model's rate; other audio is resampled.
-        channel: Channel of multi-channel audio; ``null`` averages.
+        sampling_rate: The model's rate; other audio is resampled (``rawnet``: 16000 only).
+        resampler: ``poly`` (scipy, exact ratio), ``librosa`` (``librosa.resample``, as
+            ``extract_spk_embed.py``) or ``torchaudio`` (as ``extract_spk_embed_parallel.py``);
+            empty: ``librosa`` for ``espnet`` and ``rawnet``, ``poly`` for the others.
+        channel: Channel of multi-channel audio; ``null`` averages (as ESPnet's extractor does).
         max_duration: Longest accepted recording in seconds (checked from the header).
         manifest_paths: ESPnet3's name of ``manifests`` (an alias: give either; both set to
             different manifests is an error).
@@ -59,16 +75,23 @@ class XVectorConfig:
     pretrained_model: str = ""
     model: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
-    spk_embed_tag: str = "xvector"
+    spk_embed_tag: str = ""
     save_path: str = ""
     batch_size: int = 0
     max_padded_samples: int | None = None
     sampling_rate: int = 16000
+    resampler: str = field(default="", metadata={"choices": ("", *RESAMPLERS)})
     channel: int | None = None
     max_duration: float | None = 3600.0
     manifest_paths: dict[str, str] = field(default_factory=dict)
     splits: list[str] = field(default_factory=list)
     savedir: str = ""
+
+
+#: What ``pretrained_model`` names, per toolkit that needs one
+MODEL_KINDS = {"speechbrain": "a local speechbrain model directory",
+               "espnet": "an ESPnet-SPK .pth with its config.yaml, a model directory, or a cached model tag",
+               "rawnet": "the RawNet3 weights file"}
 
 
 @dataclass
@@ -105,10 +128,16 @@ class XVectorJobConfig(EngineConfig, SplitsConfig):
         if xv.batch_size < 0:
             raise ConfigError(f"xvector.batch_size must be >= 0, got {xv.batch_size}")
         check_choices(xv, "xvector.")
+        xv.spk_embed_tag = xv.spk_embed_tag or DEFAULT_TAGS.get(xv.toolkit, "xvector")
+        xv.resampler = xv.resampler or DEFAULT_RESAMPLERS.get(xv.toolkit, "poly")
         if self.is_demo:
             return  # filled in by demo_settings before the run
-        if xv.toolkit == "speechbrain" and not xv.pretrained_model:
-            raise ConfigError("xvector.pretrained_model is required (a local speechbrain model directory)")
+        if xv.toolkit in MODEL_KINDS and not xv.pretrained_model:
+            raise ConfigError(f"xvector.pretrained_model is required for toolkit {xv.toolkit} "
+                              f"({MODEL_KINDS[xv.toolkit]})")
+        if xv.toolkit == "rawnet" and xv.sampling_rate != 16000:
+            raise ConfigError(f"xvector.sampling_rate must be 16000 for toolkit rawnet (RawNet3's 3-s windows "
+                              f"are at 16 kHz), got {xv.sampling_rate}")
         if xv.toolkit == "custom":
             if "_target_" not in xv.model:
                 raise ConfigError("xvector.toolkit=custom needs xvector.model._target_")
@@ -187,22 +216,57 @@ def preflight(cfg: XVectorJobConfig) -> None:
 
 
 def check_model_source(xv: XVectorConfig) -> None:
-    """On the driver, before any cluster: the speechbrain model is a local directory with
-    ``hyperparams.yaml`` or a hub id in the local cache (nothing is downloaded, ever)."""
-    if xv.toolkit != "speechbrain":
+    """On the driver, before any cluster: the model loads from local files (nothing is
+    downloaded, ever), and ESPnet's speaker task is installed for ``espnet`` / ``rawnet``."""
+    if xv.toolkit not in MODEL_KINDS:
         return
-    from espnet3_flows.xvector.model import XVectorModelError, resolve_model_source
+    from espnet3_flows.xvector.model import XVectorModelError
 
+    if xv.toolkit in ("espnet", "rawnet"):
+        from espnet3_flows.xvector.espnet_spk import install_hint, missing_spk_modules
+
+        missing = missing_spk_modules()
+        if missing:
+            raise ConfigError(f"xvector.toolkit={xv.toolkit} needs ESPnet's speaker task, which is not installed "
+                              f"(no {', '.join(missing)}): {install_hint()}")
     try:
-        resolve_model_source(xv.pretrained_model)
+        _model_files(xv)
     except XVectorModelError as exc:
         raise ConfigError(f"xvector.pretrained_model: {exc}") from None
+
+
+def _model_files(xv: XVectorConfig) -> tuple[Path, list[Path], bool]:
+    """The directory the model is loaded from, the files in it that make the model, and whether
+    it is a snapshot in the hub cache (named by its commit); XVectorModelError when missing."""
+    from espnet3_flows.xvector.model import XVectorModelError, resolve_model_source
+
+    local = Path(xv.pretrained_model).expanduser()
+    if xv.toolkit == "espnet":
+        from espnet3_flows.xvector.espnet_spk import resolve_espnet_model
+
+        files = resolve_espnet_model(xv.pretrained_model)
+        return files.root, [files.config, files.weights], not local.exists()
+    if xv.toolkit == "rawnet":
+        if not local.is_file():
+            raise XVectorModelError(f"RawNet3 weights file {xv.pretrained_model!r} does not exist (the recipe's "
+                                    "tools/RawNet/python/RawNet3/models/weights/model.pt)")
+        return local.parent, [local], False
+    root = resolve_model_source(xv.pretrained_model)
+    return root, sorted(p for p in root.rglob("*") if p.is_file()), not local.is_dir()
 
 
 def build_embedder(xv: XVectorConfig) -> Any:
     """The embedding callable of the configured toolkit, built once per worker."""
     if xv.toolkit == "custom":
         return instantiate(xv.model, "xvector.model")
+    if xv.toolkit == "espnet":
+        from espnet3_flows.xvector.espnet_spk import espnet_embedder, load_espnet_spk_model
+
+        return espnet_embedder(load_espnet_spk_model(xv.pretrained_model, xv.device))
+    if xv.toolkit == "rawnet":
+        from espnet3_flows.xvector.rawnet3 import load_recipe_rawnet3, rawnet_embedder
+
+        return rawnet_embedder(load_recipe_rawnet3(xv.pretrained_model, xv.device))
     from espnet3_flows.xvector.model import load_speechbrain_encoder, speechbrain_embedder
 
     savedir = xv.savedir or tempfile.mkdtemp(prefix="espnet3-speechbrain-")
@@ -218,7 +282,8 @@ def build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
     xv = cfg.xvector
     batch = xv.batch_size or (16 if xv.device.startswith("cuda") else 1)
     return {"embedder": build_embedder(xv),
-            "audio": AudioConfig(xv.sampling_rate, xv.channel, xv.max_duration, cfg.allow_pipes, cfg.pipe_timeout),
+            "audio": AudioConfig(xv.sampling_rate, xv.channel, xv.max_duration, cfg.allow_pipes, cfg.pipe_timeout,
+                                 xv.resampler),
             "storage_options": dict(cfg.storage_options),
             "model_batch": (batch, xv.max_padded_samples)}
 
@@ -240,9 +305,15 @@ class XVectorRunner(UtteranceRunner):
     def hash_config(self) -> Mapping[str, Any]:
         xv = self.cfg.xvector
         model = {"toolkit": xv.toolkit, "model": to_plain(xv.model)}
-        if xv.toolkit == "speechbrain":
+        if xv.toolkit in MODEL_KINDS:
             model["pretrained_model"] = xv.pretrained_model
-            model["fingerprint"] = _model_fingerprint(xv.pretrained_model)
+            model["fingerprint"] = _model_fingerprint(xv)
+        if xv.toolkit in ("espnet", "rawnet"):
+            from espnet3_flows.stats.espnet_frontend import espnet_version
+
+            model["espnet"] = espnet_version()
+        if xv.resampler != "poly":  # only then: the shards of existing speechbrain runs keep their hashes
+            model["resampler"] = xv.resampler
         return {"job": "xvector/1", "split": self.split, **model, "sampling_rate": xv.sampling_rate,
                 "channel": xv.channel, "max_duration": xv.max_duration, "on_error": self.cfg.on_error}
 
@@ -292,22 +363,20 @@ class XVectorRunner(UtteranceRunner):
         return publish_split(self, [self.done_record(d) for d in shard_dirs])
 
 
-def _model_fingerprint(source: str) -> str:
-    """Sizes and mtimes of the model directory's files (a changed checkpoint recomputes all); for
-    a hub id, of its cached snapshot, whose directory is named by the commit (a newer revision
+def _model_fingerprint(xv: XVectorConfig) -> str:
+    """Sizes and mtimes of the model's files (a changed checkpoint recomputes all); for a model
+    in the hub cache, also its snapshot directory, named by the commit (a newer revision
     downloaded later recomputes all)."""
-    from espnet3_flows.xvector.model import XVectorModelError, resolve_model_source
+    from espnet3_flows.xvector.model import XVectorModelError
 
     try:
-        root = resolve_model_source(source)
+        root, files, hub = _model_files(xv)
     except XVectorModelError:
-        return "unresolved:" + source  # the preflight reports it before any shard runs
-    hub = not Path(source).expanduser().is_dir()
-    h = hashlib.sha256(f"{source}@{root.name}".encode() if hub else b"")  # snapshot dirs are commit hashes
-    for p in sorted(root.rglob("*")):
-        if p.is_file():
-            st = p.stat()
-            h.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        return "unresolved:" + xv.pretrained_model  # the preflight reports it before any shard runs
+    h = hashlib.sha256(f"{xv.pretrained_model}@{root.name}".encode() if hub else b"")
+    for p in files:
+        st = p.stat()
+        h.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:24]
 
 

@@ -5,7 +5,8 @@ from espnet3_flows.job_registry import JobSpec
 JOB = JobSpec(
     name="extract_xvectors",
     title="extract-xvectors",
-    description="Extract a speaker embedding per utterance (speechbrain), with ESPnet2 ark/scp and speaker means.",
+    description="Extract a speaker embedding per utterance (speechbrain, ESPnet-SPK, RawNet3), with ESPnet2 ark/scp and "
+                "speaker means.",
     schema="espnet3_flows.xvector.job:XVectorJobConfig",
     runners="espnet3_flows.xvector.job:xvector_runners",
     worker_modules=("numpy", "torch", "soundfile"),

@@ -62,7 +62,7 @@ def validate_device(device: str) -> str:
     return device
 
 
-def _looks_like_path(source: str) -> bool:
+def looks_like_path(source: str) -> bool:
     """True for sources that can only be filesystem paths, never hub ids."""
     return source.startswith(("/", "./", "../", "~", ".\\", "..\\")) or source in (".", "..") or "\\" in source
 
@@ -79,7 +79,7 @@ def resolve_model_source(source: str | Path) -> Path:
     """
     source_str = str(source)
     local = Path(source_str).expanduser()
-    if isinstance(source, Path) or local.exists() or _looks_like_path(source_str) or source_str.count("/") != 1:
+    if isinstance(source, Path) or local.exists() or looks_like_path(source_str) or source_str.count("/") != 1:
         if not local.is_dir():
             raise XVectorModelError(f"speechbrain model directory {source_str!r} does not exist")
         if not (local / HPARAMS_FILE).is_file():

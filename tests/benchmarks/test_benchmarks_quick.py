@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ("collect_stats", "overhead", "memory", "xvector", "batching", "espnet2", "startup")
+NAMES = ("collect_stats", "overhead", "memory", "xvector", "batching", "espnet2", "spk_embed", "startup")
 KEYS = {"name", "machine", "command", "quick", "rows", "targets", "notes"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.dask, pytest.mark.prefect]

@@ -155,7 +155,7 @@ def test_xvector_demo_runs_with_no_arguments_and_says_its_model_is_random(tmp_pa
 
 
 def test_a_newer_cached_revision_of_a_hub_model_changes_the_shard_hashes(ecapa_dir, tmp_path, monkeypatch):
-    from espnet3_flows.xvector.job import _model_fingerprint
+    from espnet3_flows.xvector.job import XVectorConfig, _model_fingerprint
 
     cache = tmp_path / "hf-cache"
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
@@ -163,9 +163,10 @@ def test_a_newer_cached_revision_of_a_hub_model_changes_the_shard_hashes(ecapa_d
 
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
     _cache_as_hub_model(ecapa_dir, cache, "espnet3-tests/ecapa-random")
-    before = _model_fingerprint("espnet3-tests/ecapa-random")
+    hub_model = XVectorConfig(pretrained_model="espnet3-tests/ecapa-random")
+    before = _model_fingerprint(hub_model)
     repo = cache / "models--espnet3-tests--ecapa-random"
     newer = "fedcba9876543210fedcba9876543210fedcba98"
     (repo / "snapshots" / (repo / "refs" / "main").read_text()).rename(repo / "snapshots" / newer)
     (repo / "refs" / "main").write_text(newer)
-    assert _model_fingerprint("espnet3-tests/ecapa-random") != before
+    assert _model_fingerprint(hub_model) != before

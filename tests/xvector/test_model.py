@@ -142,7 +142,7 @@ def test_batched_embeddings_equal_one_by_one(encoder) -> None:
     batched = embed_waveforms(speechbrain_embedder(encoder), waves, batch_size=4)
     alone = encode_alone(encoder, waves)
     assert batched.shape == (10, 192) and batched.dtype == np.float32
-    assert cosine_rows(batched, alone).min() >= 0.9999
+    assert cosine_rows(batched, alone).min() >= 0.99999
     np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-4)
 
 
