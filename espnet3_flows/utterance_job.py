@@ -128,15 +128,17 @@ class EngineConfig:
             after()
 
 
-def audio_env(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration: float | None) -> dict[str, Any]:
+def audio_env(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration: float | None,
+              resampler: str = "") -> dict[str, Any]:
     """The env keys every audio job's workers share: ``audio`` (how to load and check an
     utterance's audio) and ``storage_options``. Torch runs one thread per worker process: the
     workers are the parallelism, and more threads per worker only contend for the same cores."""
     import torch
 
     torch.set_num_threads(1)
-    return {"audio": AudioConfig(sampling_rate, channel, max_duration, cfg.allow_pipes, cfg.pipe_timeout),
-            "storage_options": dict(cfg.storage_options)}
+    audio = AudioConfig(sampling_rate, channel, max_duration, cfg.allow_pipes, cfg.pipe_timeout,
+                        **({"resampler": resampler} if resampler else {}))
+    return {"audio": audio, "storage_options": dict(cfg.storage_options)}
 
 
 def check_split_names(manifests: Mapping[str, str]) -> None:

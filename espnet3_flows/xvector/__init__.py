@@ -17,7 +17,7 @@ _EXPORTS = {
                     "espnet3_flows.xvector.espnet_spk"),
     **dict.fromkeys(["RecipeRawNet3", "load_recipe_rawnet3", "rawnet_embedder", "recipe_windows"],
                     "espnet3_flows.xvector.rawnet3"),
-    **dict.fromkeys(["relocate_scp", "speaker_means", "write_speaker_xvector_ark_scp", "write_utterance_tensors",
+    **dict.fromkeys(["speaker_means", "write_speaker_xvector_ark_scp", "write_utterance_tensors",
                      "write_xvector_ark_scp"], "espnet3_flows.xvector.outputs"),
 }
 

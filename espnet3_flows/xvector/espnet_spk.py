@@ -33,7 +33,7 @@ SPK_TASK_MODULES = ("espnet2", "asteroid_filterbanks", "h5py", "g2p_en", "jamo",
 
 def install_hint() -> str:
     """How to install what ESPnet's speaker task needs (the ``espnet`` extra)."""
-    from espnet3_flows.stats.espnet_frontend import INSTALL_HINT
+    from espnet3_flows.frontends.espnet2_frontend import INSTALL_HINT
 
     return INSTALL_HINT
 

@@ -15,7 +15,8 @@ from espnet3_flows.audio import RESAMPLERS, AudioConfig, check_audio_settings, r
 from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner
-from espnet3_flows.utterance_job import EngineConfig, JobEnvProvider, ShardDataset, SplitsConfig, UtteranceRunner
+from espnet3_flows.utterance_job import (EngineConfig, JobEnvProvider, ShardDataset, SplitsConfig, UtteranceRunner,
+                                         audio_env)
 from espnet3_flows.xvector.outputs import EmbeddingWriter
 from espnet3_flows.xvector.publish import publish_split
 
@@ -276,16 +277,10 @@ def build_embedder(xv: XVectorConfig) -> Any:
 def build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
     """The env of the x-vector ``forward``: ``embedder`` (the model, loaded once per worker),
     ``audio``, ``storage_options`` and ``model_batch`` (``dataset`` comes with each shard)."""
-    import torch
-
-    torch.set_num_threads(1)
     xv = cfg.xvector
     batch = xv.batch_size or (16 if xv.device.startswith("cuda") else 1)
-    return {"embedder": build_embedder(xv),
-            "audio": AudioConfig(xv.sampling_rate, xv.channel, xv.max_duration, cfg.allow_pipes, cfg.pipe_timeout,
-                                 xv.resampler),
-            "storage_options": dict(cfg.storage_options),
-            "model_batch": (batch, xv.max_padded_samples)}
+    return {**audio_env(cfg, xv.sampling_rate, xv.channel, xv.max_duration, xv.resampler),
+            "embedder": build_embedder(xv), "model_batch": (batch, xv.max_padded_samples)}
 
 
 class XVectorRunner(UtteranceRunner):
@@ -309,7 +304,7 @@ class XVectorRunner(UtteranceRunner):
             model["pretrained_model"] = xv.pretrained_model
             model["fingerprint"] = _model_fingerprint(xv)
         if xv.toolkit in ("espnet", "rawnet"):
-            from espnet3_flows.stats.espnet_frontend import espnet_version
+            from espnet3_flows.frontends.espnet2_frontend import espnet_version
 
             model["espnet"] = espnet_version()
         if xv.resampler != "poly":  # only then: the shards of existing speechbrain runs keep their hashes

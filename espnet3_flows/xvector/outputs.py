@@ -8,8 +8,9 @@ Functions over local directories, and the shard writer :class:`EmbeddingWriter`;
     spk_xvector.ark/.scp  mean embedding per speaker keyed by speaker id, keys sorted
 
 kaldiio writes the ark path into the scp verbatim and a reader opens it relative to its own working
-directory, not the scp's. So the scp written here names the ark by its absolute local path, and
-whoever moves or publishes the pair calls `relocate_scp` with the ark's final path or URL.
+directory, not the scp's. So the scp written here names the ark by its absolute local path; when
+the pair is published, the scp is pointed at the ark's published URI
+(:func:`espnet3_flows.scp.point_scps_at_published`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from espnet3_flows.storage import replace_atomically
 
 UTTS = "utts.tsv"  # a shard's per-utterance rows (written by EmbeddingWriter)
 
-_SCP_VALUE_RE = re.compile(r"^(?P<path>.+):(?P<offset>[0-9]+)(?P<slice>\[[^\]]*\])?$")
 
 
 def _embedding_vector(key: str, value: object, kind: str = "utterance") -> np.ndarray:
@@ -48,11 +48,6 @@ def _validate_key(key: object, kind: str) -> str:
     if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in key):
         raise ValueError(f"{kind} id {key!r} contains whitespace or control characters")
     return key
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
-    replace_atomically(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def write_utterance_tensors(out_dir: str | Path, embeddings: Mapping[str, np.ndarray]) -> list[Path]:
@@ -88,7 +83,7 @@ def write_xvector_ark_scp(
 
     Keys are utterance ids checked with ``validate_utt_id`` (``kind="utterance"``) or, for any
     other ``kind`` such as ``"speaker"``, single tokens without whitespace. The scp names the ark
-    by its absolute path; see `relocate_scp`. Returns (ark_path, scp_path).
+    by its absolute path (see the module's note). Returns (ark_path, scp_path).
     """
     import kaldiio
 
@@ -116,33 +111,6 @@ def _check_ark_path(path: str) -> None:
         raise ValueError(f"ark path {path!r} cannot be written into an scp file")
     if path.startswith("|") or path.endswith("|"):
         raise ValueError(f"ark path {path!r} would be read as a shell pipe")
-
-
-def relocate_scp(scp_path: str | Path, new_ark_path: str | Path) -> int:
-    """Point every line of ``scp_path`` at ``new_ark_path``, keeping keys and byte offsets.
-
-    Call it after the ark has been moved or published (``new_ark_path`` may be an absolute path
-    or a URL; it is written as given). All lines must reference the same ark. The scp is
-    rewritten atomically. Returns the number of entries.
-    """
-    scp = Path(scp_path)
-    new = str(new_ark_path)
-    _check_ark_path(new)
-    lines = []
-    old_paths = set()
-    for lineno, line in enumerate(scp.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        parts = line.split(None, 1)
-        match = _SCP_VALUE_RE.match(parts[1].strip()) if len(parts) == 2 else None
-        if match is None:
-            raise ValueError(f"{scp}:{lineno}: expected 'key ark_path:offset', got {line!r}")
-        old_paths.add(match["path"])
-        lines.append(f"{parts[0]} {new}:{match['offset']}{match['slice'] or ''}\n")
-    if len(old_paths) > 1:
-        raise ValueError(f"{scp} references {len(old_paths)} arks {sorted(old_paths)}; cannot relocate to one")
-    _atomic_write_text(scp, "".join(lines))
-    return len(lines)
 
 
 class SpeakerMeans:

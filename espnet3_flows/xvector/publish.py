@@ -13,7 +13,7 @@ import numpy as np
 from espnet3_flows.manifest import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
-from espnet3_flows.xvector.outputs import UTTS, SpeakerMeans, relocate_scp, write_speaker_xvector_ark_scp
+from espnet3_flows.xvector.outputs import UTTS, SpeakerMeans, write_speaker_xvector_ark_scp
 
 
 def _shard_embeddings(store: Any, result: ShardResult, scratch: Path) -> dict[str, np.ndarray]:
@@ -80,12 +80,10 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
                         without_speaker += 1
         files: list[str] = []
         if n_utts:
-            relocate_scp(stage / "utt" / utt_scp, store.uri(rel, utt_ark))
             files += [utt_ark, utt_scp]
         speakers = means.means()
         if speakers:
-            _, spk_scp = write_speaker_xvector_ark_scp(stage / "spk", speakers, name=f"spk_{tag}")
-            relocate_scp(spk_scp, store.uri(rel, spk_ark))
+            write_speaker_xvector_ark_scp(stage / "spk", speakers, name=f"spk_{tag}")
             files += [spk_ark, spk_scp_name]
         files.append("utt2spk")
         sources = {utt_ark: "utt", utt_scp: "utt", spk_ark: "spk", spk_scp_name: "spk"}

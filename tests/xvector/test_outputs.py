@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import kaldiio
@@ -11,7 +10,6 @@ import pytest
 import torch
 
 from espnet3_flows.xvector import (
-    relocate_scp,
     speaker_means,
     write_speaker_xvector_ark_scp,
     write_utterance_tensors,
@@ -64,37 +62,6 @@ def test_ark_scp_round_trip_sorted(tmp_path: Path) -> None:
     for key, value in emb.items():
         np.testing.assert_array_equal(loaded[key], value)
     assert dict(kaldiio.load_ark(str(ark))).keys() == emb.keys()
-
-
-def test_relocate_scp_after_moving_the_directory(tmp_path: Path) -> None:
-    emb = embeddings(n=7)
-    ark, scp = write_xvector_ark_scp(tmp_path / "staging", emb)
-    before = [line.rsplit(":", 1)[1] for line in scp.read_text().splitlines()]
-    shutil.move(str(tmp_path / "staging"), tmp_path / "published")
-    moved_scp, moved_ark = tmp_path / "published" / "xvector.scp", tmp_path / "published" / "xvector.ark"
-    assert relocate_scp(moved_scp, moved_ark) == 7
-    after = moved_scp.read_text().splitlines()
-    assert [line.rsplit(":", 1)[1] for line in after] == before
-    loaded = kaldiio.load_scp(str(moved_scp))
-    for key, value in emb.items():
-        np.testing.assert_array_equal(loaded[key], value)
-    relocate_scp(moved_scp, "s3://bucket/dump/xvector/xvector.ark")
-    assert moved_scp.read_text().splitlines()[0].startswith("utt00 s3://bucket/dump/xvector/xvector.ark:")
-
-
-def test_relocate_scp_rejects_bad_input(tmp_path: Path) -> None:
-    scp = tmp_path / "x.scp"
-    scp.write_text("a one.ark:5\nb two.ark:9\n")
-    with pytest.raises(ValueError, match="2 arks"):
-        relocate_scp(scp, "new.ark")
-    scp.write_text("a one.ark\n")
-    with pytest.raises(ValueError, match=":1:"):
-        relocate_scp(scp, "new.ark")
-    scp.write_text("a one.ark:5\n")
-    for bad in ["cat x |", "a.ark[0]", "a\nb.ark", ""]:
-        with pytest.raises(ValueError):
-            relocate_scp(scp, bad)
-    assert scp.read_text() == "a one.ark:5\n"
 
 
 def test_speaker_means_in_float64(tmp_path: Path) -> None:
