@@ -36,7 +36,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 #: (20 % of the cold run's utterances at 256 vs 10.8 % at 64); bench_overhead shows both sizes.
 SHARD_SIZE = 256
 WORKERS = 2
-TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 SAMPLE_RATE = 16000
 
 
@@ -199,15 +198,14 @@ def preserved_environ() -> Iterator[None]:
 @contextlib.contextmanager
 def dask_malloc_trim(enabled: bool) -> Iterator[None]:
     """Dask workers started in the block get ``MALLOC_TRIM_THRESHOLD_=65536`` (Dask's own default,
-    ``enabled=True``) or no such variable (``enabled=False``, what the product's clusters do unless
-    ``parallel.trim_worker_memory``). Explicit both ways: the product sets this Dask config key
-    process-wide whenever it starts a cluster, so a plain ``LocalCluster`` started later in the
-    same process would otherwise inherit whatever the last flow chose."""
-    import dask
+    ``enabled=True``) or no such variable (``enabled=False``), as the product's clusters do with
+    ``parallel.trim_worker_memory`` (its ``worker_settings``): a plain ``LocalCluster`` measured
+    beside the product's."""
     import distributed  # noqa: F401 - loads its config defaults first, or leaving the block would drop them
 
-    with preserved_environ(), dask.config.set({TRIM_KEY: 65536 if enabled else None}):
-        os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    from espnet3_flows.parallel.cluster import ParallelConfig, worker_settings
+
+    with preserved_environ(), worker_settings(ParallelConfig(env="local", trim_worker_memory=enabled)):
         yield
 
 
