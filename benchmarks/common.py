@@ -27,13 +27,13 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-#: Shard size of the collect-stats runs unless a benchmark sweeps it. From bench_overhead's sweep on
-#: 2,000 utterances (two full runs, 4 cold flow runs per size): the flow's wall time falls all the
-#: way to 256 (pooled medians 20.4 s at 64, 19.3 s at 128, 15.8 s at 256) because every shard task
-#: cost ~190 ms of Prefect/Dask work then (~20 ms since: README, "Prefect around the one scheduler"),
-#: and a 256-utterance shard is still only ~1–2 s of compute.
-#: The price is coarser incremental work: a +10 % append recomputes the partial last shard too
-#: (20 % of the cold run's utterances at 256 vs 10.8 % at 64); bench_overhead shows both sizes.
+#: Shard size of the collect-stats runs unless a benchmark sweeps it: 2,000 utterances make 8 shards.
+#: From bench_overhead's sweep (results/overhead.json, run before the per-shard fixes of "Prefect
+#: around the one scheduler"): the flow's cold wall 11.1 s at 64, 10.2 s at 128, 9.7 s at 256, the
+#: only size within 5 % of the best. A shard now costs the flow ~10 ms of wall time more than the
+#: engine (``scale``, benchmarks/README.md) against ~1–2 s of compute at 256. The price is coarser
+#: incremental work: a +10 % append recomputes the partial last shard too (20 % of the cold run's
+#: utterances at 256 vs 10.8 % at 64).
 SHARD_SIZE = 256
 WORKERS = 2
 SAMPLE_RATE = 16000
