@@ -84,7 +84,7 @@ def child_plan(manifest: str, output_dir: str) -> dict[str, Any]:
 # ---- parent -----------------------------------------------------------------------------------
 def _spawn(mode: str, source: Path, dest: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run this file as ``--child MODE SOURCE DEST REPORT`` under the sampler; (child's report, sampled run)."""
-    report = dest.with_name(dest.name + "-report.json")
+    report = dest / "bench-memory-report.json"  # written when the child is done, removed with ``dest``
     run = process_tree.run_checked([sys.executable, __file__, "--child", mode, source, dest, report],
                                    common.DATA / "logs" / NAME / f"{mode}.log", interval=INTERVAL)
     return json.loads(report.read_text()), run

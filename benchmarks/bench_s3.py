@@ -109,32 +109,34 @@ def run(quick: bool = False) -> dict[str, Any]:
     reps = 1 if quick else 2
     work = common.scratch(NAME)
     rows: list[dict[str, Any]] = []
-    with MotoServer() as server:
-        t0 = time.perf_counter()
-        paths = _populate(server, n)
-        populate_s = time.perf_counter() - t0
-        print(f"[s3] {n} objects in {n // PER_PREFIX} prefixes put in {populate_s:.0f} s", flush=True)
-        paths_file = work / "paths.txt"
-        paths_file.write_text("\n".join(paths))
-        options = json.dumps(server.storage_options())
-        digests: dict[str, Any] = {}
-        for rep in range(reps):
-            for method in ("before", "now"):
-                out = work / f"{method}-{rep}.json"
-                process_tree.run_checked([sys.executable, __file__, "--child", method, paths_file, options, out],
-                                         work / f"{method}-{rep}.log")
-                r = json.loads(out.read_text())
-                digests[method] = r.pop("fingerprints")
-                row = {"method": method, "rep": rep, "objects": n, "prefixes": n // PER_PREFIX,
-                       "seconds": round(r["seconds"], 2), "objects_per_s": round(n / r["seconds"]),
-                       "rss_after_imports_mb": round(r["rss_after_imports"] / 2**20, 1),
-                       "peak_rss_mb": round(r["peak_rss"] / 2**20, 1),
-                       "growth_mb": round((r["peak_rss"] - r["rss_after_imports"]) / 2**20, 1),
-                       "missing": r["missing"]}
-                rows.append(row)
-                print(f"[s3] {method} rep {rep}: {row['seconds']} s, peak {row['peak_rss_mb']} MB "
-                      f"(+{row['growth_mb']} MB)", flush=True)
-    common.clean_scratch(work)
+    try:
+        with MotoServer() as server:
+            t0 = time.perf_counter()
+            paths = _populate(server, n)
+            populate_s = time.perf_counter() - t0
+            print(f"[s3] {n} objects in {n // PER_PREFIX} prefixes put in {populate_s:.0f} s", flush=True)
+            paths_file = work / "paths.txt"
+            paths_file.write_text("\n".join(paths))
+            options = json.dumps(server.storage_options())
+            digests: dict[str, Any] = {}
+            for rep in range(reps):
+                for method in ("before", "now"):
+                    out = work / f"{method}-{rep}.json"
+                    process_tree.run_checked([sys.executable, __file__, "--child", method, paths_file, options, out],
+                                             work / f"{method}-{rep}.log")
+                    r = json.loads(out.read_text())
+                    digests[method] = r.pop("fingerprints")
+                    row = {"method": method, "rep": rep, "objects": n, "prefixes": n // PER_PREFIX,
+                           "seconds": round(r["seconds"], 2), "objects_per_s": round(n / r["seconds"]),
+                           "rss_after_imports_mb": round(r["rss_after_imports"] / 2**20, 1),
+                           "peak_rss_mb": round(r["peak_rss"] / 2**20, 1),
+                           "growth_mb": round((r["peak_rss"] - r["rss_after_imports"]) / 2**20, 1),
+                           "missing": r["missing"]}
+                    rows.append(row)
+                    print(f"[s3] {method} rep {rep}: {row['seconds']} s, peak {row['peak_rss_mb']} MB "
+                          f"(+{row['growth_mb']} MB)", flush=True)
+    finally:  # a failed child's log tail is in the exception
+        common.clean_scratch(work)
     same = digests["before"] == digests["now"] and not any(r["missing"] for r in rows)
     best = {m: min(r["seconds"] for r in rows if r["method"] == m) for m in ("before", "now")}
     growth = {m: max(r["growth_mb"] for r in rows if r["method"] == m) for m in ("before", "now")}

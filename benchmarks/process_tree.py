@@ -8,8 +8,8 @@ The memory figures of every benchmark (bytes here, MB in result rows), read by :
 from ``/proc/<pid>/status`` every ``interval`` seconds for every process of the tree (psutil):
 
 - a process's **peak** is the largest of its ``VmHWM`` (the kernel's exact high-water mark of its
-  RSS) and its sampled ``VmRSS``: exact for a process that lives past one sample, missed for
-  one that does not;
+  RSS) and its sampled ``VmRSS``: exact up to its last sample, missed for a process that lives
+  less than one interval;
 - **driver peak**: the peak of the started process (the CLI, or a benchmark's child);
 - **worker peak**: the largest peak of a Dask worker process (spawned, or forked from the
   forkserver); the forkserver itself is not a worker and has its own **forkserver peak**;
