@@ -8,15 +8,12 @@ to [0.5, 30] s, whole 10 ms frames) and the same budget: lhotse's ``max_duration
 means too. Padding is measured identically for both:
 ``(padded - real) / padded`` frames with ``padded = sum(batch size * longest)``.
 
-Run ``python benchmarks/bench_batching.py [--quick]``; writes
-``benchmarks/results/batching.json`` and ``batching.png``.
+Run ``python benchmarks/run.py --only batching [--quick]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -24,10 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from espnet3_flows.batching import BatchConfig, LengthTable, build_batch_plan, padding_stats
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 
+from espnet3_flows.batching import BatchConfig, LengthTable, build_batch_plan, padding_stats  # noqa: E402
+
+NAME = "batching"
 FRAME_SHIFT = 0.01
-RESULTS = Path(os.environ.get("ESPNET3_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
 
 def utterance_frames(count: int, seed: int) -> np.ndarray:
@@ -85,28 +85,16 @@ def lhotse_batches(
     return batches, time.perf_counter() - start
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {
-        "median": float(np.median(values)),
-        "min": float(np.min(values)),
-        "max": float(np.max(values)),
-    }
-
-
 OURS = "ours length max_duration (sorted greedy)"
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    """Run the comparison and write ``benchmarks/results/batching.{json,png}``.
+    """Compare on 20,000 utterances and 5 seeds (2,000 and 3 with ``quick``); write ``batching.json`` /
+    ``.png`` and return the result.
 
-    Args:
-        quick: 2,000 utterances and 3 seeds instead of 20,000 and 5.
-
-    Returns:
-        ``{"setup", "rows", "target_met"}``. Each row is one (method, max_duration) with
-        median/min/max over seeds of batch count, padding fraction, share of batches
-        over budget, and planning seconds. ``target_met[max_duration]`` says whether ours
-        has no more padding and no more batches than every lhotse variant (medians).
+    Each row is one (method, max_duration) with median/min/max over seeds of batch count, padding
+    fraction, share of batches over budget, and planning seconds. ``target_met[max_duration]``
+    says whether ours has no more padding and no more batches than every lhotse variant (medians).
     """
     count = 2_000 if quick else 20_000
     seeds = [0, 1, 2] if quick else [0, 1, 2, 3, 4]
@@ -130,38 +118,33 @@ def run(quick: bool = False) -> dict[str, Any]:
                 )
     rows = [
         {"method": method, "max_duration": max_duration,
-         **{key: _spread([r[key] for r in runs]) for key in runs[0]}}
+         **{key: common.spread([r[key] for r in runs]) for key in runs[0]}}
         for (method, max_duration), runs in samples.items()
     ]
-    result = {
-        "setup": {
-            "utterances": count, "seeds": seeds, "frame_shift": FRAME_SHIFT,
-            "durations": "lognormal(median 4 s, sigma 0.5) clipped to [0.5, 30] s",
-            "budget": "batch size * longest utterance <= max_duration (both methods)",
-        },
-        "rows": rows,
-        "target_met": {str(d): _target_met(rows, d) for d in max_durations},
-    }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "batching.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    _plot(rows, RESULTS / "batching.png")
-    print(format_table(rows))
-    print("target met (ours <= lhotse in padding and batches):", result["target_met"])
-    return result
+    setup = {"utterances": count, "seeds": seeds, "frame_shift": FRAME_SHIFT,
+             "durations": "lognormal(median 4 s, sigma 0.5) clipped to [0.5, 30] s",
+             "budget": "batch size * longest utterance <= max_duration (both methods)"}
+    target_met, targets = {}, []
+    for duration in max_durations:
+        mine = next(r for r in rows if r["method"] == OURS and r["max_duration"] == duration)
+        others = [r for r in rows if r["method"] != OURS and r["max_duration"] == duration]
+        target_met[str(duration)] = all(mine[key]["median"] <= other[key]["median"] for other in others
+                                        for key in ("padding_fraction", "num_batches"))
+        best_pad = min(r["padding_fraction"]["median"] for r in others)
+        best_batches = min(r["num_batches"]["median"] for r in others)
+        targets.append(common.target(
+            f"max_duration {duration:.0f} s: padding and batches ≤ every lhotse variant", "ours ≤ lhotse (medians)",
+            f"padding {mine['padding_fraction']['median']:.4f} vs {best_pad:.4f}; "
+            f"batches {mine['num_batches']['median']:.0f} vs {best_batches:.0f}", target_met[str(duration)]))
+    notes = [f"{count} utterances, durations {setup['durations']}; budget: {setup['budget']}; seeds {seeds}; cells "
+             "are median [min, max] over seeds."]
+    return common.write_result(NAME, quick, rows, targets, notes, plot=lambda path: _plot(rows, path), setup=setup,
+                               target_met=target_met)
 
 
-def _target_met(rows: list[dict[str, Any]], max_duration: float) -> bool:
-    mine = next(r for r in rows if r["method"] == OURS and r["max_duration"] == max_duration)
-    others = [r for r in rows if r["method"] != OURS and r["max_duration"] == max_duration]
-    return all(
-        mine[key]["median"] <= other[key]["median"]
-        for other in others
-        for key in ("padding_fraction", "num_batches")
-    )
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
+def table(result: dict[str, Any]) -> str:
     """A markdown table: median [min, max] over seeds."""
+    rows = result["rows"]
     lines = [
         "| max_duration | method | batches | padding fraction | over budget (max) | plan s |",
         "|---:|---|---:|---:|---:|---:|",
@@ -178,11 +161,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = common.pyplot()
     methods = sorted({r["method"] for r in rows}, key=lambda m: (m != OURS, m))
     durations = sorted({r["max_duration"] for r in rows})
     by_key = {(r["method"], r["max_duration"]): r for r in rows}
@@ -201,12 +180,8 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
         axis.set_xticks(positions + 0.4 - width / 2, [f"max_duration={d:.0f} s" for d in durations])
         axis.set_title(title)
     axes[0].legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    common.save_figure(figure, path, dpi=120)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Compare batch padding with lhotse's sampler.")
-    parser.add_argument("--quick", action="store_true", help="2,000 utterances, 3 seeds")
-    run(quick=parser.parse_args().quick)
+    common.script_main(NAME)

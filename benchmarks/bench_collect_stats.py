@@ -221,6 +221,7 @@ def flow_run(manifest: Path, shard_size: int, output_dir: Path | None = None, pa
             already running with its modules imported. Otherwise it is stopped first, so the
             run pays its start as a fresh process (``python flows/collect_stats.py``) does.
     """
+    from espnet3_flows.orchestration import timeline
     from espnet3_flows.orchestration.flows import run_job
     from espnet3_flows.parallel.forkserver import stop_forkserver
 
@@ -229,13 +230,22 @@ def flow_run(manifest: Path, shard_size: int, output_dir: Path | None = None, pa
     else:
         stop_forkserver()
     out = output_dir or common.scratch("flow")
-    t0, epoch0 = time.perf_counter(), time.time()
-    summary = run_job("collect_stats", flow_config(manifest, out, shard_size, parallel), progress=False)["train"]
-    wall = time.perf_counter() - t0
-    epoch1 = time.time()
+    events = out.with_name(f"{out.name}-timeline-{time.time_ns()}.jsonl")
+    os.environ[timeline.ENV] = str(events)
+    try:
+        t0, epoch0 = time.perf_counter(), time.time()
+        summary = run_job("collect_stats", flow_config(manifest, out, shard_size, parallel), progress=False)["train"]
+        wall = time.perf_counter() - t0
+        epoch1 = time.time()
+    finally:
+        os.environ.pop(timeline.ENV, None)
+    phase = common.shard_phase(out)
+    shards = {"shards_start": phase["first_start"], "shards_end": phase["last_end"]} if phase["shards"] else {}
+    marks = common.timeline_events(events, epoch0, start=epoch0, end=epoch1, **shards)
+    events.unlink(missing_ok=True)
     result = {"wall": wall, "computed": summary["shards_computed"], "cached": summary["shards_cached"],
-              "shards": summary["shards"], "utterances": summary["utterances"], "phase": common.shard_phase(out),
-              "out": out, "epochs": (epoch0, epoch1)}
+              "shards": summary["shards"], "utterances": summary["utterances"], "phase": phase, "out": out,
+              "timeline": common.phases(marks, FLOW_PHASES)}
     if output_dir is None:
         result["mean"] = stats_mean(out)
         common.clean_scratch(out)
@@ -256,45 +266,13 @@ def warm_forkserver() -> None:
     child.join()
 
 
-TIMELINE = ("plan + flow start", "cluster start + worker envs (imports, model/dataset)", "shard phase", "merge + publish",
-            "flow end + cluster close")
-
-
-def prefect_timeline(t0: float, t_end: float) -> dict[str, float]:
-    """Where a flow run's wall time went, from the latest flow run's task runs in the Prefect API.
-
-    Args:
-        t0: ``time.time()`` just before ``run_job``.
-        t_end: ``time.time()`` just after it returned.
-    """
-    import asyncio
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.sorting import FlowRunSort
-
-    async def read() -> tuple[Any, list[Any]]:
-        async with get_client() as client:
-            flow_run = (await client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1))[0]
-            runs: list[Any] = []
-            while True:
-                batch = await client.read_task_runs(
-                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])), limit=200, offset=len(runs))
-                runs += batch
-                if len(batch) < 200:
-                    return flow_run, runs
-
-    flow_run, runs = asyncio.run(read())
-
-    def times(prefix: str, attr: str) -> list[float]:
-        return [getattr(r, attr).timestamp() for r in runs if r.name.startswith(prefix) and getattr(r, attr)]
-
-    start = flow_run.start_time.timestamp()
-    shards_start = min(times("train/shards", "start_time"), default=start)
-    shards_end = max(times("train/shards", "end_time"), default=shards_start)
-    merge_end = max(times("merge-and-publish", "end_time"), default=shards_end)
-    marks = [t0, start, shards_start, shards_end, merge_end, t_end]
-    return {name: b - a for name, a, b in zip(TIMELINE, marks, marks[1:])}
+#: Where a flow run's wall time goes: the driver's timeline (:mod:`espnet3_flows.orchestration.timeline`)
+#: and the shards' first start and last end from their done records (:func:`common.shard_phase`)
+FLOW_PHASES = (("plan + flow start", ("start",), "flow_started"),
+               ("cluster start + worker envs (imports, model/dataset)", ("flow_started",), "shards_start"),
+               ("shard phase", ("shards_start",), "shards_end"), ("merge + publish", ("shards_end",), "shards_merged"),
+               ("flow end + cluster close", ("shards_merged",), "end"))
+TIMELINE = tuple(name for name, _, _ in FLOW_PHASES)
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -320,7 +298,6 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     with common.prefect_session():
         kernel_loop(paths[:5])  # imports and extractor
-        cluster_client: list[Any] = []
 
         def m_kernel() -> None:
             r = kernel_loop(paths)
@@ -380,14 +357,14 @@ def run(quick: bool = False) -> dict[str, Any]:
 
             def m_flow() -> None:
                 r = flow_run(manifest, shard_size, parallel=parallel)
-                timelines.setdefault(label, []).append(prefect_timeline(*r["epochs"]))
+                timelines.setdefault(label, []).append(r["timeline"])
                 means["flow" + suffix] = r["mean"]
                 record(label, wall=r["wall"], span=r["phase"]["span"], compute=r["phase"]["compute"])
             return m_flow
 
         def m_flow_warm() -> None:
             r = flow_run(manifest, shard_size, warm_process=True)
-            timelines.setdefault(FLOW_WARM, []).append(prefect_timeline(*r["epochs"]))
+            timelines.setdefault(FLOW_WARM, []).append(r["timeline"])
             means["flow, warm process"] = r["mean"]
             record(FLOW_WARM, wall=r["wall"], span=r["phase"]["span"], compute=r["phase"]["compute"])
 
@@ -575,8 +552,4 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    print(table(run(parser.parse_args().quick)))
+    common.script_main(NAME)

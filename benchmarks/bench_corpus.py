@@ -9,7 +9,7 @@ server ``benchmarks/run.py`` started:
 shard_size=1000 parallel.env=local parallel.n_workers=2`` (``none``: lengths from the headers).
 
 - 10 k and 1 M: a cold run into a fresh output directory, then a no-op rerun; wall time, peak RSS
-  of the driver and of each Dask worker (``common.run_monitored``). Driver growth per utterance:
+  of the driver and of each Dask worker (``process_tree.measured_run``). Driver growth per utterance:
   (driver peak at 1 M − at 10 k) / (1 M − 10 k).
 - 10 M: planning only, with the CLI's ``--dry-run`` when its ``--help`` lists one (a cold run
   of 10 M is not part of the issue); else recorded as not measured. The 10 M manifest names
@@ -32,10 +32,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import process_tree  # noqa: E402
+from process_tree import run_failed  # noqa: E402
 
 NAME = "corpus"
 SHARD = 1000
-WORKERS = 2
 SOURCES = 300
 PER_DIR = 1000
 ID_WIDTH = 8
@@ -51,7 +52,7 @@ def sources() -> list[str]:
 
     manifest = ROOT / "sources.tsv"
     if not manifest.exists():
-        with common._locked(ROOT / ".lock"):
+        with common.locked(ROOT / ".lock"):
             if not manifest.exists():
                 made = make_demo_corpus(ROOT / "gen", n_utts=SOURCES, n_speakers=6, min_seconds=0.1, max_seconds=0.5,
                                         seed=1, splits={"train": 1.0})
@@ -77,7 +78,7 @@ def ensure_links(n: int) -> dict[str, Any]:
     if have >= n:
         return {"made": 0, "seconds": 0.0}
     t0 = time.perf_counter()
-    with common._locked(ROOT / ".lock"):
+    with common.locked(ROOT / ".lock"):
         have = links_made()
         start = have - have % PER_DIR
         for d0 in range(start, n, PER_DIR):
@@ -153,33 +154,7 @@ def manifest(n: int, distinct: int | None = None) -> Path:
 # ---- runs -----------------------------------------------------------------------------------
 def flow_args(manifest_path: Path, out: Path) -> list[str]:
     return [f"manifests.train={manifest_path}", f"output_dir={out}", "frontend.type=none", f"shard_size={SHARD}",
-            "parallel.env=local", f"parallel.n_workers={WORKERS}"]
-
-
-def timeout_s(quick: bool) -> float:
-    return float(os.environ.get("ESPNET3_BENCH_RUN_TIMEOUT_S") or (600 if quick else 2400))
-
-
-def measured_run(label: str, cmd: list[str], out: Path, logs: Path, quick: bool) -> dict[str, Any]:
-    since = time.time()
-    log = logs / f"{label.replace(' ', '_').replace(',', '')}.log"
-    print(f"[bench] {NAME}: {label} ...", flush=True)
-    res = common.run_monitored(cmd, log, timeout_s=timeout_s(quick))
-    summary = common.fresh_summary(out, since)
-    new_done = common.count_done_since(out, since)
-    row = {"run": label, "rc": res["rc"], "killed": res["killed"], "ok": res["rc"] == 0 and not res["killed"],
-           "wall_s": round(res["wall_s"], 2), "log": res["log"],
-           "shards_computed": summary.get("shards_computed", new_done) if summary else new_done,
-           "shards_cached": summary.get("shards_cached") if summary else None,
-           "done_records_written": new_done, "summary_utterances": summary.get("utterances") if summary else None,
-           "driver_peak_mb": common.mb(res["driver_peak"]), "driver_peak_bytes": res["driver_peak"],
-           "worker_peak_mb": common.mb(res["worker_peak"]),
-           "worker_peaks_mb": [common.mb(v) for v in res["worker_peaks"]], "workers_seen": res["workers_seen"],
-           "forkserver_peak_mb": common.mb(res["forkserver_peak"]), "series": res["series"]}
-    state = "ok" if row["ok"] else f"FAILED rc={res['rc']} killed={res['killed']} (log {log})"
-    print(f"[bench] {NAME}: {label}: {row['wall_s']:.1f} s, computed {row['shards_computed']}, "
-          f"driver {row['driver_peak_mb']} MB, worker {row['worker_peak_mb']} MB, {state}", flush=True)
-    return row
+            "parallel.env=local", f"parallel.n_workers={common.WORKERS}"]
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -187,8 +162,6 @@ def run(quick: bool = False) -> dict[str, Any]:
     env_sizes = os.environ.get("ESPNET3_BENCH_CORPUS_SIZES")
     small, large, plan_n = ([int(s) for s in env_sizes.split(",")] if env_sizes
                             else ([1000, 2000, 5000] if quick else [10_000, 1_000_000, 10_000_000]))
-    logs = common.DATA / "logs" / NAME
-    logs.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     rows: list[dict[str, Any]] = []
 
@@ -200,12 +173,13 @@ def run(quick: bool = False) -> dict[str, Any]:
         out = common.scratch(f"corpus-{n}")
         try:
             for label in ("cold", "no-op rerun"):
-                r = measured_run(f"{n} {label}", common.flow_cli("collect_stats", *flow_args(m, out)), out, logs, quick)
+                r = process_tree.measured_run(NAME, f"{n} {label}",
+                                              process_tree.flow_cli("collect_stats", *flow_args(m, out)), out, quick)
                 rows.append({"utterances": n, "section": "run", **r, "run": label})
         finally:
             common.clean_scratch(out)
 
-    help_text = common.flow_cli_help("collect_stats")
+    help_text = process_tree.flow_cli_help("collect_stats")
     dry_run = "--dry-run" in help_text
     plan_row: dict[str, Any] = {"utterances": plan_n, "section": "plan", "run": "planning (--dry-run)"}
     if not dry_run:
@@ -229,8 +203,9 @@ def run(quick: bool = False) -> dict[str, Any]:
                          f"{plan_n // large} times, which the kernel's dentry cache makes cheaper than distinct files.")
         out = common.scratch(f"corpus-plan-{plan_n}")
         try:
-            r = measured_run(f"{plan_n} planning --dry-run",
-                             common.flow_cli("collect_stats", "--dry-run", *flow_args(m, out)), out, logs, quick)
+            r = process_tree.measured_run(NAME, f"{plan_n} planning --dry-run",
+                                          process_tree.flow_cli("collect_stats", "--dry-run", *flow_args(m, out)), out,
+                                          quick)
             plan_row.update(r, run="planning (--dry-run)")
         finally:
             common.clean_scratch(out)
@@ -239,16 +214,13 @@ def run(quick: bool = False) -> dict[str, Any]:
     targets = make_targets(rows, small, large, plan_n)
     notes = [
         f"Sizes {small:,} and {large:,} utterances (cold run, then no-op rerun, each a fresh CLI process), planning "
-        f"of {plan_n:,}; shard_size {SHARD}, frontend.type=none (lengths from the WAV headers), {WORKERS} local "
+        f"of {plan_n:,}; shard_size {SHARD}, frontend.type=none (lengths from the WAV headers), {common.WORKERS} local "
         "workers; one repetition.",
         f"Corpus: hard links to {SOURCES} WAVs of 0.1–0.5 s (16 kHz), {PER_DIR:,} per directory; TSV sorted by id. "
         "Every link is one inode of 300, so the audio is in the page cache after the first read; a real corpus of "
         "distinct files reads more from disk.",
-        "Memory: peak RSS (/proc VmHWM, sampled every 0.2 s) of the driver (the CLI process) and of each Dask worker. "
-        f"A run whose process tree passes {common.MEM_LIMIT_BYTES / 1024 ** 3:.1f} GB is killed "
-        f"(ESPNET3_BENCH_MEM_LIMIT_MB) and recorded, as is one past {timeout_s(quick):.0f} s "
-        "(ESPNET3_BENCH_RUN_TIMEOUT_S). The flow runs share the Prefect API server benchmarks/run.py started.",
-        f"Logs of every run: {logs}.",
+        process_tree.cli_runs_note(NAME, quick) + " The flow runs share the Prefect API server benchmarks/run.py "
+        "started.",
         *notes,
     ]
     if quick:
@@ -261,29 +233,19 @@ def _row(rows: list[dict[str, Any]], n: int, label: str) -> dict[str, Any] | Non
     return next((r for r in rows if r["utterances"] == n and r["run"] == label), None)
 
 
-def _failed(row: dict[str, Any] | None) -> str | None:
-    if row is None:
-        return "not run"
-    if row.get("skipped"):
-        return f"not measured ({row['skipped']})"
-    if not row.get("ok"):
-        return f"failed (rc {row.get('rc')}{', killed: ' + row['killed'] if row.get('killed') else ''})"
-    return None
-
-
 def make_targets(rows: list[dict[str, Any]], small: int, large: int, plan_n: int) -> list[dict[str, Any]]:
     """The issue's targets."""
     t = []
     cold, noop = _row(rows, large, "cold"), _row(rows, large, "no-op rerun")
-    bad = _failed(cold)
+    bad = run_failed(cold)
     t.append(common.target(f"{large:,} utterances: cold run completes", "exit 0", bad or "exit 0", not bad))
-    bad = _failed(noop) or _failed(cold)
+    bad = run_failed(noop) or run_failed(cold)
     t.append(common.target(f"{large:,} utterances: no-op rerun wall (s)", "≤ 20", bad or noop["wall_s"],
                            not bad and noop["wall_s"] <= 20))
     peaks = {n: [r["driver_peak_bytes"] for r in rows if r["utterances"] == n and r["section"] == "run"
                  and r.get("driver_peak_bytes")] for n in (small, large)}
     peak_large = max(peaks[large], default=None)
-    complete = not (_failed(cold) or _failed(noop))
+    complete = not (run_failed(cold) or run_failed(noop))
     t.append(common.target(f"{large:,} utterances: driver peak RSS, cold and no-op (MB)", "≤ 600",
                            round(peak_large / MB, 1) if peak_large else "not measured",
                            complete and peak_large is not None and peak_large <= 600 * MB))
@@ -295,13 +257,13 @@ def make_targets(rows: list[dict[str, Any]], small: int, large: int, plan_n: int
     else:
         t.append(common.target("driver peak growth per utterance (B)", "≤ 100", "not measured", False))
     plan = _row(rows, plan_n, "planning (--dry-run)")
-    bad = _failed(plan)
+    bad = run_failed(plan)
     t.append(common.target(f"{plan_n:,} utterances: planning wall (s)", "≤ 90", bad or plan["wall_s"],
                            not bad and plan["wall_s"] <= 90))
     t.append(common.target(f"{plan_n:,} utterances: planning driver peak RSS (MB)", "≤ 1 GB (1024 MB)",
                            bad or plan["driver_peak_mb"], not bad and plan["driver_peak_mb"] <= 1024))
     w_small, w_large = _row(rows, small, "cold"), cold
-    bad = _failed(w_small) or _failed(w_large)
+    bad = run_failed(w_small) or run_failed(w_large)
     ws, wl = (w_small or {}).get("worker_peak_mb"), (w_large or {}).get("worker_peak_mb")
     ratio = wl / ws if ws and wl else None
     t.append(common.target(f"worker peak RSS, cold, {large:,} / {small:,} utterances", "≤ 1.2",
@@ -312,18 +274,11 @@ def make_targets(rows: list[dict[str, Any]], small: int, large: int, plan_n: int
 
 def table(result: dict[str, Any]) -> str:
     """Markdown table of a result."""
-    def cell(v: Any, digits: int = 1) -> str:
-        return "–" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
-
-    lines = []
-    for r in result["rows"]:
-        if r.get("skipped"):
-            status = f"not measured: {r['skipped']}"
-        else:
-            status = "ok" if r.get("ok") else f"rc {r.get('rc')}" + (f", killed: {r['killed']}" if r.get("killed") else "")
-        lines.append([f"{r['utterances']:,}", r["run"], cell(r.get("wall_s")), cell(r.get("shards_computed")),
-                      cell(r.get("shards_cached")), cell(r.get("driver_peak_mb"), 0), cell(r.get("worker_peak_mb"), 0),
-                      status])
+    f = common.fmt
+    lines = [[f"{r['utterances']:,}", r["run"], f(r.get("wall_s"), 1), f(r.get("shards_computed")),
+              f(r.get("shards_cached")), f(r.get("driver_peak_mb"), 0), f(r.get("worker_peak_mb"), 0),
+              process_tree.run_status(r)]
+             for r in result["rows"]]
     return common.markdown_table(["utterances", "run", "wall s", "shards computed", "cached", "driver peak MB",
                                   "worker peak MB", "status"], lines, "rlrrrrrl")
 
@@ -347,10 +302,4 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    with common.prefect_session():
-        print(table(run(args.quick)))
+    common.script_main(NAME)

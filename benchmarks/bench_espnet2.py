@@ -24,7 +24,6 @@ Run ``python benchmarks/run.py --only espnet2 [--quick]``.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import process_tree  # noqa: E402
 
 NAME = "espnet2"
 HERE = Path(__file__).resolve().parent
@@ -48,18 +48,26 @@ def _data_dir(n: int, root: Path) -> Path:
     return d
 
 
-def _timed(cmds: list[list[str]], env: dict[str, str]) -> float:
+def _timed(cmds: list[list[str]], env: dict[str, str], logs: Path) -> float:
+    """Wall seconds of ``cmds`` run at once, each a fresh process logging to ``logs``; raises if one fails."""
+    from tests.support.servers import ManagedProcess
+
+    procs = [ManagedProcess(c, name=f"cmd{i}", log_path=logs / f"cmd{i}.log", env=env) for i, c in enumerate(cmds)]
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in cmds]
-    for p, c in zip(procs, cmds):
-        _, err = p.communicate()
-        if p.returncode:
-            raise RuntimeError(f"{' '.join(c)} failed ({p.returncode}): {err.decode(errors='replace')[-2000:]}")
-    return time.perf_counter() - t0
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            if p.popen.wait():
+                raise RuntimeError(f"{' '.join(p.argv)} failed ({p.popen.returncode}):\n{p.log_tail()}")
+        return time.perf_counter() - t0
+    finally:
+        for p in procs:  # all of them, also after one failed
+            p.stop()
 
 
 def _espnet2_one(data: Path, out: Path, env: dict[str, str]) -> float:
-    return _timed([[sys.executable, str(REFERENCE), str(data / "wav.scp"), str(out)]], env)
+    return _timed([[sys.executable, str(REFERENCE), str(data / "wav.scp"), str(out)]], env, out.with_suffix(".logs"))
 
 
 def _espnet2_jobs(data: Path, out: Path, jobs: int, env: dict[str, str]) -> float:
@@ -72,18 +80,18 @@ def _espnet2_jobs(data: Path, out: Path, jobs: int, env: dict[str, str]) -> floa
         parts.append(part)
     t0 = time.perf_counter()
     _timed([[sys.executable, str(REFERENCE), str(p), str(out / f"stats.{j}"), "--threads", "1"]
-            for j, p in enumerate(parts)], env)
+            for j, p in enumerate(parts)], env, out / "logs")
     agg = [sys.executable, "-m", "espnet2.bin.aggregate_stats_dirs", *sum((["--input_dir", str(out / f"stats.{j}")]
                                                                           for j in range(jobs)), []),
            "--output_dir", str(out / "stats")]
-    _timed([agg], env)
+    _timed([agg], env, out / "logs-aggregate")
     return time.perf_counter() - t0
 
 
 def _flow(data: Path, out: Path, workers: int, env: dict[str, str]) -> float:
-    cmd = common.flow_cli("collect_stats", f"manifests.train={data}", f"output_dir={out}", *FRONTEND,
+    cmd = process_tree.flow_cli("collect_stats", f"manifests.train={data}", f"output_dir={out}", *FRONTEND,
                           "parallel.env=local", f"parallel.n_workers={workers}", "shard_size=100")
-    return _timed([cmd], env)
+    return _timed([cmd], env, out.with_suffix(".logs"))
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -97,8 +105,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     cores = max(1, len(os.sched_getaffinity(0)))
     root = common.scratch("espnet2")
     os.environ.pop("PREFECT_API_URL", None)  # "no server" rows (run.py restores the environment)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [str(common.REPO), os.environ.get("PYTHONPATH", "")]
-                                                       if p)}
+    env = process_tree.child_env()
     server = LocalPrefectServer()
     server.start()  # for the "running server" rows
     served = {**env, "PREFECT_API_URL": server.api_url}
@@ -180,3 +187,7 @@ def table(result: dict[str, Any]) -> str:
                                  [[r["method"], common.fmt(r["wall"], 1) if "wall" in r else f"{r['wall_s']:.1f}",
                                    f"{r['utt_per_s']:.1f}",
                                    f"{r['speedup_vs_espnet2_best']:.2f}×"] for r in result["rows"]])
+
+
+if __name__ == "__main__":
+    common.script_main(NAME)

@@ -2,10 +2,10 @@
 
 - **Flow at 1× and 4×**: ``run_job("collect_stats", ...)`` on a 2-worker ``LocalCluster`` over
   2,000 and 8,000 cached utterances (50 and 200 with ``--quick``), each in a fresh subprocess
-  (the driver), so every number starts clean. A thread here samples the RSS of the driver and of
-  each of its descendants (the Dask workers) every 50 ms (psutil for the tree, /proc for RSS and
-  the exact high-water mark ``VmHWM``); the driver reports its own ``VmHWM`` at the end. Target: peak RSS at 4× ≤ 1.1 × peak at 1×, for the driver and for a worker (a worker
-  holds one shard at a time, so its memory should not grow with the data).
+  (the driver), so every number starts clean, its process tree sampled every 50 ms
+  (``process_tree.run_monitored``, whose docstring defines the peaks). Target: peak RSS at 4× ≤
+  1.1 × peak at 1×, for the driver and for a worker (a worker holds one shard at a time, so its
+  memory should not grow with the data).
 - **Planning 300,000 utterances**: a generated TSV manifest (the first lines point at real
   corpus files, the rest at files in 1,000 nonexistent directories: planning needs no audio)
   and, in a fresh subprocess, ``CollectStatsRunner(cfg, "train").plan(range(n))``: manifest
@@ -19,33 +19,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import process_tree  # noqa: E402
 
 NAME = "memory"
 MB = 1024 ** 2
-
-
-def status_bytes(pid: int | str = "self") -> dict[str, int]:
-    """``VmRSS`` and ``VmHWM`` (the exact peak RSS of the process's current image) from /proc.
-
-    ``getrusage``'s ``ru_maxrss`` is not used: Linux carries the parent's RSS at fork over an
-    ``exec`` into it, so a child of a big process would report the parent's size as its peak.
-    """
-    out = {}
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":", 1)
-                out[key] = int(value.split()[0]) * 1024
-    return out
+INTERVAL = 0.05
+#: The sampled figures of a flow row (``process_tree``'s definitions) and their column names
+FLOW_PEAKS = {"driver_peak": "driver peak RSS MB", "worker_peak": "largest worker peak RSS MB",
+              "forkserver_peak": "forkserver peak RSS MB",
+              "workers_and_forkserver_sum_peak": "workers and forkserver together MB (sampled)"}
 
 
 # ---- children ---------------------------------------------------------------------------------
@@ -57,8 +46,7 @@ def child_flow(manifest: str, output_dir: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         r = cs.flow_run(Path(manifest), common.SHARD_SIZE, output_dir=Path(output_dir))
         wall = time.perf_counter() - t0
-    return {"wall": wall, "computed": r["computed"], "utterances": r["utterances"],
-            "self_hwm": status_bytes()["VmHWM"]}
+    return {"wall": wall, "computed": r["computed"], "utterances": r["utterances"]}
 
 
 def child_plan(manifest: str, output_dir: str) -> dict[str, Any]:
@@ -67,11 +55,10 @@ def child_plan(manifest: str, output_dir: str) -> dict[str, Any]:
     Planning is one streaming pass (``plan_manifest``); reading the lines alone and fingerprinting
     the paths alone are timed too, to split the pass into its parts.
     """
-    from espnet3_flows.fingerprints import Fingerprinter
     from espnet3_flows.manifest import iter_manifest_lines
     from espnet3_flows.stats.job import CollectStatsConfig, CollectStatsRunner
 
-    rss0 = status_bytes()["VmRSS"]
+    rss0 = process_tree.proc_memory()["VmRSS"]
     t0 = time.perf_counter()
     cfg = CollectStatsConfig(manifests={"train": manifest}, output_dir=output_dir, shard_size=common.SHARD_SIZE)
     runner = CollectStatsRunner(cfg, "train")
@@ -83,92 +70,24 @@ def child_plan(manifest: str, output_dir: str) -> dict[str, Any]:
     t2 = time.perf_counter()
     plan = runner.plan()
     t3 = time.perf_counter()
-    peak_plan = status_bytes()["VmHWM"]
-    with Fingerprinter() as fp:  # alone, in the planner's block size, to split the plan's time into its parts
-        for i in range(0, len(paths), 4096):
-            fp.fingerprints(paths[i:i + 4096])
+    peak_plan = process_tree.proc_memory()["VmHWM"]
+    common.fingerprint_as_planner(paths)  # alone, to split the plan's time into its parts
     t4 = time.perf_counter()
     runner.write_plan(plan)
     t5 = time.perf_counter()
     return {"utterances": plan.num_items, "shards": len(plan.shards), "init": t1 - t0, "read": t2 - t1,
             "plan": t3 - t2, "fingerprints": t4 - t3, "write_plan": t5 - t4, "total": t3 - t2 + (t1 - t0),
             "rss_after_imports": rss0, "peak_rss_at_plan": peak_plan,
-            "peak_rss": status_bytes()["VmHWM"]}
+            "peak_rss": process_tree.proc_memory()["VmHWM"]}
 
 
 # ---- parent -----------------------------------------------------------------------------------
-class TreeSampler:
-    """Samples the RSS and peak RSS (``VmHWM``) of a process and its descendants in a thread."""
-
-    def __init__(self, pid: int, interval: float = 0.05):
-        import psutil
-
-        self.root = psutil.Process(pid)
-        self.interval = interval
-        self.peak: dict[int, int] = {}
-        self.kind: dict[int, str] = {}
-        self.workers_sum_peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> "TreeSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _classify(self, proc: Any) -> str:
-        if proc.pid == self.root.pid:
-            return "driver"
-        try:
-            cmd = " ".join(proc.cmdline())
-        except Exception:  # noqa: BLE001 - gone or inaccessible
-            return "other"
-        if "resource_tracker" in cmd or "uvicorn" in cmd:
-            return "other"
-        return "worker"
-
-    def _loop(self) -> None:
-        import psutil
-
-        while not self._stop.is_set():
-            try:
-                procs = [self.root, *self.root.children(recursive=True)]
-            except psutil.Error:
-                break
-            workers = 0
-            for proc in procs:
-                try:
-                    mem = status_bytes(proc.pid)
-                except (OSError, ValueError):
-                    continue
-                if proc.pid not in self.kind:
-                    self.kind[proc.pid] = self._classify(proc)
-                self.peak[proc.pid] = max(self.peak.get(proc.pid, 0), mem.get("VmHWM", 0), mem.get("VmRSS", 0))
-                if self.kind[proc.pid] == "worker":
-                    workers += mem.get("VmRSS", 0)
-            self.workers_sum_peak = max(self.workers_sum_peak, workers)
-            self._stop.wait(self.interval)
-
-    def summary(self) -> dict[str, Any]:
-        workers = [v for pid, v in self.peak.items() if self.kind.get(pid) == "worker"]
-        return {"driver_peak": self.peak.get(self.root.pid, 0), "worker_peak": max(workers, default=0),
-                "workers_sum_peak": self.workers_sum_peak, "workers_seen": len(workers)}
-
-
-def _spawn(mode: str, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run this file as ``--child MODE ARGS`` under the sampler; (child's report, sampled peaks)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(common.REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, __file__, "--child", mode, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, text=True)
-    with TreeSampler(proc.pid) as sampler:
-        out, err = proc.communicate()  # the child's Dask/Prefect logs are shown only on failure
-    if proc.returncode != 0:
-        raise RuntimeError(f"bench_memory child {mode} failed with exit code {proc.returncode}:\n{err[-3000:]}")
-    report = json.loads(out.strip().splitlines()[-1])
-    return report, sampler.summary()
+def _spawn(mode: str, source: Path, dest: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run this file as ``--child MODE SOURCE DEST REPORT`` under the sampler; (child's report, sampled run)."""
+    report = dest / "bench-memory-report.json"  # written when the child is done, removed with ``dest``
+    run = process_tree.run_checked([sys.executable, __file__, "--child", mode, source, dest, report],
+                                   common.DATA / "logs" / NAME / f"{mode}.log", interval=INTERVAL)
+    return json.loads(report.read_text()), run
 
 
 def plan_manifest(n: int) -> Path:
@@ -203,7 +122,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             for label in (list(sizes) if rep % 2 == 0 else list(sizes)[::-1]):
                 out = common.scratch("memory-flow")
                 try:
-                    report, sampled = _spawn("flow", str(manifests[label]), str(out))
+                    report, sampled = _spawn("flow", manifests[label], out)
                 finally:
                     common.clean_scratch(out)
                 flows[label].append({**report, **sampled})
@@ -211,7 +130,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     for _ in range(plan_reps):
         out = common.scratch("memory-plan")
         try:
-            report, sampled = _spawn("plan", str(big), str(out))
+            report, sampled = _spawn("plan", big, out)
         finally:
             common.clean_scratch(out)
         plans.append({**report, **sampled})
@@ -220,9 +139,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     for label, runs in flows.items():
         rows.append({"section": "flow", "data": label, "utterances": sizes[label], "repetitions": len(runs),
                      "wall_s": common.spread([r["wall"] for r in runs]),
-                     "driver_peak_mb": common.spread([r["self_hwm"] / MB for r in runs]),
-                     "worker_peak_mb": common.spread([r["worker_peak"] / MB for r in runs]),
-                     "workers_sum_peak_sampled_mb": common.spread([r["workers_sum_peak"] / MB for r in runs]),
+                     **{f"{key}_mb": common.spread([r[key] / MB for r in runs]) for key in FLOW_PEAKS},
                      "workers_seen": max(r["workers_seen"] for r in runs)})
     p = plans
     rows.append({"section": "plan", "data": f"{plan_n:,} utterances", "utterances": plan_n, "repetitions": len(p),
@@ -249,9 +166,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     ]
     notes = [
         f"Flow: {reps} repetition(s) per size, alternating order, each in a fresh driver process; shard_size "
-        f"{common.SHARD_SIZE}, 2 workers × 1 thread. Peaks are the kernel's high-water marks (VmHWM: exact; "
-        "a worker's is read every 50 ms while it lives); 'workers together' sums sampled RSS and can miss short "
-        "spikes. RSS counts shared library pages (torch, lhotse) in every process.",
+        f"{common.SHARD_SIZE}, 2 workers × 1 thread. " + process_tree.MEMORY_NOTE.format(interval=INTERVAL)
+        + " 'Together' sums sampled RSS and can miss short spikes.",
         f"Plan: {plan_reps} fresh process(es); time = config + runner construction + manifest read + "
         "fingerprints + hashing (the plan target); write_plan (manifest.json) is reported separately. "
         f"The manifest's first 200 lines name real files, the other {plan_n - 200:,} name files in 1,000 "
@@ -265,31 +181,34 @@ def run(quick: bool = False) -> dict[str, Any]:
 def table(result: dict[str, Any]) -> str:
     """Markdown tables of a result."""
     f = common.fmt
-    flow = [[r["data"], r["utterances"], f(r["wall_s"], 1), f(r["driver_peak_mb"], 0), f(r["worker_peak_mb"], 0),
-             f(r["workers_sum_peak_sampled_mb"], 0)]
+    flow = [[r["data"], r["utterances"], f(r["wall_s"], 1), *(f(_peak(r, key), 0) for key in FLOW_PEAKS)]
             for r in result["rows"] if r["section"] == "flow"]
     plan = [[r["data"], r["shards"], f(r["total_s"]), f(r["read_s"]), f(r["fingerprints_s"]), f(r["hashing_s"]),
              f(r["write_plan_s"]), f(r["rss_after_imports_mb"], 0), f(r["peak_rss_mb"], 0)]
             for r in result["rows"] if r["section"] == "plan"]
     return "\n\n".join([
-        common.markdown_table(["flow data", "utterances", "wall s", "driver peak RSS MB", "largest worker peak RSS MB",
-                               "workers together MB (sampled)"], flow),
+        common.markdown_table(["flow data", "utterances", "wall s", *FLOW_PEAKS.values()], flow),
         common.markdown_table(["plan", "shards", "total s", "manifest read s", "fingerprints s", "hashing s",
                                "write manifest.json s", "RSS after imports MB", "peak RSS MB"], plan),
     ])
 
 
+def _peak(row: dict[str, Any], key: str) -> dict[str, float] | None:
+    # results written before process_tree named it so called the workers-and-forkserver sum "workers_sum_peak_sampled"
+    return row.get(f"{key}_mb", row.get("workers_sum_peak_sampled_mb") if key.startswith("workers_and") else None)
+
+
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = common.pyplot()
     flow = [r for r in rows if r["section"] == "flow"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    keys = [("driver_peak_mb", "driver"), ("worker_peak_mb", "largest worker"),
-            ("workers_sum_peak_sampled_mb", "workers together (sampled)")]
+    fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(flow)
     for k, r in enumerate(flow):
-        med = [r[key]["median"] for key, _ in keys]
-        ax.bar([i + k * width for i in range(len(keys))], med, width, label=f"{r['data']} ({r['utterances']} utts)")
-    ax.set_xticks([i + width * (len(flow) - 1) / 2 for i in range(len(keys))], [name for _, name in keys])
+        med = [r[f"{key}_mb"]["median"] for key in FLOW_PEAKS]
+        ax.bar([i + k * width for i in range(len(FLOW_PEAKS))], med, width,
+               label=f"{r['data']} ({r['utterances']} utts)")
+    ax.set_xticks([i + width * (len(flow) - 1) / 2 for i in range(len(FLOW_PEAKS))],
+                  [name.removesuffix(" MB").replace(" RSS", "") for name in FLOW_PEAKS.values()], fontsize=7)
     ax.set_ylabel("peak RSS (MB)")
     ax.set_title("collect-stats flow: peak memory vs data size")
     ax.legend()
@@ -297,16 +216,8 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--child", nargs=3, metavar=("MODE", "INPUT", "OUTPUT_DIR"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        mode, source, dest = args.child
-        report = child_flow(source, dest) if mode == "flow" else child_plan(source, dest)
-        sys.stdout.flush()
-        print(json.dumps(report))
+    if sys.argv[1:2] == ["--child"]:  # --child MODE INPUT OUTPUT_DIR REPORT
+        mode, source, dest, report_path = sys.argv[2:]
+        Path(report_path).write_text(json.dumps((child_flow if mode == "flow" else child_plan)(source, dest)))
     else:
-        print(table(run(args.quick)))
+        common.script_main(NAME)

@@ -34,18 +34,6 @@ import common  # noqa: E402
 NAME = "overhead"
 
 
-def _computed_items(output_dir: Path, since: float) -> tuple[int, int]:
-    """(shards, utterances) whose ``done`` record was written after ``since`` (epoch seconds)."""
-    import json
-
-    shards = items = 0
-    for done in (output_dir / "train" / "shards").glob("split.*/done"):
-        if done.stat().st_mtime >= since:
-            shards += 1
-            items += int(json.loads(done.read_text())["num_items"])
-    return shards, items
-
-
 def _lifecycle(kind: str, n: int, n_more: int, shard_size: int, client: Any) -> dict[str, Any]:
     """Cold run, no-op rerun and incremental (+10 %) run in one output directory."""
     small, big = common.corpus_manifest(n), common.corpus_manifest(n_more)
@@ -63,7 +51,8 @@ def _lifecycle(kind: str, n: int, n_more: int, shard_size: int, client: Any) -> 
         noop = once(small, n)
         since = time.time() - 0.05
         inc = once(big, n_more)
-        shards, items = _computed_items(out, since)
+        done = common.done_results(out, since)
+        shards, items = len(done), sum(r.shard.num_items for _, r in done)
     finally:
         common.clean_scratch(out)
     return {"cold": cold["wall"], "noop": noop["wall"], "noop_computed": noop["computed"], "inc": inc["wall"],
@@ -270,8 +259,4 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    print(table(run(parser.parse_args().quick)))
+    common.script_main(NAME)

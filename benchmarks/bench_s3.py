@@ -22,9 +22,7 @@ Run ``python benchmarks/run.py --only s3 [--quick]``.
 from __future__ import annotations
 
 import json
-import os
 import posixpath
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -34,6 +32,7 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import process_tree  # noqa: E402
 
 NAME = "s3"
 PER_PREFIX = 100
@@ -62,15 +61,7 @@ def fingerprints_before(paths: Sequence[str], storage_options: dict[str, Any]) -
 
 def fingerprints_now(paths: Sequence[str], storage_options: dict[str, Any]) -> dict[str, str]:
     """The planner's way: :class:`Fingerprinter` over blocks of the manifest's paths."""
-    from espnet3_flows.fingerprints import Fingerprinter
-    from espnet3_flows.manifest_plan import _BLOCK
-
-    out: dict[str, str] = {}
-    with Fingerprinter("stat", storage_options) as fp:
-        for i in range(0, len(paths), _BLOCK):
-            block = paths[i:i + _BLOCK]
-            out.update(zip(block, fp.fingerprints(block)))
-    return out
+    return dict(zip(paths, common.fingerprint_as_planner(paths, storage_options)))
 
 
 def _child(method: str, paths_file: str, options_json: str, out_file: str) -> None:
@@ -82,11 +73,11 @@ def _child(method: str, paths_file: str, options_json: str, out_file: str) -> No
 
     paths = Path(paths_file).read_text().split("\n")
     options = json.loads(options_json)
-    rss0 = common.proc_memory()["VmRSS"]
+    rss0 = process_tree.proc_memory()["VmRSS"]
     t0 = time.perf_counter()
     result = (fingerprints_before if method == "before" else fingerprints_now)(paths, options)
     seconds = time.perf_counter() - t0
-    peak = common.proc_memory()["VmHWM"]
+    peak = process_tree.proc_memory()["VmHWM"]
     digest = sorted(result.items())
     Path(out_file).write_text(json.dumps({"seconds": seconds, "rss_after_imports": rss0, "peak_rss": peak,
                                           "missing": sum(v == "missing" for v in result.values()),
@@ -118,33 +109,34 @@ def run(quick: bool = False) -> dict[str, Any]:
     reps = 1 if quick else 2
     work = common.scratch(NAME)
     rows: list[dict[str, Any]] = []
-    with MotoServer() as server:
-        t0 = time.perf_counter()
-        paths = _populate(server, n)
-        populate_s = time.perf_counter() - t0
-        print(f"[s3] {n} objects in {n // PER_PREFIX} prefixes put in {populate_s:.0f} s", flush=True)
-        paths_file = work / "paths.txt"
-        paths_file.write_text("\n".join(paths))
-        options = json.dumps(server.storage_options())
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(common.REPO), os.environ.get("PYTHONPATH", "")])}
-        digests: dict[str, Any] = {}
-        for rep in range(reps):
-            for method in ("before", "now"):
-                out = work / f"{method}-{rep}.json"
-                subprocess.run([sys.executable, __file__, "--child", method, str(paths_file), options, str(out)],
-                               check=True, env=env)
-                r = json.loads(out.read_text())
-                digests[method] = r.pop("fingerprints")
-                row = {"method": method, "rep": rep, "objects": n, "prefixes": n // PER_PREFIX,
-                       "seconds": round(r["seconds"], 2), "objects_per_s": round(n / r["seconds"]),
-                       "rss_after_imports_mb": round(r["rss_after_imports"] / 2**20, 1),
-                       "peak_rss_mb": round(r["peak_rss"] / 2**20, 1),
-                       "growth_mb": round((r["peak_rss"] - r["rss_after_imports"]) / 2**20, 1),
-                       "missing": r["missing"]}
-                rows.append(row)
-                print(f"[s3] {method} rep {rep}: {row['seconds']} s, peak {row['peak_rss_mb']} MB "
-                      f"(+{row['growth_mb']} MB)", flush=True)
-    common.clean_scratch(work)
+    try:
+        with MotoServer() as server:
+            t0 = time.perf_counter()
+            paths = _populate(server, n)
+            populate_s = time.perf_counter() - t0
+            print(f"[s3] {n} objects in {n // PER_PREFIX} prefixes put in {populate_s:.0f} s", flush=True)
+            paths_file = work / "paths.txt"
+            paths_file.write_text("\n".join(paths))
+            options = json.dumps(server.storage_options())
+            digests: dict[str, Any] = {}
+            for rep in range(reps):
+                for method in ("before", "now"):
+                    out = work / f"{method}-{rep}.json"
+                    process_tree.run_checked([sys.executable, __file__, "--child", method, paths_file, options, out],
+                                             work / f"{method}-{rep}.log")
+                    r = json.loads(out.read_text())
+                    digests[method] = r.pop("fingerprints")
+                    row = {"method": method, "rep": rep, "objects": n, "prefixes": n // PER_PREFIX,
+                           "seconds": round(r["seconds"], 2), "objects_per_s": round(n / r["seconds"]),
+                           "rss_after_imports_mb": round(r["rss_after_imports"] / 2**20, 1),
+                           "peak_rss_mb": round(r["peak_rss"] / 2**20, 1),
+                           "growth_mb": round((r["peak_rss"] - r["rss_after_imports"]) / 2**20, 1),
+                           "missing": r["missing"]}
+                    rows.append(row)
+                    print(f"[s3] {method} rep {rep}: {row['seconds']} s, peak {row['peak_rss_mb']} MB "
+                          f"(+{row['growth_mb']} MB)", flush=True)
+    finally:  # a failed child's log tail is in the exception
+        common.clean_scratch(work)
     same = digests["before"] == digests["now"] and not any(r["missing"] for r in rows)
     best = {m: min(r["seconds"] for r in rows if r["method"] == m) for m in ("before", "now")}
     growth = {m: max(r["growth_mb"] for r in rows if r["method"] == m) for m in ("before", "now")}
@@ -175,7 +167,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "--child":
+    if sys.argv[1:2] == ["--child"]:  # --child METHOD PATHS_FILE OPTIONS_JSON OUT_FILE
         _child(*sys.argv[2:])
     else:
-        print(json.dumps(run("--quick" in sys.argv), indent=2)[:2000])
+        common.script_main(NAME)

@@ -24,7 +24,6 @@ default 5).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import process_tree  # noqa: E402
 
 NAME = "startup"
 FLOOR = "import torch, lhotse, prefect, distributed, soundfile"
@@ -44,38 +44,16 @@ PHASES = (("imports", ("start",), "main"), ("plan + job imports", ("main",), "pl
           ("server stop", ("flow_returned",), "server_stopped"), ("exit", ("summary_printed",), "end"))
 
 
-def _timeline(path: Path, t0: float, wall: float) -> dict[str, float]:
-    events = {"start": 0.0, "end": wall}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
-            events.setdefault(e["event"], e["time"] - t0)
-    return events
-
-
-def _phases(events: dict[str, float]) -> dict[str, float]:
-    out = {}
-    for name, starts, b in PHASES:
-        a = next((e for e in starts if e in events), None)
-        if a is not None and b in events:
-            out[name] = max(0.0, events[b] - events[a])
-    return out
-
-
 def _once(cmd: list[str], env: dict[str, str], root: Path, tag: str) -> dict[str, Any]:
     import time
 
     timeline = root / f"timeline-{tag}.jsonl"
     timeline.unlink(missing_ok=True)
     t0 = time.time()
-    res = common.run_monitored(cmd, root / f"{tag}.log", env={**env, "ESPNET3_FLOWS_TIMELINE": str(timeline)},
-                               timeout_s=300, interval=0.5)
-    if res["rc"] != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({res['rc']}): see {res['log']}")
-    if res.get("orphans_killed"):
-        raise RuntimeError(f"{' '.join(cmd)} left processes behind ({res['orphans_killed']}): see {res['log']}")
-    events = _timeline(timeline, t0, res["wall_s"])
-    return {"wall_s": res["wall_s"], "phases": _phases(events)}
+    res = process_tree.run_checked(cmd, root / f"{tag}.log", env={**env, "ESPNET3_FLOWS_TIMELINE": str(timeline)},
+                                   timeout_s=300, interval=0.5)
+    events = common.timeline_events(timeline, t0, start=t0, end=t0 + res["wall_s"])
+    return {"wall_s": res["wall_s"], "phases": common.phases(events, PHASES)}
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -93,7 +71,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     counter = iter(range(10 ** 6))
 
     def flow(*args: str) -> list[str]:
-        return common.flow_cli("collect_stats", f"manifests.train={manifest}", *args)
+        return process_tree.flow_cli("collect_stats", f"manifests.train={manifest}", *args)
 
     def fresh(*args: str) -> list[str]:
         return flow(f"output_dir={root / f'out-{next(counter)}'}", *args)
@@ -171,3 +149,7 @@ def table(result: dict[str, Any]) -> str:
               *[f"{r['phases'][c]['median']:.2f}" if c in r["phases"] else "–" for c in cols]]
              for r in result["rows"]]
     return common.markdown_table(["case", "wall (s)", "vs floor", *cols], lines)
+
+
+if __name__ == "__main__":
+    common.script_main(NAME)

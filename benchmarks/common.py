@@ -27,16 +27,15 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-#: Shard size of the collect-stats runs unless a benchmark sweeps it. From bench_overhead's sweep on
-#: 2,000 utterances (two full runs, 4 cold flow runs per size): the flow's wall time falls all the
-#: way to 256 (pooled medians 20.4 s at 64, 19.3 s at 128, 15.8 s at 256) because every shard task
-#: cost ~190 ms of Prefect/Dask work then (~20 ms since: README, "Prefect around the one scheduler"),
-#: and a 256-utterance shard is still only ~1–2 s of compute.
-#: The price is coarser incremental work: a +10 % append recomputes the partial last shard too
-#: (20 % of the cold run's utterances at 256 vs 10.8 % at 64); bench_overhead shows both sizes.
+#: Shard size of the collect-stats runs unless a benchmark sweeps it: 2,000 utterances make 8 shards.
+#: From bench_overhead's sweep (results/overhead.json, run before the per-shard fixes of "Prefect
+#: around the one scheduler"): the flow's cold wall 11.1 s at 64, 10.2 s at 128, 9.7 s at 256, the
+#: only size within 5 % of the best. A shard now costs the flow ~10 ms of wall time more than the
+#: engine (``scale``, benchmarks/README.md) against ~1–2 s of compute at 256. The price is coarser
+#: incremental work: a +10 % append recomputes the partial last shard too (20 % of the cold run's
+#: utterances at 256 vs 10.8 % at 64).
 SHARD_SIZE = 256
 WORKERS = 2
-TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 SAMPLE_RATE = 16000
 
 
@@ -49,15 +48,15 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     return {"median": mid, "min": vals[0], "max": vals[-1], "n": n}
 
 
-def fmt(s: dict[str, float] | float | None, digits: int = 2) -> str:
-    """``median [min–max]`` for a spread, a plain number otherwise."""
+def fmt(s: dict[str, float] | float | int | str | None, digits: int = 2) -> str:
+    """``median [min–max]`` for a spread, ``digits`` decimals for a float, "–" for ``None``, else ``str``."""
     if s is None:
         return "–"
     if isinstance(s, dict):
         if s["n"] == 1:
             return f"{s['median']:.{digits}f}"
         return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
-    return f"{s:.{digits}f}"
+    return f"{s:.{digits}f}" if isinstance(s, float) else str(s)
 
 
 class Stopwatch:
@@ -80,7 +79,7 @@ def target(name: str, goal: str, measured: float | str, met: bool) -> dict[str, 
 
 # ---- generated data ---------------------------------------------------------------------
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +104,7 @@ def corpus_manifest(n: int) -> Path:
     manifest = root / f"train_{n}.tsv"
     if manifest.exists():
         return manifest
-    with _locked(root / ".lock"):
+    with locked(root / ".lock"):
         if not manifest.exists():
             t0 = time.perf_counter()
             made = make_demo_corpus(root / "gen", n_utts=n, n_speakers=6, min_seconds=2.0, max_seconds=6.0,
@@ -138,6 +137,19 @@ def read_into_page_cache(paths: Sequence[str]) -> float:
             while f.read(1 << 20):
                 pass
     return time.perf_counter() - t0
+
+
+def fingerprint_as_planner(paths: Sequence[str], storage_options: dict[str, Any] | None = None) -> list[str]:
+    """The fingerprints of ``paths``, taken as the planner takes them: one
+    :class:`~espnet3_flows.fingerprints.Fingerprinter`, blocks of the planner's size."""
+    from espnet3_flows.fingerprints import Fingerprinter
+    from espnet3_flows.manifest_plan import _BLOCK as block  # the planner's block size has no public name yet
+
+    out: list[str] = []
+    with Fingerprinter("stat", storage_options) as fp:
+        for i in range(0, len(paths), block):
+            out += fp.fingerprints(paths[i:i + block])
+    return out
 
 
 def audio_seconds(paths: Sequence[str]) -> float:
@@ -186,15 +198,14 @@ def preserved_environ() -> Iterator[None]:
 @contextlib.contextmanager
 def dask_malloc_trim(enabled: bool) -> Iterator[None]:
     """Dask workers started in the block get ``MALLOC_TRIM_THRESHOLD_=65536`` (Dask's own default,
-    ``enabled=True``) or no such variable (``enabled=False``, what the product's clusters do unless
-    ``parallel.trim_worker_memory``). Explicit both ways: the product sets this Dask config key
-    process-wide whenever it starts a cluster, so a plain ``LocalCluster`` started later in the
-    same process would otherwise inherit whatever the last flow chose."""
-    import dask
+    ``enabled=True``) or no such variable (``enabled=False``), as the product's clusters do with
+    ``parallel.trim_worker_memory`` (its ``worker_settings``): a plain ``LocalCluster`` measured
+    beside the product's."""
     import distributed  # noqa: F401 - loads its config defaults first, or leaving the block would drop them
 
-    with preserved_environ(), dask.config.set({TRIM_KEY: 65536 if enabled else None}):
-        os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    from espnet3_flows.parallel.cluster import ParallelConfig, worker_settings
+
+    with preserved_environ(), worker_settings(ParallelConfig(env="local", trim_worker_memory=enabled)):
         yield
 
 
@@ -218,25 +229,66 @@ def prefect_session() -> Iterator[str | None]:
         yield url
 
 
-# ---- shard timing from the done records ---------------------------------------------------
+# ---- a run's outputs: done records, summary, timeline --------------------------------------
+def done_results(output_dir: Path, since: float | None = None, split: str = "train") -> list[tuple[float, Any]]:
+    """(mtime, :class:`~espnet3_flows.parallel.results.ShardResult`) of each ``done`` record of a split
+    written at or after the epoch time ``since`` (every one without it); unreadable ones are skipped."""
+    from espnet3_flows.parallel.results import ShardResult
+
+    out = []
+    for path in (Path(output_dir) / split / "shards").glob("split.*/done"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            mtime = path.stat().st_mtime
+            if since is None or mtime >= since:
+                out.append((mtime, ShardResult.from_dict(json.loads(path.read_text()))))
+    return out
+
+
 def shard_phase(output_dir: Path, split: str = "train") -> dict[str, float]:
     """Span and compute seconds of the shards computed in ``output_dir`` (from ``done`` records).
 
     A ``done`` record is written last, so its mtime is the shard's end; its ``seconds`` is the
     shard's compute time, so ``mtime - seconds`` is (almost exactly) its start.
     """
-    starts, ends, compute, items = [], [], 0.0, 0
-    for done in (output_dir / split / "shards").glob("split.*/done"):
-        rec = json.loads(done.read_text())
-        end = done.stat().st_mtime
-        starts.append(end - float(rec["seconds"]))
-        ends.append(end)
-        compute += float(rec["seconds"])
-        items += int(rec["num_items"])
-    if not ends:
+    done = done_results(output_dir, split=split)
+    if not done:
         return {"span": 0.0, "compute": 0.0, "shards": 0, "items": 0}
-    return {"span": max(ends) - min(starts), "compute": compute, "shards": len(ends), "items": items,
-            "first_start": min(starts), "last_end": max(ends)}
+    first, last = min(end - r.seconds for end, r in done), max(end for end, _ in done)
+    return {"span": last - first, "compute": sum(r.seconds for _, r in done), "shards": len(done),
+            "items": sum(r.shard.num_items for _, r in done), "first_start": first, "last_end": last}
+
+
+def fresh_summary(output_dir: Path, since: float, split: str = "train") -> dict[str, Any] | None:
+    """The split's ``summary.json`` if it was written at or after ``since`` (else ``None``)."""
+    path = Path(output_dir) / split / "summary.json"
+    try:
+        if path.stat().st_mtime < since:
+            return None
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def timeline_events(path: Path, t0: float, **more: float) -> dict[str, float]:
+    """Seconds since the epoch time ``t0`` of the first of each event a driver wrote to ``path``
+    (:mod:`espnet3_flows.orchestration.timeline`), and of the ``more`` events (epoch times)."""
+    events = {name: t - t0 for name, t in more.items()}
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            events.setdefault(e["event"], e["time"] - t0)
+    return events
+
+
+def phases(events: dict[str, float], spans: Sequence[tuple[str, Sequence[str], str]]) -> dict[str, float]:
+    """Seconds of each span ``(name, from events, to event)`` whose ends ``events`` has (from the
+    first of the from events it has)."""
+    out = {}
+    for name, starts, end in spans:
+        start = next((e for e in starts if e in events), None)
+        if start is not None and end in events:
+            out[name] = max(0.0, events[end] - events[start])
+    return out
 
 
 # ---- tables and results -------------------------------------------------------------------
@@ -361,324 +413,6 @@ def save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
     pyplot().close(fig)
 
 
-# ---- monitored subprocess runs: wall time and peak RSS of a process tree ------------------
-#: Marks of a Dask worker process in its command line (spawned: ``multiprocessing.spawn``
-#: ``spawn_main``; forked from the forkserver: the server's ``multiprocessing.forkserver`` line).
-WORKER_MARKERS = ("distributed", "forkserver", "spawn_main", "multiprocessing.spawn", "multiprocessing-fork")
-#: Default memory guard of :func:`run_monitored`: the summed RSS of a run's process tree above this
-#: kills the run (recorded as ``killed: memory``) before the kernel's OOM killer picks a victim on
-#: a machine shared with others. ``$ESPNET3_BENCH_MEM_LIMIT_MB`` overrides it (0: no guard).
-MEM_LIMIT_BYTES = int(float(os.environ.get("ESPNET3_BENCH_MEM_LIMIT_MB") or 10_000) * 1024 ** 2)
-FLOW_SCRIPTS = {"collect_stats": REPO / "flows" / "collect_stats.py",
-                "extract_xvectors": REPO / "flows" / "extract_xvectors.py"}
-
-
-def proc_memory(pid: int | str = "self") -> dict[str, int]:
-    """``VmRSS`` and ``VmHWM`` (the kernel's exact peak RSS of the process image) in bytes, from /proc.
-
-    Empty for a zombie (exited, not yet reaped). ``getrusage``'s ``ru_maxrss`` is not used: Linux
-    carries the parent's RSS at fork over an ``exec``, so a child would report its parent's size.
-    """
-    out: dict[str, int] = {}
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":", 1)
-                out[key] = int(value.split()[0]) * 1024
-    return out
-
-
-def classify_process(cmdline: Sequence[str], parent_cmdline: Sequence[str] | None, is_root: bool) -> str:
-    """``driver`` (the started process), ``worker``, ``forkserver``, ``server`` or ``other``.
-
-    A worker forked from Python's forkserver keeps the server's command line, so a forkserver
-    line is the server itself when its parent is not one too, a worker when it is.
-    """
-    if is_root:
-        return "driver"
-    cmd = " ".join(cmdline)
-    if "resource_tracker" in cmd:
-        return "other"
-    if "multiprocessing.forkserver" in cmd:  # its argv lists preloaded modules: check before the others
-        parent = " ".join(parent_cmdline or ())
-        return "worker" if "multiprocessing.forkserver" in parent else "forkserver"
-    if any(m in cmd for m in WORKER_MARKERS):
-        return "worker"
-    if "uvicorn" in cmd or "prefect server" in cmd or "prefect.server" in cmd:
-        return "server"
-    return "other"
-
-
-class TreeMonitor:
-    """Samples a process and its descendants in a thread: peak RSS per process, by kind.
-
-    Every ``interval`` seconds: the tree (psutil), each process's ``VmRSS``/``VmHWM`` (/proc).
-    ``progress`` (a callable returning a count, e.g. finished shards) is polled every
-    ``progress_every`` seconds until it reaches ``mark``; the workers' memory at that moment is
-    kept (``at_mark``) to compare with their peak at the end. ``mem_limit`` (bytes): the summed RSS
-    of the tree above it calls ``on_limit`` once. A light time series (every ``series_every`` s)
-    is kept for plots.
-    """
-
-    def __init__(self, pid: int, interval: float = 0.2, progress: Callable[[], int] | None = None,
-                 mark: int | None = None, progress_every: float = 0.5, mem_limit: int | None = None,
-                 on_limit: Callable[[], None] | None = None, series_every: float = 1.0):
-        import threading
-
-        import psutil
-
-        self.root = psutil.Process(pid)
-        self.interval, self.progress, self.mark = interval, progress, mark
-        self.progress_every, self.series_every = progress_every, series_every
-        self.mem_limit, self.on_limit = mem_limit, on_limit
-        self.kind: dict[int, str] = {}
-        self.peak: dict[int, int] = {}
-        self.last_rss: dict[int, int] = {}
-        self.workers_sum_peak = 0
-        self.tree_sum_peak = 0
-        self.at_mark: dict[str, Any] | None = None
-        self.limit_hit = False
-        self.series: list[list[float]] = []  # [t, driver RSS, largest worker RSS, workers' RSS summed]
-        self._t0 = time.perf_counter()
-        self._procs: dict[int, Any] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="tree-monitor")
-
-    def __enter__(self) -> "TreeMonitor":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def alive_descendants(self) -> list[Any]:
-        """Descendant processes seen so far that still run (psutil checks their start time)."""
-        out = []
-        for pid, proc in list(self._procs.items()):
-            if pid != self.root.pid:
-                with contextlib.suppress(Exception):
-                    if proc.is_running():
-                        out.append(proc)
-        return out
-
-    def _classify(self, proc: Any) -> str:
-        import psutil
-
-        try:
-            cmd = proc.cmdline()
-        except psutil.Error:
-            return "other"
-        parent_cmd = None
-        with contextlib.suppress(psutil.Error, AttributeError):
-            parent = proc.parent()
-            if parent is not None and parent.pid != self.root.pid:
-                parent_cmd = parent.cmdline()
-        return classify_process(cmd, parent_cmd, proc.pid == self.root.pid)
-
-    def _loop(self) -> None:
-        import psutil
-
-        next_progress = next_series = 0.0
-        while not self._stop.is_set():
-            now = time.perf_counter() - self._t0
-            try:
-                procs = [self.root, *self.root.children(recursive=True)]
-            except psutil.Error:
-                break
-            workers_sum = tree_sum = 0
-            worker_max = driver = 0
-            for proc in procs:
-                try:
-                    mem = proc_memory(proc.pid)
-                except (OSError, ValueError):
-                    continue
-                if not mem:
-                    continue
-                if proc.pid not in self.kind:
-                    self.kind[proc.pid] = self._classify(proc)
-                    self._procs[proc.pid] = proc
-                rss = mem.get("VmRSS", 0)
-                self.peak[proc.pid] = max(self.peak.get(proc.pid, 0), mem.get("VmHWM", 0), rss)
-                self.last_rss[proc.pid] = rss
-                tree_sum += rss
-                kind = self.kind[proc.pid]
-                if kind == "worker":
-                    workers_sum += rss
-                    worker_max = max(worker_max, rss)
-                elif kind == "driver":
-                    driver = rss
-            self.workers_sum_peak = max(self.workers_sum_peak, workers_sum)
-            self.tree_sum_peak = max(self.tree_sum_peak, tree_sum)
-            if self.mem_limit and tree_sum > self.mem_limit and not self.limit_hit:
-                self.limit_hit = True
-                if self.on_limit is not None:
-                    self.on_limit()
-            if self.progress is not None and self.mark and self.at_mark is None and now >= next_progress:
-                next_progress = now + self.progress_every
-                with contextlib.suppress(Exception):
-                    count = self.progress()
-                    if count >= self.mark:
-                        w = self._pids("worker")
-                        self.at_mark = {"count": count, "t": now,
-                                        "worker_peak": max((self.peak[p] for p in w), default=0),
-                                        "worker_rss": max((self.last_rss[p] for p in w), default=0),
-                                        "driver_peak": self.peak.get(self.root.pid, 0)}
-            if now >= next_series:
-                next_series = now + self.series_every
-                self.series.append([round(now, 2), driver, worker_max, workers_sum])
-            self._stop.wait(self.interval)
-
-    def _pids(self, kind: str) -> list[int]:
-        return [pid for pid, k in self.kind.items() if k == kind and pid in self.peak]
-
-    def summary(self) -> dict[str, Any]:
-        """Peaks (bytes) of the driver, the largest worker, the forkserver; workers seen; the mark."""
-        workers = self._pids("worker")
-        return {"driver_peak": self.peak.get(self.root.pid, 0),
-                "worker_peak": max((self.peak[p] for p in workers), default=0),
-                "worker_peaks": sorted((self.peak[p] for p in workers), reverse=True),
-                "worker_last_rss": max((self.last_rss[p] for p in workers), default=0),
-                "workers_seen": len(workers), "workers_sum_peak": self.workers_sum_peak,
-                "forkserver_peak": max((self.peak[p] for p in self._pids("forkserver")), default=0),
-                "tree_sum_peak": self.tree_sum_peak, "at_mark": self.at_mark, "series": self.series}
-
-
-def _kill_tree(proc: Any, targets: Sequence[Any], grace: float = 10.0) -> None:
-    """SIGTERM the started process's group and the given descendants, SIGKILL what is left."""
-    import signal
-
-    import psutil
-
-    left = list(targets)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)  # its own session (start_new_session): only what we started
-        for child in left:
-            with contextlib.suppress(psutil.Error):
-                child.send_signal(sig)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
-        _, left = psutil.wait_procs(left, timeout=grace)
-        if not left:
-            return
-
-
-def run_monitored(cmd: Sequence[str], log_path: Path, *, cwd: Path | None = None, env: dict[str, str] | None = None,
-                  timeout_s: float | None = None, mem_limit: int | None = None, interval: float = 0.2,
-                  progress: Callable[[], int] | None = None, mark: int | None = None) -> dict[str, Any]:
-    """Run ``cmd`` (its stdout and stderr to ``log_path``), sampling its process tree; never raises
-    for a failed run.
-
-    Returns ``rc`` (the exit code; negative: killed by that signal), ``killed`` (``None``,
-    ``"timeout"`` or ``"memory"``), ``wall_s`` and :meth:`TreeMonitor.summary`'s peaks (bytes).
-    ``mem_limit`` defaults to :data:`MEM_LIMIT_BYTES` (0: none).
-    """
-    import threading
-
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    limit = MEM_LIMIT_BYTES if mem_limit is None else mem_limit
-    killed: list[str] = []
-    full_env = {**os.environ, **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), full_env.get("PYTHONPATH", "")] if p)
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(str(c) for c in cmd) + "\n")
-        log.flush()
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=str(cwd or REPO), env=full_env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        lock = threading.Lock()
-        monitor: TreeMonitor | None = None
-
-        def over_limit() -> None:
-            with lock:
-                if not killed:
-                    killed.append("memory")
-            threading.Thread(target=_kill_tree, args=(proc, monitor.alive_descendants()), daemon=True).start()
-
-        monitor = TreeMonitor(proc.pid, interval=interval, progress=progress, mark=mark,
-                              mem_limit=limit or None, on_limit=over_limit)
-        with monitor:
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with lock:
-                    killed.append("timeout")
-                _kill_tree(proc, monitor.alive_descendants())
-                rc = proc.wait()
-            except BaseException:  # Ctrl-C of the benchmark: take the run down with it
-                _kill_tree(proc, monitor.alive_descendants())
-                raise
-            wall = time.perf_counter() - t0
-        import psutil
-
-        # descendants still running 10 s after the driver exited (e.g. workers orphaned by a killed
-        # driver; a forkserver or resource tracker exits on its own within a moment)
-        _, leftovers = psutil.wait_procs(monitor.alive_descendants(), timeout=10)
-        stray = _group_alive(proc.pid)
-        if leftovers or stray:
-            _kill_tree(proc, leftovers, grace=5.0)
-    summary = monitor.summary()
-    return {"rc": rc, "killed": killed[0] if killed else None, "wall_s": wall, "log": str(log_path),
-            "orphans_killed": len(leftovers) + bool(stray and not leftovers), **summary}
-
-
-def _group_alive(pgid: int, wait: float = 5.0) -> bool:
-    """Whether a process of group ``pgid`` (a run's own session) still runs after ``wait`` seconds."""
-    deadline = time.perf_counter() + wait
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        if time.perf_counter() > deadline:
-            return True
-        time.sleep(0.1)
-
-
-def flow_cli(job: str, *args: str) -> list[str]:
-    """The command line of a flow's CLI: ``python flows/<job>.py ARGS``."""
-    return [sys.executable, str(FLOW_SCRIPTS[job]), *args]
-
-
-def flow_cli_help(job: str = "collect_stats") -> str:
-    """The CLI's ``--help`` text ('' if it fails)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)}
-    try:
-        return subprocess.run(flow_cli(job, "--help"), cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=300).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def done_records(output_dir: Path, split: str = "train") -> list[Path]:
-    """The shards' ``done`` records of a split (``shards/*/done``)."""
-    return list((Path(output_dir) / split / "shards").glob("*/done"))
-
-
-def count_done_since(output_dir: Path, since: float, split: str = "train") -> int:
-    """How many ``done`` records were written at or after the epoch time ``since``."""
-    n = 0
-    for path in done_records(output_dir, split):
-        with contextlib.suppress(OSError):
-            if path.stat().st_mtime >= since:
-                n += 1
-    return n
-
-
-def fresh_summary(output_dir: Path, since: float, split: str = "train") -> dict[str, Any] | None:
-    """The split's ``summary.json`` if it was written at or after ``since`` (else ``None``)."""
-    path = Path(output_dir) / split / "summary.json"
-    try:
-        if path.stat().st_mtime < since:
-            return None
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def write_lines(path: Path, lines: Iterable[str]) -> Path:
     """Write text lines atomically (a temporary file, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -692,3 +426,10 @@ def write_lines(path: Path, lines: Iterable[str]) -> Path:
 def mb(value: float | None) -> float | None:
     """Bytes to MB (1024²), rounded; ``None`` stays ``None``."""
     return None if value is None else round(value / 1024 ** 2, 1)
+
+
+def script_main(name: str) -> None:
+    """``python benchmarks/bench_<name>.py [--quick]``: ``run.py --only <name>``, the README left alone."""
+    import run
+
+    sys.exit(run.main(["--only", name, "--no-readme", *sys.argv[1:]]))

@@ -63,16 +63,17 @@ def test_quick_run_leaves_the_readme_alone(quick_results) -> None:
 _BOOKKEEPING = r"""
 import json, sys
 sys.path.insert(0, "benchmarks")
-import bench_corpus, bench_scale, common, run
+import bench_corpus, bench_scale, process_tree, run
 
 assert {"scale", "corpus"} <= set(run.BENCHMARKS)
-assert common.classify_process(["python", "flows/collect_stats.py"], None, True) == "driver"
+classify = process_tree.classify_process
+assert classify(["python", "flows/collect_stats.py"], None, True) == "driver"
 fork = ["python", "-B", "-c", "from multiprocessing.forkserver import main; main(3, 6, ['prefect.task_engine'])"]
-assert common.classify_process(fork, ["python", "flows/collect_stats.py"], False) == "forkserver"
-assert common.classify_process(fork, fork, False) == "worker"
-assert common.classify_process(["python", "-c", "from multiprocessing.spawn import spawn_main"], None, False) == "worker"
-assert common.classify_process(["python", "-m", "uvicorn", "prefect.server.api.server:create_app"], None, False) == "server"
-assert common.classify_process(["python", "-c", "from multiprocessing.resource_tracker import main"], None, False) == "other"
+assert classify(fork, ["python", "flows/collect_stats.py"], False) == "forkserver"
+assert classify(fork, fork, False) == "worker"
+assert classify(["python", "-c", "from multiprocessing.spawn import spawn_main"], None, False) == "worker"
+assert classify(["python", "-m", "uvicorn", "prefect.server.api.server:create_app"], None, False) == "server"
+assert classify(["python", "-c", "from multiprocessing.resource_tracker import main"], None, False) == "other"
 
 failed = {"ok": False, "rc": -9, "killed": "memory", "wall_s": 12.0, "driver_peak_mb": 9000.0,
           "driver_peak_bytes": 9000 * 2 ** 20, "worker_peak_mb": 800.0}
@@ -89,12 +90,13 @@ assert targets and not any(t["met"] for t in targets), targets
 print(bench_corpus.table({"rows": rows}))
 
 import tempfile, pathlib
+from espnet3_flows.sharding import Shard, ShardPlan
 plan = pathlib.Path(tempfile.mkdtemp()) / "manifest.json"
 ids = ["a", "a_ins", "b", "c", "c_ins", "d"]
-plan.write_text(json.dumps({"shards": [{"start": 0, "stop": 2}, {"start": 2, "stop": 4}, {"start": 4, "stop": 6}]}))
+shards = tuple(Shard(k, 2 * k, 2 * k + 2, f"h{k}") for k in range(3))
+plan.write_text(json.dumps(ShardPlan(shards, 2, "config", "salt").to_dict()))
 assert bench_scale.receiving_shards(plan, ids, ["a_ins", "c_ins"])[:2] == (2, 3)
-plan.write_text(json.dumps({"shards": [{"first_id": "a", "last_id": "b"}, {"first_id": "c", "last_id": "d"}]}))
-assert bench_scale.receiving_shards(plan, ids, ["a_ins"])[:2] == (1, 2)
+assert bench_scale.receiving_shards(plan, ids[:4], ["a_ins"])[0] is None  # the plan does not cover the manifest
 plan.write_text(json.dumps({"shards": [{"boundary": 1}]}))
 assert bench_scale.receiving_shards(plan, ids, ["a_ins"])[0] is None
 """
