@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from espnet3_flows.audio import check_audio_settings
+from espnet3_flows.inputs.audio import check_audio_settings
 from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.stats.espnet_frontend import ESPNET2_FRONTENDS
 

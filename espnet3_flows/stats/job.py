@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from espnet3_flows.audio import AudioConfig, audio_header, load_audio
+from espnet3_flows.inputs.audio import AudioConfig, audio_header, load_audio
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.sharding import Shard
