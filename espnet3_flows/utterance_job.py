@@ -34,9 +34,12 @@ class SplitsConfig:
 
     Attributes:
         manifests: Split name → manifest, path or URL: a TSV (``utt_id, wav_path[, text[,
-            speaker]]``), a lhotse ``.jsonl[.gz]`` CutSet, or a Kaldi data directory (``wav.scp``
-            with optional ``segments``, ``utt2spk``, ``text``; see :mod:`espnet3_flows.inputs.kaldi_dir`).
-            Empty means: generate the demo corpus and use its splits.
+            speaker]]``), a lhotse ``.jsonl[.gz]`` CutSet, a Kaldi data directory (``wav.scp``
+            with optional ``segments``, ``utt2spk``, ``text``; see :mod:`espnet3_flows.inputs.kaldi_dir`),
+            or a HuggingFace dataset saved with ``save_to_disk`` (columns ``id``, ``audio``,
+            ``speaker``, ``text``, renamed by ``dir?id=key&audio=file``; the ``hf`` extra; see
+            :mod:`espnet3_flows.inputs.formats.hf`). Empty means: generate the demo corpus and use
+            its splits.
         output_dir: Where outputs go (path or fsspec URL such as ``s3://bucket/stats``).
     """
 

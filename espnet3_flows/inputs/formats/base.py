@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from espnet3_flows.storage import Storage
 
 #: Modules (in :mod:`espnet3_flows.inputs.formats`) that define the built-in formats
-BUILTIN_FORMAT_MODULES = ("tsv", "lhotse", "kaldi")
+BUILTIN_FORMAT_MODULES = ("tsv", "lhotse", "kaldi", "hf")
 
 
 @dataclass(frozen=True)
