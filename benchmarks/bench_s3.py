@@ -8,7 +8,7 @@ alternately, two repetitions each:
 - **before** (the planner up to commit 81b04c8, kept here as the reference): group the paths by
   parent, list each parent one after another with an s3fs filesystem whose listings cache keeps
   every listing for the life of the process;
-- **now**: :class:`espnet3_flows.fingerprints.Fingerprinter` as the planner calls it (blocks of
+- **now**: :class:`espnet3_flows.inputs.fingerprints.Fingerprinter` as the planner calls it (blocks of
   4,096 paths, the parents of a block listed by 8 threads, fsspec's listings cache off, our own
   cache bounded at 200,000 entries).
 
@@ -68,7 +68,7 @@ def _child(method: str, paths_file: str, options_json: str, out_file: str) -> No
     """In a fresh process: import, fingerprint every path, report time and memory."""
     import importlib
 
-    for module in ("fsspec", "s3fs", "espnet3_flows.fingerprints", "espnet3_flows.manifest_plan"):
+    for module in ("fsspec", "s3fs", "espnet3_flows.inputs.fingerprints", "espnet3_flows.inputs.planner"):
         importlib.import_module(module)  # imported before the baseline RSS
 
     paths = Path(paths_file).read_text().split("\n")

@@ -141,9 +141,9 @@ def read_into_page_cache(paths: Sequence[str]) -> float:
 
 def fingerprint_as_planner(paths: Sequence[str], storage_options: dict[str, Any] | None = None) -> list[str]:
     """The fingerprints of ``paths``, taken as the planner takes them: one
-    :class:`~espnet3_flows.fingerprints.Fingerprinter`, blocks of the planner's size."""
-    from espnet3_flows.fingerprints import Fingerprinter
-    from espnet3_flows.manifest_plan import _BLOCK as block  # the planner's block size has no public name yet
+    :class:`~espnet3_flows.inputs.fingerprints.Fingerprinter`, blocks of the planner's size."""
+    from espnet3_flows.inputs.fingerprints import Fingerprinter
+    from espnet3_flows.inputs.planner import FINGERPRINT_BLOCK as block
 
     out: list[str] = []
     with Fingerprinter("stat", storage_options) as fp:

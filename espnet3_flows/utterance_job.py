@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from espnet3_flows.audio import AudioConfig, RecordingCache, recording_key
+from espnet3_flows.inputs.audio import AudioConfig, RecordingCache, recording_key
 from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.demo import DEMO_UTTERANCES
-from espnet3_flows.fingerprints import FINGERPRINT_MODES
+from espnet3_flows.inputs.fingerprints import FINGERPRINT_MODES
 from espnet3_flows.errors import ON_ERROR_POLICIES
-from espnet3_flows.manifest import SkippedItem, Utterance, read_manifest_slice, write_skipped_tsv
-from espnet3_flows.manifest_plan import plan_manifest
+from espnet3_flows.inputs.manifest import read_manifest_slice
+from espnet3_flows.inputs.records import SkippedItem, Utterance, write_skipped_tsv
+from espnet3_flows.inputs.planner import plan_manifest
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.base_runner import BaseRunner
 from espnet3_flows.parallel.env_provider import EnvironmentProvider
@@ -33,9 +34,12 @@ class SplitsConfig:
 
     Attributes:
         manifests: Split name → manifest, path or URL: a TSV (``utt_id, wav_path[, text[,
-            speaker]]``), a lhotse ``.jsonl[.gz]`` CutSet, or a Kaldi data directory (``wav.scp``
-            with optional ``segments``, ``utt2spk``, ``text``; see :mod:`espnet3_flows.kaldi_dir`).
-            Empty means: generate the demo corpus and use its splits.
+            speaker]]``), a lhotse ``.jsonl[.gz]`` CutSet, a Kaldi data directory (``wav.scp``
+            with optional ``segments``, ``utt2spk``, ``text``; see :mod:`espnet3_flows.inputs.kaldi_dir`),
+            or a HuggingFace dataset saved with ``save_to_disk`` (columns ``id``, ``audio``,
+            ``speaker``, ``text``, renamed by ``dir?id=key&audio=file``; the ``hf`` extra; see
+            :mod:`espnet3_flows.inputs.formats.hf`). Empty means: generate the demo corpus and use
+            its splits.
         output_dir: Where outputs go (path or fsspec URL such as ``s3://bucket/stats``).
     """
 
@@ -237,8 +241,8 @@ class ShardDataset:
     """One shard's utterances, indexed by their positions in the split (what ``forward`` receives).
 
     Attributes:
-        audio_cache: The shard's :class:`~espnet3_flows.audio.RecordingCache`: pass it to
-            :func:`~espnet3_flows.audio.load_audio` so that segments of one recording decode it once.
+        audio_cache: The shard's :class:`~espnet3_flows.inputs.audio.RecordingCache`: pass it to
+            :func:`~espnet3_flows.inputs.audio.load_audio` so that segments of one recording decode it once.
     """
 
     def __init__(self, split: str, utts: list[Utterance], start: int, cwd: str = ""):

@@ -152,9 +152,9 @@ def _on_error_message(call) -> str:
 def test_on_error_is_checked_by_one_function_everywhere_a_policy_is_given(tmp_path):
     """The config, a runner and the planners refuse an unknown policy with the same message
     (one check, :func:`check_on_error`), instead of taking it for ``skip``."""
-    from espnet3_flows.kaldi_dir import join_data_dir
-    from espnet3_flows.manifest import read_manifest
-    from espnet3_flows.manifest_plan import plan_manifest
+    from espnet3_flows.inputs.kaldi_dir import join_data_dir
+    from espnet3_flows.inputs.manifest import read_manifest
+    from espnet3_flows.inputs.planner import plan_manifest
     from espnet3_flows.parallel.base_runner import BaseRunner
 
     manifest = tmp_path / "m.tsv"

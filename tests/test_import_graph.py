@@ -73,8 +73,8 @@ def test_no_import_cycles():
 
 JOBS = ("stats", "xvector", "features", "batching")
 #: what the layers below the jobs are (imports only point down: none of them names a job)
-SHARED = ("frontends", "parallel", "audio", "manifest", "manifest_plan", "fingerprints", "sharding",
-          "storage", "config", "errors", "scp", "external_sort", "kaldi_dir", "inputs")
+SHARED = ("frontends", "parallel", "inputs", "sharding",
+          "storage", "config", "errors", "scp", "external_sort")
 
 
 def _package(module: str) -> str:

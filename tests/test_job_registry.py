@@ -73,7 +73,7 @@ def test_every_packaged_job_has_a_console_script_and_a_deployment_entrypoint():
 def test_every_jobs_runner_is_a_split_runner_and_errors_share_one_root(tmp_path, demo_corpus):
     from espnet3_flows import errors
     from espnet3_flows.config import ConfigError, load_config
-    from espnet3_flows.manifest import ManifestError
+    from espnet3_flows.inputs.records import ManifestError
     from espnet3_flows.errors import ItemError, ShardFailure
     from espnet3_flows.storage import StorageError
     from espnet3_flows.utterance_job import SplitRunner

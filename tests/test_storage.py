@@ -219,13 +219,15 @@ def _write_with_storage_helper(dest, data: bytes) -> None:
     replace_atomically(dest, lambda f: [f.write(data[i:i + 4096]) for i in range(0, len(data), 4096)])
 
 
-def _write_xvector_text(dest, data: bytes) -> None:
-    from espnet3_flows.xvector.outputs import _atomic_write_text
+def _write_with_atomic_file(dest, data: bytes) -> None:
+    from espnet3_flows.storage import atomic_local_file
 
-    _atomic_write_text(dest, data.decode())
+    with atomic_local_file(dest) as f:
+        f.write(data)
 
 
-@pytest.mark.parametrize("write", [_write_with_storage_helper, _write_xvector_text], ids=["storage", "xvector"])
+@pytest.mark.parametrize("write", [_write_with_storage_helper, _write_with_atomic_file],
+                         ids=["replace_atomically", "atomic_local_file"])
 def test_atomic_writes_with_concurrent_writers(tmp_path, write):
     """Writers of one file never share a temporary name (the old copies used a fixed '.tmp' and
     collided): every read sees one writer's whole file."""

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from espnet3_flows.audio import check_audio_settings
+from espnet3_flows.inputs.audio import check_audio_settings
 from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.frontends.espnet2_frontend import ESPNET2_FRONTENDS
 
@@ -262,11 +262,11 @@ def extract_features(utts: Sequence[Any], frontend: Callable[..., Sequence[np.nd
     """Load ``utts`` and run ``frontend`` over them as one batch.
 
     Args:
-        utts: :class:`~espnet3_flows.manifest.Utterance` records.
+        utts: :class:`~espnet3_flows.inputs.records.Utterance` records.
         frontend: What :func:`build_frontend` built (not ``None``).
-        audio: The :class:`~espnet3_flows.audio.AudioConfig` to load with.
+        audio: The :class:`~espnet3_flows.inputs.audio.AudioConfig` to load with.
         storage_options: fsspec options for remote audio.
-        cache: The shard's :class:`~espnet3_flows.audio.RecordingCache`.
+        cache: The shard's :class:`~espnet3_flows.inputs.audio.RecordingCache`.
         kwargs: Extra keyword arguments for a model's ``collect_feats``.
 
     Returns:
@@ -275,7 +275,7 @@ def extract_features(utts: Sequence[Any], frontend: Callable[..., Sequence[np.nd
     Raises:
         BadItemError: unreadable audio, or features that are empty, not 2-D, NaN or Inf.
     """
-    from espnet3_flows.audio import load_audio
+    from espnet3_flows.inputs.audio import load_audio
     from espnet3_flows.errors import BadItemError
 
     loaded = [load_audio(u, audio, storage_options, cache) for u in utts]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from espnet3_flows.external_sort import sorted_lines
-from espnet3_flows.manifest import SkippedItem
+from espnet3_flows.inputs.records import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.scp import scp_offsets
 from espnet3_flows.stats.accumulator import StatsAccumulator

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from espnet3_flows.audio import RESAMPLERS, AudioConfig, check_audio_settings, read_audio
+from espnet3_flows.inputs.audio import RESAMPLERS, AudioConfig, check_audio_settings, read_audio
 from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner

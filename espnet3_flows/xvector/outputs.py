@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from espnet3_flows.manifest import validate_utt_id
+from espnet3_flows.inputs.records import validate_utt_id
 from espnet3_flows.storage import replace_atomically
 
 UTTS = "utts.tsv"  # a shard's per-utterance rows (written by EmbeddingWriter)
@@ -53,7 +53,7 @@ def _validate_key(key: object, kind: str) -> str:
 def write_utterance_tensors(out_dir: str | Path, embeddings: Mapping[str, np.ndarray]) -> list[Path]:
     """Write each embedding as ``out_dir/{utt_id}.pt`` (float32 torch tensor of shape [D]).
 
-    Every id is checked with `espnet3_flows.manifest.validate_utt_id` and every vector for shape
+    Every id is checked with `espnet3_flows.inputs.manifest.validate_utt_id` and every vector for shape
     and finiteness before any file is written. Each file appears atomically (temporary name,
     then rename). Returns the written paths in key order.
     """

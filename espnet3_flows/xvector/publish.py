@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from espnet3_flows.manifest import SkippedItem
+from espnet3_flows.inputs.records import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
 from espnet3_flows.xvector.outputs import UTTS, SpeakerMeans, write_speaker_xvector_ark_scp

@@ -13,10 +13,10 @@ import kaldiio
 import numpy as np
 import pytest
 
-from espnet3_flows.audio import AudioConfig, load_audio
+from espnet3_flows.inputs.audio import AudioConfig, load_audio
 from espnet3_flows.config import ConfigError, load_config
 from espnet3_flows.features.job import ExtractFeaturesConfig
-from espnet3_flows.manifest import read_manifest
+from espnet3_flows.inputs.manifest import read_manifest
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend
 from tests.support.servers import cli_env

@@ -16,7 +16,7 @@ import pytest
 import soundfile as sf
 
 from espnet3_flows.config import load_config
-from espnet3_flows.manifest import ManifestError
+from espnet3_flows.inputs.records import ManifestError
 from espnet3_flows.errors import ItemError, ShardFailure, is_item_os_error
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
 

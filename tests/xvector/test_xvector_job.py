@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from espnet3_flows.audio import AudioConfig, read_audio
+from espnet3_flows.inputs.audio import AudioConfig, read_audio
 from espnet3_flows.config import ConfigError, load_config, to_plain
-from espnet3_flows.manifest import read_manifest
+from espnet3_flows.inputs.manifest import read_manifest
 from espnet3_flows.xvector.job import XVectorJobConfig, XVectorRunner
 from espnet3_flows.xvector.model import load_speechbrain_encoder
 from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir

@@ -4,10 +4,11 @@ The driver reads each manifest once: it parses and checks every line, fingerprin
 files in batches, cuts content-defined shards and hashes them, and keeps, per shard, only the
 byte range of its lines (plus the few lines to leave out). Duplicate ids are found from 64-bit
 id hashes (8 bytes an utterance) and confirmed by a second look at the colliding ids only.
-Workers then read just their shard's bytes (:func:`~espnet3_flows.manifest.read_manifest_slice`).
+Workers then read just their shard's bytes (:func:`~espnet3_flows.inputs.manifest.read_manifest_slice`).
 A gzip-compressed manifest is decompressed once into a plain spool file beside the outputs,
-which the workers read by byte range instead; a Kaldi data directory is joined into one such
-file (:mod:`espnet3_flows.kaldi_dir`).
+which the workers read by byte range instead; a manifest that is not a line file (a Kaldi data
+directory, a dataset on disk) is written into one such file by its format
+(:meth:`~espnet3_flows.inputs.formats.ManifestFormat.prepare`).
 """
 
 from __future__ import annotations
@@ -18,29 +19,20 @@ import os
 import posixpath
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import IO, Any, Mapping
 
 import numpy as np
 
-from espnet3_flows import kaldi_dir
 from espnet3_flows.config import check_on_error
-from espnet3_flows.fingerprints import MISSING, Fingerprinter, fingerprint_files
-from espnet3_flows.manifest import (
-    ManifestError,
-    ManifestLineError,
-    SkippedItem,
-    entry_kind,
-    fingerprint_target,
-    iter_manifest_lines,
-    line_error,
-    manifest_format,
-    parse_manifest_line,
-    planning_fields,
-)
+from espnet3_flows.inputs.fingerprints import MISSING, Fingerprinter, fingerprint_files
+from espnet3_flows.inputs.formats import ManifestFormat, PreparedManifest, detect_format
+from espnet3_flows.inputs.manifest import iter_manifest_lines, parse_manifest_line, planning_fields
+from espnet3_flows.inputs.records import ManifestError, ManifestLineError, SkippedItem, line_error
 from espnet3_flows.sharding import Shard, ShardCutter, ShardPlan, code_salt, digest, id_hash64
 from espnet3_flows.storage import Storage
 
-_BLOCK = 4096
+#: Paths fingerprinted at a time while planning (one stat batch or one object-store listing)
+FINGERPRINT_BLOCK = 4096
 
 
 @dataclass
@@ -92,7 +84,7 @@ def plan_manifest(
         config: The job config that affects outputs.
         on_error: ``fail`` raises :class:`ManifestError` at the first bad line; ``skip`` leaves
             bad lines and repeated ids out and lists them.
-        fingerprint: ``stat`` or ``manifest`` (see :mod:`espnet3_flows.fingerprints`).
+        fingerprint: ``stat`` or ``manifest`` (see :mod:`espnet3_flows.inputs.fingerprints`).
         storage_options: fsspec options for a remote manifest and remote audio.
         spool: Storage where a compressed manifest is decompressed, or a data directory joined,
             for the workers.
@@ -107,25 +99,33 @@ def plan_manifest(
     """
     check_on_error(on_error)
     manifest = _local_abspath(manifest)
-    if kaldi_dir.is_data_dir(manifest, storage_options):
-        return _plan_data_dir(manifest, split, shard_size, config, on_error, fingerprint, storage_options, spool,
-                              spool_rel, salt, allow_pipes)
+    fmt = detect_format(manifest, storage_options)
+    prepared = fmt.prepare(manifest, split, spool=spool, spool_rel=spool_rel, on_error=on_error,
+                           storage_options=storage_options, allow_pipes=allow_pipes)
+    if prepared is not None and prepared.checked:
+        return _plan_checked(manifest, fmt, prepared, split, shard_size, config, fingerprint, storage_options, salt)
     source_path, writer_target = manifest, None
-    if manifest.endswith(".gz"):
+    if prepared is not None:
+        source_path = prepared.path
+    elif manifest.endswith(".gz"):
         if spool is None:
             raise ManifestError(f"split {split!r}: a compressed manifest ({manifest}) needs an output location "
                                 "to decompress it into")
         source_path, writer_target = _spool_target(manifest, split, spool, spool_rel, storage_options)
     salt = code_salt() if salt is None else salt
-    fmt = manifest_format(manifest)
     excluded: dict[int, str] = {}
     with Fingerprinter(fingerprint, storage_options) as fingerprinter:
         while True:
-            writer = _SpoolWriter(source_path, writer_target) if writer_target is not None else None
-            read_from = manifest if writer is not None else source_path  # the spool once it is written
-            plan, skipped, id_hashes = _plan_pass(manifest, _Source(source_path, fmt), split, shard_size, config,
-                                                  on_error, fingerprinter, storage_options, salt, excluded, writer,
-                                                  read_from, allow_pipes)
+            # the first pass decompresses the manifest beside the outputs, visible once whole
+            spooling = writer_target is not None
+            read_from = manifest if spooling else source_path  # the spool once it is written
+            source = _Source(source_path, fmt, origin=prepared.origin if prepared else "",
+                             cwd=prepared.cwd if prepared else "")
+            with (writer_target.atomic_writer(source_path[len(writer_target.uri()):].lstrip("/")) if spooling
+                  else contextlib.nullcontext()) as spool_out:
+                plan, skipped, id_hashes = _plan_pass(manifest, source, split, shard_size, config, on_error,
+                                                      fingerprinter, storage_options, salt, excluded, spool_out,
+                                                      read_from, allow_pipes)
             writer_target = None  # the spool is written by the first pass only
             repeated = _repeated_ids(source_path, fmt, split, id_hashes, storage_options, excluded)
             if not repeated:
@@ -138,36 +138,29 @@ def plan_manifest(
                              for line, (uid, first) in repeated.items()})
     if not plan.shards:
         raise ManifestError(f"split {split!r}: manifest {manifest} has no usable utterance")
-    return SplitPlan(plan, skipped, source_path)
+    return SplitPlan(plan, (prepared.skipped if prepared else []) + skipped, source_path)
 
 
-def _plan_data_dir(data_dir: str, split: str, shard_size: int, config: Mapping[str, Any], on_error: str,
-                   fingerprint: str, storage_options: Mapping[str, Any] | None, spool: Storage | None,
-                   spool_rel: str, salt: str | None, allow_pipes: bool) -> SplitPlan:
-    """Join a Kaldi data directory (or reuse its join) and plan the joined lines; its ids are
-    unique and its lines valid by construction, so one pass does."""
-    if spool is None:
-        raise ManifestError(f"split {split!r}: a data directory ({data_dir}) needs an output location to join "
-                            "its files into")
-    joined = kaldi_dir.prepare_joined(data_dir, split, spool, spool_rel, on_error=on_error,
-                                      storage_options=storage_options)
-    if not allow_pipes:
-        kaldi_dir.refuse_pipes(joined, split)
-    source = _Source(joined.path, "kaldi", origin=joined.join.origin, cwd=joined.join.cwd)
+def _plan_checked(manifest: str, fmt: ManifestFormat, prepared: PreparedManifest, split: str, shard_size: int,
+                  config: Mapping[str, Any], fingerprint: str, storage_options: Mapping[str, Any] | None,
+                  salt: str | None) -> SplitPlan:
+    """Plan a prepared line file whose ids are unique and lines valid by construction (a joined
+    Kaldi data directory): one pass, any bad line is a bug, not an item to skip."""
+    source = _Source(prepared.path, fmt, origin=prepared.origin, cwd=prepared.cwd)
     with Fingerprinter(fingerprint, storage_options) as fingerprinter:
-        plan, skipped, _ = _plan_pass(joined.path, source, split, shard_size, config, "fail", fingerprinter,
-                                      storage_options, code_salt() if salt is None else salt, {}, None, joined.path,
-                                      allow_pipes=True)  # refused above, naming the wav.scp line
-    return SplitPlan(plan, joined.join.skipped + skipped, joined.path)
+        plan, skipped, _ = _plan_pass(prepared.path, source, split, shard_size, config, "fail", fingerprinter,
+                                      storage_options, code_salt() if salt is None else salt, {}, None, prepared.path,
+                                      allow_pipes=True)  # the format refused commands while preparing
+    return SplitPlan(plan, prepared.skipped + skipped, prepared.path)
 
 
 @dataclass(frozen=True)
 class _Source:
-    """The file workers read and how: its line format, and for a joined data directory the file
-    line numbers count in and the directory commands run in."""
+    """The file workers read and how: its line format, and for a prepared manifest (a joined data
+    directory) the file line numbers count in and the directory commands run in."""
 
     path: str
-    format: str
+    format: ManifestFormat
     origin: str = ""
     cwd: str = ""
 
@@ -184,32 +177,6 @@ def _spool_target(manifest: str, split: str, spool: Storage, rel: str,
     spool_name = posixpath.join(rel, f"{stem or name}-{digest([manifest, stamp])[:16]}.{ext or 'txt'}")
     uri = spool.uri(spool_name)
     return (uri, None) if spool.exists(spool_name) else (uri, spool)
-
-
-class _SpoolWriter:
-    """Writes the decompressed manifest next to the outputs; visible only once complete (a
-    local file is renamed into place; an object store's upload completes in one step)."""
-
-    def __init__(self, uri: str, store: Storage):
-        self.store = store
-        self.rel = uri[len(store.uri()):].lstrip("/")
-        self.tmp_rel = f"{self.rel}.tmp-{os.getpid()}" if store.is_local else self.rel
-        if store.is_local:
-            os.makedirs(posixpath.dirname(store.path(self.tmp_rel)), exist_ok=True)
-        self.f = store.fs.open(store.path(self.tmp_rel), "wb")
-
-    def write(self, data: bytes) -> None:
-        self.f.write(data)
-
-    def commit(self) -> None:
-        self.f.close()
-        if self.tmp_rel != self.rel:
-            os.replace(self.store.path(self.tmp_rel), self.store.path(self.rel))
-
-    def abort(self) -> None:
-        with contextlib.suppress(Exception):
-            self.f.close()
-        self.store.remove(self.tmp_rel)
 
 
 class _PassState:
@@ -229,7 +196,7 @@ class _PassState:
     def add_block(self, block: list[tuple[int, int, bytes, str | None, str | bool]], prints: list[str]) -> None:
         """Add a block of lines: ``(line, end offset, raw, utt id or None, path or left-out flag)``."""
         fp = iter(prints)
-        joined_payload = kaldi_dir.joined_hash_payload if self.source.format == "kaldi" else None
+        hash_payload = self.source.format.hash_payload
         cutter, tail, bytes_hash, append_hash = self.cutter, self.tail, self.bytes, self.id_hashes.append
         for lineno, end, raw, utt_id, path in block:
             if utt_id is None:  # blank, comment, or left out: in the next shard's range if an item follows
@@ -245,8 +212,7 @@ class _PassState:
             h = id_hash64(utt_id)  # the same hash _repeated_ids checks candidates with
             append_hash(h)
             self.last = (lineno, end)
-            payload = joined_payload(raw) if joined_payload else raw.rstrip(b"\r\n")
-            if cutter.add(h, payload + b"\t" + next(fp).encode()):
+            if cutter.add(h, hash_payload(raw) + b"\t" + next(fp).encode()):
                 self.close()
                 bytes_hash = self.bytes
 
@@ -255,7 +221,7 @@ class _PassState:
         lineno, end = self.last
         src = self.source
         source: dict[str, Any] = {"path": src.path, "start": self.start, "end": end, "line": self.line,
-                                  "sha256": self.bytes.hexdigest(), "format": src.format}
+                                  "sha256": self.bytes.hexdigest(), "format": src.format.name}
         if src.origin:
             source["origin"], source["cwd"] = src.origin, src.cwd
         if self.skip:
@@ -268,70 +234,47 @@ class _PassState:
 
 def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, config: Mapping[str, Any],
                on_error: str, fingerprinter: Fingerprinter, storage_options: Mapping[str, Any] | None, salt: str,
-               excluded: Mapping[int, str], spool_writer: _SpoolWriter | None, read_from: str,
+               excluded: Mapping[int, str], spool_writer: IO[bytes] | None, read_from: str,
                allow_pipes: bool = False) -> tuple[ShardPlan, list[SkippedItem], array]:
     """One streaming pass: shards, skipped lines and every kept id's 64-bit hash (in order).
     A command entry (``cmd |``) without ``allow_pipes`` is an error under any ``on_error``."""
     st = _PassState(source, shard_size, digest(config), salt)
     fmt = source.format
-    joined = fmt == "kaldi"
     skipped: list[SkippedItem] = []
     block: list[tuple[int, int, bytes, str | None, str | bool]] = []
     paths: list[str] = []
-    try:
-        for lineno, end, raw in iter_manifest_lines(read_from, split, storage_options):
-            if spool_writer is not None:
-                spool_writer.write(raw)
-            try:
-                fields = planning_fields(raw, lineno, fmt)
-                if fields is not None and lineno in excluded:
-                    raise ManifestLineError(excluded[lineno], fields[0])
-            except ManifestLineError as exc:
-                if on_error == "fail":
-                    raise ManifestError(line_error(split, manifest, lineno, exc)) from None
-                skipped.append(SkippedItem(split, exc.utt_id, lineno, "", f"manifest: {exc}"))
-                block.append((lineno, end, raw, None, True))  # left out: the worker must not parse it
-                continue
-            if fields is None:
-                block.append((lineno, end, raw, None, False))
-                continue
-            if not allow_pipes and ("|" in fields[1] and entry_kind(fields[1]) == "pipe"
-                                    or fmt == "lhotse" and b'"command"' in raw and _lhotse_command(raw)):
-                raise ManifestError(line_error(split, manifest, lineno, ManifestLineError(
-                    f"the audio entry {fields[1]!r} is a command; commands run only with allow_pipes=true",
-                    fields[0])))
-            block.append((lineno, end, raw, fields[0], fields[1]))
-            path = fields[1]
-            if joined or path.startswith("ark:") or "|" in path:  # the file an archive entry or command reads
-                path = fingerprint_target(path)
-            paths.append(path)
-            if len(paths) >= _BLOCK:
-                st.add_block(block, fingerprinter.fingerprints(paths))
-                block, paths = [], []
-        st.add_block(block, fingerprinter.fingerprints(paths))
-        if st.cutter.count:
-            st.close()
+    for lineno, end, raw in iter_manifest_lines(read_from, split, storage_options):
         if spool_writer is not None:
-            spool_writer.commit()
-    except BaseException:
-        if spool_writer is not None:
-            spool_writer.abort()
-        raise
+            spool_writer.write(raw)
+        try:
+            fields = planning_fields(raw, lineno, fmt)
+            if fields is not None and lineno in excluded:
+                raise ManifestLineError(excluded[lineno], fields[0])
+        except ManifestLineError as exc:
+            if on_error == "fail":
+                raise ManifestError(line_error(split, manifest, lineno, exc)) from None
+            skipped.append(SkippedItem(split, exc.utt_id, lineno, "", f"manifest: {exc}"))
+            block.append((lineno, end, raw, None, True))  # left out: the worker must not parse it
+            continue
+        if fields is None:
+            block.append((lineno, end, raw, None, False))
+            continue
+        if not allow_pipes and fmt.runs_command(raw, fields[1]):
+            raise ManifestError(line_error(split, manifest, lineno, ManifestLineError(
+                f"the audio entry {fields[1]!r} is a command; commands run only with allow_pipes=true",
+                fields[0])))
+        block.append((lineno, end, raw, fields[0], fields[1]))
+        paths.append(fmt.fingerprint_path(fields[1]))  # the file an archive entry or command reads
+        if len(paths) >= FINGERPRINT_BLOCK:
+            st.add_block(block, fingerprinter.fingerprints(paths))
+            block, paths = [], []
+    st.add_block(block, fingerprinter.fingerprints(paths))
+    if st.cutter.count:
+        st.close()
     return ShardPlan(tuple(st.shards), shard_size, digest(config), salt), skipped, st.id_hashes
-def _lhotse_command(raw: bytes) -> bool:
-    """Whether a lhotse cut line's recording is read by a shell command."""
-    import json
-
-    from espnet3_flows.audio import lhotse_runs_commands
-
-    try:
-        cut = json.loads(raw)
-    except ValueError:
-        return False  # not JSON: reported as a bad line by the parser
-    return isinstance(cut, dict) and lhotse_runs_commands(cut)
 
 
-def _repeated_ids(manifest: str, fmt: str, split: str, id_hashes: array, storage_options: Mapping[str, Any] | None,
+def _repeated_ids(manifest: str, fmt: ManifestFormat, split: str, id_hashes: array, storage_options: Mapping[str, Any] | None,
                   excluded: Mapping[int, str]) -> dict[int, tuple[str, int]]:
     """Lines whose id repeats an earlier line's: ``{line: (id, first line)}`` (empty when none).
 

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from espnet3_flows import external_sort, kaldi_dir
-from espnet3_flows.audio import AudioConfig, AudioError, RecordingCache, load_audio, run_pipe
+from espnet3_flows import external_sort
+from espnet3_flows.inputs import kaldi_dir
+from espnet3_flows.inputs.audio import AudioConfig, AudioError, RecordingCache, load_audio, run_pipe
 from espnet3_flows.config import ConfigError, load_config
-from espnet3_flows.manifest import ManifestError, Utterance, fingerprint_target, read_manifest_slice
+from espnet3_flows.inputs.manifest import read_manifest_slice
+from espnet3_flows.inputs.records import ManifestError, Utterance, fingerprint_target
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
 from espnet3_flows.frontends.frontend import FbankFrontend, FrontendConfig
 from espnet3_flows.storage import Storage
@@ -399,7 +401,7 @@ def test_flac_and_wav_records_in_one_archive_read_only_their_bytes(tmp_path, mon
     reads = []
     import contextlib
 
-    import espnet3_flows.audio as audio_module
+    import espnet3_flows.inputs.audio as audio_module
 
     real_open = audio_module.fsspec.open
 

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from espnet3_flows.fingerprints import Fingerprinter, fingerprint_files
-from espnet3_flows.manifest import ManifestError, read_manifest_slice
-from espnet3_flows.manifest_plan import plan_manifest
+from espnet3_flows.inputs.fingerprints import Fingerprinter, fingerprint_files
+from espnet3_flows.inputs.manifest import read_manifest_slice
+from espnet3_flows.inputs.records import ManifestError
+from espnet3_flows.inputs.planner import plan_manifest
 from espnet3_flows.sharding import code_salt, plan_shards
 from espnet3_flows.storage import Storage
 
@@ -92,7 +93,7 @@ def test_tsv_and_lhotse_manifests_take_the_same_path(tmp_path, wavs):
     assert [(s.start, s.stop) for s in a.plan.shards] == [(s.start, s.stop) for s in b.plan.shards]  # ids decide
     assert b.manifest.startswith(str(tmp_path / "out" / "train" / "shards" / "inputs"))  # decompressed once
     utts = [u for s in b.plan.shards for u in read_manifest_slice(s.source, "train")]
-    assert [u.utt_id for u in utts] == [f"utt{i:07d}" for i in range(500)] and utts[7].cut["id"] == "utt0000007"
+    assert [u.utt_id for u in utts] == [f"utt{i:07d}" for i in range(500)] and utts[7].payload["id"] == "utt0000007"
     again = plan_manifest(str(jsonl), "train", 30, {}, spool=Storage(tmp_path / "out"), spool_rel="train/shards/inputs")
     assert again.plan.digest == b.plan.digest and again.manifest == b.manifest
 

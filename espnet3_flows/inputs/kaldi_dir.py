@@ -11,7 +11,7 @@ The join streams the files in Kaldi's order (keys sorted as ``LC_ALL=C sort`` so
 first, so the driver's memory does not grow with the utterances. With ``segments``, ``wav.scp``
 is held in memory: one entry per recording, not per utterance.
 
-``wav.scp`` entries (what :mod:`espnet3_flows.audio` reads):
+``wav.scp`` entries (what :mod:`espnet3_flows.inputs.audio` reads):
 
 - a path or fsspec URL of an audio file (relative paths are relative to the directory the job is
   started in, as in a recipe);
@@ -37,14 +37,8 @@ import fsspec
 
 from espnet3_flows.config import check_on_error
 from espnet3_flows.external_sort import sorted_rows
-from espnet3_flows.fingerprints import fingerprint_files
-from espnet3_flows.manifest import (
-    ManifestError,
-    SkippedItem,
-    entry_kind,
-    parse_joined_line,
-    validate_utt_id,
-)
+from espnet3_flows.inputs.fingerprints import fingerprint_files
+from espnet3_flows.inputs.records import ManifestError, SkippedItem, Utterance, entry_kind, validate_utt_id
 from espnet3_flows.sharding import digest
 from espnet3_flows.storage import Storage
 
@@ -56,7 +50,7 @@ _ARK_OFFSET = re.compile(r".+:\d+(\[[^\]]*\])?")
 
 
 def normalize_entry(rest: str, cwd: str) -> str:
-    """A ``wav.scp`` entry as :class:`~espnet3_flows.manifest.Utterance.path` holds it.
+    """A ``wav.scp`` entry as :class:`~espnet3_flows.inputs.manifest.Utterance.path` holds it.
 
     ``file.ark:offset`` becomes ``ark:/abs/file.ark:offset``; a relative local path becomes
     absolute against ``cwd`` (workers may start elsewhere); URLs and commands are kept.
@@ -366,6 +360,16 @@ def _parse_segment(rest: str) -> tuple[str, float, float | None]:
     return rec, start, end
 
 
+def parse_joined_line(line: str) -> Utterance:
+    """An :class:`~espnet3_flows.inputs.records.Utterance` from one joined line."""
+    cells = line.split("\t", 7)
+    if len(cells) != 8:
+        raise ValueError(f"not a joined data-directory line ({len(cells)} fields)")
+    utt, lineno, rec, start, end, speaker, text, entry = cells
+    return Utterance(utt, entry, text, speaker, int(lineno), start=float(start),
+                     end=float(end) if end else None, recording=rec)
+
+
 def joined_hash_payload(raw: bytes) -> bytes:
     """What a shard hash covers of a joined line: everything but its line number, so lines added
     earlier in ``wav.scp`` do not change the hashes of later utterances."""
@@ -411,23 +415,9 @@ def prepare_joined(data_dir: str, split: str, store: Storage, rel: str, *, on_er
         if on_error == "fail" and result.skipped:
             raise ManifestError(_skipped_as_error(result.skipped[0], split))
         return JoinedDataDir(store.uri(name), result)
-    local_dest = store.path(name) if store.is_local else None
-    tmp_dir = posixpath.dirname(local_dest) if local_dest else None
-    if tmp_dir:
-        os.makedirs(tmp_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=tmp_dir, prefix=".join-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w+b") as out:
-            result = join_data_dir(data_dir, split, out, on_error=on_error, storage_options=storage_options, cwd=cwd)
+    with store.atomic_writer(name) as out:
+        result = join_data_dir(data_dir, split, out, on_error=on_error, storage_options=storage_options, cwd=cwd)
         store.write_json(name + ".json", result.to_dict())  # the sidecar first: the joined file marks completion
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from workers running as another user
-        if local_dest:
-            os.replace(tmp, local_dest)
-        else:
-            store.publish_file(tmp, name)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return JoinedDataDir(store.uri(name), result)
 
 

@@ -7,7 +7,7 @@ import uuid
 
 import fsspec
 
-from espnet3_flows.fingerprints import Fingerprinter, fingerprint_files
+from espnet3_flows.inputs.fingerprints import Fingerprinter, fingerprint_files
 
 
 def test_fingerprint_files_local(tmp_path):
@@ -65,7 +65,7 @@ def test_many_local_files_in_order_and_the_slow_path(tmp_path, monkeypatch):
     expected = [f"{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}" if os.path.exists(p) else "missing" for p in paths]
     with Fingerprinter("stat") as fp:
         assert fp.fingerprints(paths) == expected
-    import espnet3_flows.fingerprints as mod
+    import espnet3_flows.inputs.fingerprints as mod
 
     monkeypatch.setattr(mod, "_SLOW_STAT_S", -1.0)  # every stat "slow": the thread pool path
     with Fingerprinter("stat", threads=4) as fp:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from espnet3_flows.audio import AudioConfig, AudioError, read_audio, resample
-from espnet3_flows.manifest import Utterance
+from espnet3_flows.inputs.audio import AudioConfig, AudioError, read_audio, resample
+from espnet3_flows.inputs.records import Utterance
 
 
 def _sine(freq: float, seconds: float, sr: int) -> np.ndarray:
@@ -128,7 +128,7 @@ def test_lhotse_cut_audio(tmp_path):
     sf.write(path, _sine(440, 0.5, 8000), 8000, subtype="FLOAT")
     rec = Recording.from_file(path, recording_id="r")
     cut = MonoCut(id="c", start=0.0, duration=rec.duration, channel=0, recording=rec).to_dict()
-    via_lhotse = read_audio(Utterance("c", str(path), cut=cut), AudioConfig())
+    via_lhotse = read_audio(Utterance("c", str(path), payload=cut, format="lhotse"), AudioConfig())
     np.testing.assert_allclose(via_lhotse, read_audio(_utt(path), AudioConfig()), atol=1e-6)
 
     long = tmp_path / "long.wav"
@@ -136,4 +136,4 @@ def test_lhotse_cut_audio(tmp_path):
     rec = Recording.from_file(long, recording_id="long")
     cut = MonoCut(id="long", start=0.0, duration=rec.duration, channel=0, recording=rec).to_dict()
     with pytest.raises(AudioError, match=r"utt 'long' .*duration 7200\.0 s exceeds max_duration"):
-        read_audio(Utterance("long", str(long), cut=cut), AudioConfig())
+        read_audio(Utterance("long", str(long), payload=cut, format="lhotse"), AudioConfig())

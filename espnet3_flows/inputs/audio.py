@@ -1,5 +1,7 @@
 """Audio loading for jobs: soundfile decoding through fsspec, Kaldi archives and commands,
-segments of longer recordings, channel choice, resampling, checks."""
+segments of longer recordings, channel choice, resampling, checks. An utterance whose manifest
+format loads its audio itself (:attr:`~espnet3_flows.inputs.records.Utterance.format`: a lhotse
+cut, a dataset row's bytes) is handed to that format from the registry."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import numpy as np
 import soundfile as sf
 
 from espnet3_flows.errors import BadItemError, describe_os_error, is_item_os_error
-from espnet3_flows.manifest import Utterance, entry_kind
+from espnet3_flows.inputs.formats.base import format_named
+from espnet3_flows.inputs.records import Utterance, entry_kind
 
 
 class AudioError(BadItemError):
@@ -47,7 +50,7 @@ class AudioConfig:
             decoding, so a 2-hour file is refused without loading it; for a segment, the
             segment's length); ``None`` = no limit.
         allow_pipes: Whether an audio entry ``command |`` may run (its standard output is the
-            audio); see :mod:`espnet3_flows.kaldi_dir`.
+            audio); see :mod:`espnet3_flows.inputs.kaldi_dir`.
         pipe_timeout: Seconds a command may run before it is killed (the shard then fails and
             is retried).
         resampler: How other rates are resampled (one of `RESAMPLERS`, see :func:`resample`).
@@ -146,8 +149,8 @@ def load_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str
             shard is retried).
     """
     try:
-        if utt.cut is not None:
-            samples, rate = _read_lhotse(utt, config)
+        if utt.format:
+            samples, rate = format_named(utt.format).load_audio(utt, config, storage_options)
         elif utt.recording:
             samples, rate = _read_segment(utt, config, storage_options, cache)
         else:
@@ -182,7 +185,8 @@ def audio_length(utt: Utterance, config: AudioConfig, storage_options: Mapping[s
 def audio_header(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None,
                  cache: RecordingCache | None = None) -> tuple[int, int]:
     """Length in samples at ``config.sampling_rate`` and the native rate, from the header alone
-    (nothing is decoded for audio files; a lhotse cut's from the manifest). Archive entries and
+    (nothing is decoded for audio files; a lhotse cut's from the manifest; otherwise as the
+    utterance's format reads it). Archive entries and
     commands have no header to read apart from their audio: they are decoded.
 
     Raises:
@@ -190,11 +194,8 @@ def audio_header(utt: Utterance, config: AudioConfig, storage_options: Mapping[s
             past the end of its recording.
     """
     try:
-        if utt.cut is not None:
-            seconds = float(utt.cut.get("duration", 0.0))
-            _check_duration(seconds, config)
-            native = (utt.cut.get("recording") or {}).get("sampling_rate") or utt.cut.get("sampling_rate")
-            return int(round(seconds * config.sampling_rate)), int(native or config.sampling_rate)
+        if utt.format:
+            return format_named(utt.format).audio_header(utt, config, storage_options)
         if utt.recording:
             key = recording_key(utt)
             cache = cache if cache is not None else RecordingCache()
@@ -214,7 +215,7 @@ def audio_header(utt: Utterance, config: AudioConfig, storage_options: Mapping[s
             frames, rate = _file_header(utt.path, storage_options)
         if frames <= 0:
             raise AudioError("zero-length audio")
-        _check_duration(frames / rate, config)
+        check_max_duration(frames / rate, config)
     except AudioError as exc:
         raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
     except OSError as exc:
@@ -239,10 +240,15 @@ def _file_header(path: str, storage_options: Mapping[str, Any] | None) -> tuple[
     """``(frames, rate)`` of an audio file from its header."""
     protocol = fsspec.core.split_protocol(path)[0]
     if protocol in (None, "file"):
-        with sf.SoundFile(_check_local_file(path)) as f:
-            _check_header(f)
-            return f.frames, f.samplerate
-    with fsspec.open(path, "rb", **dict(storage_options or {})) as raw, sf.SoundFile(raw) as f:
+        return read_header(_check_local_file(path))
+    with fsspec.open(path, "rb", **dict(storage_options or {})) as raw:
+        return read_header(raw)
+
+
+def read_header(source: Any) -> tuple[int, int]:
+    """``(frames, rate)`` from the header of ``source`` (a local path or a readable binary file
+    object), checked against its data."""
+    with sf.SoundFile(source) as f:
         _check_header(f)
         return f.frames, f.samplerate
 
@@ -276,7 +282,8 @@ def _check_header(f: "sf.SoundFile") -> None:
         raise AudioError("invalid sampling rate in header")
 
 
-def _check_duration(seconds: float, config: AudioConfig) -> None:
+def check_max_duration(seconds: float, config: AudioConfig) -> None:
+    """An :class:`AudioError` for an utterance longer than ``config.max_duration``."""
     if config.max_duration is not None and seconds > config.max_duration:
         raise AudioError(f"duration {seconds:.1f} s exceeds max_duration {config.max_duration:g} s")
 
@@ -317,14 +324,16 @@ def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str
     else:
         with fsspec.open(path, "rb", **(storage_options or {})) as f:
             source = io.BytesIO(f.read())
-    return _decode(source, config, check_duration)
+    return decode_audio(source, config, check_duration)
 
 
-def _decode(source: Any, config: AudioConfig, check_duration: bool = True) -> tuple[np.ndarray, int]:
+def decode_audio(source: Any, config: AudioConfig, check_duration: bool = True) -> tuple[np.ndarray, int]:
+    """``(channels × samples, rate)`` of ``source`` (a local path or a readable binary file object),
+    header and duration checked before anything is decoded."""
     with sf.SoundFile(source) as f:  # one open: the header is checked before anything is decoded
         _check_header(f)
         if check_duration:
-            _check_duration(f.frames / f.samplerate, config)
+            check_max_duration(f.frames / f.samplerate, config)
         data = f.read(dtype="float32", always_2d=True)
         rate = f.samplerate
     return data.T, int(rate)  # (channels, samples)
@@ -335,7 +344,7 @@ def _read_entry(entry: str, config: AudioConfig, storage_options: Mapping[str, A
     """``(channels × samples, rate)`` of an audio file, archive entry or command."""
     kind = entry_kind(entry)
     if kind == "pipe":
-        return _decode(io.BytesIO(_streamed_wav_sizes(run_pipe(entry, config, cwd))), config, check_duration)
+        return decode_audio(io.BytesIO(_streamed_wav_sizes(run_pipe(entry, config, cwd))), config, check_duration)
     if kind == "ark":
         return _read_ark(entry[len("ark:"):], config, storage_options, check_duration)
     return _read_soundfile(entry, config, storage_options, check_duration)
@@ -374,7 +383,7 @@ def _read_ark(spec: str, config: AudioConfig, storage_options: Mapping[str, Any]
             raise AudioError(f"archive entry {spec!r} holds {what}, not audio (WAV, or kaldiio's AUDIO record)")
     if len(data) < (size + 8 if head[:4] == b"RIFF" else size):
         raise AudioError(f"archive entry {spec!r} is truncated ({len(data)} bytes where its header says more)")
-    return _decode(io.BytesIO(data), config, check_duration)
+    return decode_audio(io.BytesIO(data), config, check_duration)
 
 
 def _unpack_le(raw: bytes, spec: str) -> int:
@@ -462,33 +471,10 @@ def _read_segment(utt: Utterance, config: AudioConfig, storage_options: Mapping[
                                                        check_duration=False))
     try:
         first, stop = _segment_bounds(utt, samples.shape[-1], rate)
-        _check_duration((stop - first) / rate, config)
+        check_max_duration((stop - first) / rate, config)
         return np.array(samples[:, first:stop]), rate
     finally:
         cache.done(key)
-
-
-def _read_lhotse(utt: Utterance, config: AudioConfig):
-    from lhotse import CutSet
-
-    if not config.allow_pipes and lhotse_runs_commands(utt.cut or {}):
-        raise AudioError("the cut's recording is read by a command (source type 'command') and allow_pipes is "
-                         "false")
-
-    _check_duration(float((utt.cut or {}).get("duration") or 0.0), config)  # from the manifest, before decoding
-
-    cut = CutSet.from_dicts([dict(utt.cut)])[0]  # type: ignore[arg-type]
-    audio = cut.load_audio()
-    return np.asarray(audio, dtype=np.float32).reshape(-1, audio.shape[-1]), int(cut.sampling_rate)
-
-
-def lhotse_runs_commands(cut: Mapping[str, Any]) -> bool:
-    """Whether loading a lhotse cut would run a shell command (any recording source of type
-    ``command``, in the cut or in the tracks of a mixed cut)."""
-    recordings = [cut.get("recording") or {}]
-    recordings += [(t.get("cut") or {}).get("recording") or {} for t in cut.get("tracks") or () if isinstance(t, dict)]
-    return any(isinstance(src, dict) and src.get("type") == "command"
-               for rec in recordings if isinstance(rec, dict) for src in rec.get("sources") or ())
 
 
 def _select_channel(samples: np.ndarray, channel: int | None) -> np.ndarray:

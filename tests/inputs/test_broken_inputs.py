@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from espnet3_flows.audio import AudioConfig, AudioError, audio_length, read_audio
+from espnet3_flows.inputs.audio import AudioConfig, AudioError, audio_length, read_audio
 from espnet3_flows.config import ConfigError, load_config
-from espnet3_flows.manifest import ManifestError, Utterance, read_manifest
-from espnet3_flows.manifest_plan import plan_manifest
+from espnet3_flows.inputs.manifest import read_manifest
+from espnet3_flows.inputs.records import ManifestError, Utterance
+from espnet3_flows.inputs.planner import plan_manifest
 from espnet3_flows.stats.job import CollectStatsConfig, CollectStatsRunner
 from espnet3_flows.xvector.job import XVectorJobConfig
 
@@ -118,7 +119,7 @@ def test_utf8_bom_is_not_part_of_the_first_id(tmp_path):
     utts, _ = read_manifest(str(manifest), "train")
     assert [u.utt_id for u in utts] == ["utt1", "utt2"]
     plan = plan_manifest(str(manifest), "train", 10, {})
-    from espnet3_flows.manifest import read_manifest_slice
+    from espnet3_flows.inputs.manifest import read_manifest_slice
 
     assert [u.utt_id for u in read_manifest_slice(plan.plan.shards[0].source)] == ["utt1", "utt2"]
 
@@ -158,9 +159,9 @@ def test_lhotse_command_sources_need_allow_pipes(tmp_path):
     """A lhotse cut whose recording is read by a shell command is refused like a wav.scp command."""
     import json
 
-    from espnet3_flows.audio import AudioConfig, AudioError, load_audio
-    from espnet3_flows.manifest import ManifestError, Utterance
-    from espnet3_flows.manifest_plan import plan_manifest
+    from espnet3_flows.inputs.audio import AudioConfig, AudioError, load_audio
+    from espnet3_flows.inputs.records import ManifestError, Utterance
+    from espnet3_flows.inputs.planner import plan_manifest
 
     marker = tmp_path / "ran"
     cut = {"id": "c1", "start": 0, "duration": 1.0, "channel": 0,
@@ -171,5 +172,5 @@ def test_lhotse_command_sources_need_allow_pipes(tmp_path):
     with pytest.raises(ManifestError, match=r"cuts\.jsonl:1: utt 'c1': .*is a command; .*allow_pipes=true"):
         plan_manifest(str(manifest), "train", 10, {})
     with pytest.raises(AudioError, match="source type 'command'.*allow_pipes is false"):
-        load_audio(Utterance("c1", "", cut=cut), AudioConfig())
+        load_audio(Utterance("c1", "", payload=cut, format="lhotse"), AudioConfig())
     assert not marker.exists()

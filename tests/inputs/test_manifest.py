@@ -9,15 +9,23 @@ import uuid
 import fsspec
 import pytest
 
-from espnet3_flows.manifest import (
+from espnet3_flows.inputs.formats import detect_format
+from espnet3_flows.inputs.manifest import read_manifest
+
+from espnet3_flows.inputs.records import (
+
     SKIPPED_HEADER,
+
     ManifestError,
+
     SkippedItem,
+
     Utterance,
-    is_lhotse_manifest,
-    read_manifest,
+
     validate_utt_id,
+
     write_skipped_tsv,
+
 )
 
 
@@ -37,7 +45,7 @@ def test_tsv_with_two_three_and_four_fields(tmp_path):
         Utterance("u3", "/a/3.wav", "bye", "spk7", 3),
         Utterance("u4", "/a/4.wav", "", "spk8", 4),
     ]
-    assert all(u.cut is None for u in utts)
+    assert all(u.payload is None and not u.format for u in utts)
 
 
 def test_comments_blank_lines_and_crlf_keep_line_numbers(tmp_path):
@@ -106,11 +114,11 @@ def test_lhotse_jsonl_manifests(tmp_path, name):
     lines = [json.dumps(_cut("c1", "/a/1.wav", "hi", "spk1")), "", json.dumps(_cut("c2", "/a/2.wav"))]
     data = ("\n".join(lines) + "\n").encode()
     (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
-    assert is_lhotse_manifest(name)
+    assert detect_format(str(tmp_path / name)).name == "lhotse"
     utts, _ = read_manifest(str(tmp_path / name), "train")
     assert [(u.utt_id, u.path, u.text, u.speaker, u.line) for u in utts] == [
         ("c1", "/a/1.wav", "hi", "spk1", 1), ("c2", "/a/2.wav", "", "", 3)]
-    assert utts[0].cut["recording"]["sources"][0]["source"] == "/a/1.wav"
+    assert utts[0].payload["recording"]["sources"][0]["source"] == "/a/1.wav"
 
 
 def test_lhotse_manifest_built_by_lhotse(tmp_path):

@@ -1,0 +1,19 @@
+"""Manifest formats as a registry: one module per format, each a :class:`ManifestFormat` subclass.
+
+Built in: ``tsv`` (:mod:`.tsv`), ``lhotse`` CutSets (:mod:`.lhotse`), Kaldi data directories
+(:mod:`.kaldi`) and HuggingFace ``datasets`` saved to disk (:mod:`.hf`). Adding one:
+``docs/adding-a-format.md``. This package imports only :mod:`.base` eagerly; the format modules
+are imported on the first registry lookup.
+"""
+
+from espnet3_flows.inputs.formats.base import (
+    BUILTIN_FORMAT_MODULES,
+    ManifestFormat,
+    PreparedManifest,
+    detect_format,
+    format_named,
+    known_formats,
+)
+
+__all__ = ["BUILTIN_FORMAT_MODULES", "ManifestFormat", "PreparedManifest", "detect_format", "format_named",
+           "known_formats"]

@@ -1,0 +1,192 @@
+"""Reading manifests: a manifest's raw lines, one line parsed by its format, a whole small
+manifest, and the byte range of one shard (what a worker reads). Formats come from the registry
+(:mod:`espnet3_flows.inputs.formats`)."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import zlib
+from dataclasses import replace
+from typing import Any, Iterator, Mapping
+
+import fsspec
+
+from espnet3_flows.config import check_on_error
+from espnet3_flows.inputs.formats import ManifestFormat, detect_format, format_named
+from espnet3_flows.inputs.records import (
+    ManifestError,
+    ManifestLineError,
+    SkippedItem,
+    Utterance,
+    line_error,
+    validate_utt_id,
+)
+
+BOM = b"\xef\xbb\xbf"
+
+def iter_manifest_lines(path: str, split: str = "",
+                        storage_options: Mapping[str, Any] | None = None) -> Iterator[tuple[int, int, bytes]]:
+    """Stream a manifest's raw lines as ``(line number, byte offset after the line, bytes)``.
+
+    Offsets count bytes of the decompressed text (``.gz`` manifests are decompressed on the
+    fly), so ``[end of line k, end of line m)`` is the byte range of lines ``k+1..m``.
+
+    Raises:
+        ManifestError: the file is missing, unreadable, or not the gzip its name says, naming
+            split and file.
+    """
+    try:
+        with contextlib.ExitStack() as stack:
+            raw = stack.enter_context(fsspec.open(path, "rb", **(storage_options or {})))
+            stream = stack.enter_context(gzip.GzipFile(fileobj=raw)) if path.endswith(".gz") else raw
+            end, held = 0, None
+            # one line held back: a truncated gzip stream ends in a partial line, then EOFError,
+            # and the error must name the file, not the partial line's parse failure
+            for lineno, bline in enumerate(stream, start=1):
+                if held is not None:
+                    yield held
+                end += len(bline)
+                held = (lineno, end, bline)
+            if held is not None:
+                yield held
+    except FileNotFoundError:
+        raise ManifestError(f"split {split!r}: manifest not found: {path}") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise ManifestError(f"split {split!r}: manifest {path} is not a valid gzip file: {exc}") from None
+    except ManifestError:
+        raise
+    except IsADirectoryError:
+        raise ManifestError(f"split {split!r}: manifest {path} is a directory") from None
+    except Exception as exc:  # noqa: BLE001 - remote back ends raise many types
+        raise ManifestError(f"split {split!r}: cannot read manifest {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def parse_manifest_line(bline: bytes, lineno: int, fmt: str | ManifestFormat = "tsv") -> Utterance | None:
+    """Parse one raw manifest line of format ``fmt`` (a registered format or its name); ``None``
+    for a blank or comment line.
+
+    A UTF-8 byte-order mark at the start of line 1 is dropped.
+
+    Raises:
+        ManifestLineError: undecodable bytes, a malformed line or an unsafe id.
+    """
+    fmt = format_named(fmt)
+    if lineno == 1 and bline.startswith(BOM):
+        bline = bline[len(BOM):]
+    try:
+        line = bline.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        uid = fmt.line_id(bline.decode("utf-8", "backslashreplace"))
+        raise ManifestLineError(f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})", uid) from None
+    if not line.strip() or fmt.comment_prefix is not None and line.startswith(fmt.comment_prefix):
+        return None
+    try:
+        utt = fmt.parse_line(line, lineno)
+        validate_utt_id(utt.utt_id)
+    except ValueError as exc:
+        raise ManifestLineError(str(exc), fmt.line_id(line)) from None
+    return utt
+
+
+def planning_fields(bline: bytes, lineno: int, fmt: str | ManifestFormat = "tsv") -> tuple[str, str] | None:
+    """``(utt_id, audio entry)`` of a manifest line for planning; ``None`` for blank or comment lines.
+
+    The format's quick path takes the common line; anything else goes through
+    :func:`parse_manifest_line` (same checks, same errors).
+
+    Raises:
+        ManifestLineError: as :func:`parse_manifest_line`.
+    """
+    fmt = format_named(fmt)
+    if lineno > 1 or not bline.startswith(BOM):
+        fields = fmt.quick_fields(bline, lineno)
+        if fields is not None:
+            return fields
+    utt = parse_manifest_line(bline, lineno, fmt)
+    return None if utt is None else (utt.utt_id, fmt.planning_entry(utt))
+
+
+def read_manifest(
+    path: str,
+    split: str = "",
+    on_error: str = "fail",
+    storage_options: Mapping[str, Any] | None = None,
+) -> tuple[list[Utterance], list[SkippedItem]]:
+    """Read a whole TSV (``utt_id<TAB>wav_path[<TAB>text[<TAB>speaker_id]]``) or lhotse CutSet manifest.
+
+    For small manifests and tools; jobs stream manifests into shard plans instead
+    (:mod:`espnet3_flows.inputs.planner`). Blank lines and lines starting with ``#`` are
+    ignored. Malformed lines, unsafe or duplicate ids and undecodable bytes raise
+    :class:`ManifestError` naming the split, file and line, or are returned as skipped items
+    under ``on_error="skip"``. A manifest with no usable line is always an error.
+
+    Returns:
+        The utterances in manifest order and the skipped lines.
+    """
+    check_on_error(on_error)
+    fmt = detect_format(path, storage_options)
+    utts: list[Utterance] = []
+    skipped: list[SkippedItem] = []
+    seen: dict[str, int] = {}
+    for lineno, _, bline in iter_manifest_lines(path, split, storage_options):
+        try:
+            utt = parse_manifest_line(bline, lineno, fmt)
+            if utt is None:
+                continue
+            if utt.utt_id in seen:
+                raise ManifestLineError(f"duplicate utterance id {utt.utt_id!r} (first on line {seen[utt.utt_id]})",
+                                        utt.utt_id)
+        except ManifestLineError as exc:
+            if on_error == "fail":
+                raise ManifestError(line_error(split, path, lineno, exc)) from None
+            skipped.append(SkippedItem(split, exc.utt_id, lineno, "", f"manifest: {exc}"))
+            continue
+        seen[utt.utt_id] = lineno
+        utts.append(utt)
+    if not utts:
+        raise ManifestError(f"split {split!r}: manifest {path} has no usable utterance")
+    return utts, skipped
+
+
+def read_manifest_slice(source: Mapping[str, Any], split: str = "",
+                        storage_options: Mapping[str, Any] | None = None) -> list[Utterance]:
+    """The utterances of one shard: a byte range of a manifest (what a worker reads, nothing more).
+
+    Args:
+        source: ``{"path", "start", "end", "line", "skip", "sha256", "format", "origin"}`` as
+            planned by :func:`espnet3_flows.inputs.planner.plan_manifest`: bytes ``[start, end)``
+            of the (decompressed or joined) manifest, the number of their first line, lines left
+            out (skipped or duplicate), the digest of the bytes, the line format, and for a data
+            directory the file its utterances' line numbers count in.
+
+    Raises:
+        ManifestError: the bytes changed since planning (the manifest was edited: rerun).
+    """
+    path, start, end = str(source["path"]), int(source["start"]), int(source["end"])
+    try:
+        fs, fpath = fsspec.core.url_to_fs(path, **(storage_options or {}))
+        data = fs.cat_file(fpath, start=start, end=end)
+    except FileNotFoundError:
+        raise ManifestError(f"split {split!r}: manifest not found: {path}") from None
+    if hashlib.sha256(data).hexdigest() != source["sha256"]:
+        raise ManifestError(f"split {split!r}: manifest {path} changed since the run was planned "
+                            f"(bytes {start}-{end}); rerun to plan it again")
+    skip = set(source.get("skip") or ())
+    fmt = format_named(source["format"]) if "format" in source else detect_format(path, storage_options)
+    origin = str(source.get("origin") or "")
+    utts = []
+    lines = data.split(b"\n")  # as a file iterates: on "\n" only (bytes.splitlines would split on "\r")
+    if lines and not lines[-1]:
+        lines.pop()
+    for lineno, bline in enumerate(lines, start=int(source["line"])):
+        if lineno in skip:
+            continue
+        try:
+            utt = parse_manifest_line(bline, lineno, fmt)
+        except ManifestLineError as exc:
+            raise ManifestError(line_error(split, path, lineno, exc)) from None
+        if utt is not None:
+            utts.append(replace(utt, origin=origin) if origin else utt)
+    return utts

@@ -1,0 +1,182 @@
+"""Utterance records: what one input item is, the checks on its id, skipped items and the
+errors that name a manifest's line; the bottom of :mod:`espnet3_flows.inputs`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from espnet3_flows.errors import Espnet3FlowsError
+
+_UNSAFE_CHARS = {"/", "\\", "\0", "\n", "\r", "\t", " "}
+#: ids made only of these, not starting with "-" or ".", without "..": safe at once
+SAFE_ID = re.compile(r"(?!-)(?!\.)(?!.*\.\.)[A-Za-z0-9_.:+=@,%-]+")
+#: endings of the file names among a command's arguments (see :func:`fingerprint_target`)
+_AUDIO_EXTENSIONS = (".wav", ".flac", ".sph", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".wv", ".shn", ".aif",
+                     ".aiff", ".au", ".amr", ".webm", ".mp4")
+
+
+class ManifestError(Espnet3FlowsError, ValueError):
+    """A manifest file or one of its lines is invalid; the message names split, file and line."""
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One input item of a speech job.
+
+    Attributes:
+        utt_id: Unique id; safe to use as a file name (see :func:`validate_utt_id`).
+        path: The audio: a local path or fsspec URL, a Kaldi ark entry ``ark:file:offset``,
+            or a command ending in ``|`` whose standard output is the audio (run only with
+            ``allow_pipes``; see :mod:`espnet3_flows.inputs.audio`).
+        text: Transcript (may be empty).
+        speaker: Speaker id (may be empty).
+        line: 1-based line in the manifest (0 for lhotse cuts without lines).
+        payload: What the utterance's :attr:`format` needs to load its audio (a lhotse cut as a
+            dict; a dataset row's location), or ``None`` for a plain :attr:`path` entry.
+        start: Start of the utterance in its recording, in seconds (Kaldi ``segments``).
+        end: End in seconds, or ``None`` for the end of the recording.
+        recording: Recording id when the utterance is a segment of a longer recording (its
+            recording is then decoded once for all its segments in a shard); empty otherwise.
+        origin: The file ``line`` counts in, when it is not the manifest itself (a data
+            directory's ``segments`` or ``wav.scp``).
+        format: The registered manifest format (:mod:`espnet3_flows.inputs.formats`) that loads
+            this utterance's audio from :attr:`payload`; empty when :attr:`path` is read as it is.
+    """
+
+    utt_id: str
+    path: str
+    text: str = ""
+    speaker: str = ""
+    line: int = 0
+    payload: Mapping[str, Any] | None = field(default=None, compare=False)
+    start: float = 0.0
+    end: float | None = None
+    recording: str = ""
+    origin: str = ""
+    format: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Utterance":
+        """Inverse of :meth:`to_dict`."""
+        return cls(**dict(d))
+
+    def where(self, split: str = "") -> str:
+        """Human-readable location: ``split train, line 12, utt 'u1' (/data/u1.wav)``
+        (``data/train/segments:12`` in place of ``line 12`` for a data directory's utterance)."""
+        parts = [f"split {split}"] if split else []
+        if self.line:
+            parts.append(f"{self.origin}:{self.line}" if self.origin else f"line {self.line}")
+        parts.append(f"utt {self.utt_id!r} ({self.path})")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class SkippedItem:
+    """An input left out under ``on_error: skip``, with the reason; written to ``skipped.tsv``."""
+
+    split: str
+    utt_id: str
+    line: int
+    path: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SkippedItem":
+        """Inverse of :meth:`to_dict`."""
+        return cls(str(d["split"]), str(d["utt_id"]), int(d["line"]), str(d["path"]), str(d["reason"]))
+
+    def tsv_line(self) -> str:
+        """One line of ``skipped.tsv``: split, utt id, line, path, reason (tabs and newlines escaped)."""
+        cells = [self.split, self.utt_id, str(self.line), self.path, self.reason]
+        return "\t".join(c.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r") for c in cells)
+
+
+SKIPPED_HEADER = "split\tutt_id\tline\tpath\treason"
+
+
+def validate_utt_id(utt_id: str) -> str:
+    """Reject ids that could escape a directory or break line-based files.
+
+    Rejected: empty ids, ``.``/``..`` or any ``..`` component, path separators, NUL,
+    whitespace (tab, newline, space), control characters, a leading ``-``, or more than
+    255 UTF-8 bytes.
+
+    Returns:
+        The id unchanged.
+
+    Raises:
+        ValueError: naming the id and the reason.
+    """
+    if SAFE_ID.fullmatch(utt_id) and len(utt_id) <= 63:  # the common case, in one regex match
+        return utt_id
+    if not utt_id:
+        raise ValueError("empty utterance id")
+    bad = sorted(c for c in set(utt_id) if c in _UNSAFE_CHARS or ord(c) < 32 or ord(c) == 127)
+    if bad:
+        raise ValueError(f"utterance id {utt_id!r} contains unsafe characters {bad!r}")
+    if ".." in utt_id or utt_id in (".",):
+        raise ValueError(f"utterance id {utt_id!r} contains '..'")
+    if utt_id.startswith("-"):
+        raise ValueError(f"utterance id {utt_id!r} starts with '-'")
+    if len(utt_id.encode("utf-8")) > 255:
+        raise ValueError(f"utterance id {utt_id[:40]!r}... is longer than 255 bytes")
+    return utt_id
+
+
+def entry_kind(entry: str) -> str:
+    """How an audio entry (:attr:`Utterance.path`) is read: ``pipe`` (``command |``), ``ark``
+    (``ark:file:offset``, a Kaldi archive) or ``file`` (a path or URL)."""
+    stripped = entry.strip()
+    if stripped.endswith("|") or stripped.startswith("|"):
+        return "pipe"
+    if stripped.startswith("ark:"):
+        return "ark"
+    return "file"
+
+
+def fingerprint_target(entry: str) -> str:
+    """The file whose size and mtime stand for an entry in shard hashes: the audio file, the
+    archive, or for a command the last argument that looks like a file (a path or an audio
+    file name; empty when none does: the command's text alone is then hashed)."""
+    kind = entry_kind(entry)
+    if kind == "file":
+        return entry
+    if kind == "ark":
+        spec = entry[len("ark:"):]
+        return spec.split("[", 1)[0].rsplit(":", 1)[0]
+    words = entry.strip().strip("|").split()[1:]
+    for word in reversed(words):
+        w = word.strip("'\"")
+        if "/" in w or w.lower().endswith(_AUDIO_EXTENSIONS):
+            return w
+    return ""
+
+
+class ManifestLineError(ValueError):
+    """One manifest line is unusable (the caller adds split, file and line)."""
+
+    def __init__(self, problem: str, utt_id: str = ""):
+        super().__init__(problem)
+        self.utt_id = utt_id
+
+
+
+def line_error(split: str, path: str, lineno: int, exc: ManifestLineError) -> str:
+    """The message of a bad manifest line: ``split 'x': file:line: utt 'id': problem``."""
+    return f"split {split!r}: {path}:{lineno}: " + (f"utt {exc.utt_id!r}: " if exc.utt_id else "") + str(exc)
+
+
+
+def write_skipped_tsv(items: list[SkippedItem]) -> str:
+    """The text of ``skipped.tsv`` (a header line, then one line per skipped item)."""
+    return "\n".join([SKIPPED_HEADER, *(s.tsv_line() for s in items)]) + "\n"
