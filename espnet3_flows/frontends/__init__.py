@@ -12,8 +12,7 @@ The names below are imported on first use (importing the package imports no nump
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from espnet3_flows.lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "FrontendConfig": "espnet3_flows.frontends.frontend",
@@ -23,8 +22,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import struct
 import uuid
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import soundfile as sf
 
 from espnet3_flows.inputs.audio import AudioConfig, AudioError, read_audio, resample
 from espnet3_flows.inputs.records import Utterance
+from tests.support.audio_files import sparse_wav
 
 
 def _sine(freq: float, seconds: float, sr: int) -> np.ndarray:
@@ -88,22 +88,13 @@ def test_errors_name_the_utterance(tmp_path):
         read_audio(_utt(inf), AudioConfig())
 
 
-def _sparse_wav(path: Path, seconds: int, sr: int) -> None:
-    n_bytes = seconds * sr * 2
-    header = (b"RIFF" + struct.pack("<I", 36 + n_bytes) + b"WAVE" + b"fmt "
-              + struct.pack("<IHHIIHH", 16, 1, 1, sr, sr * 2, 2, 16) + b"data" + struct.pack("<I", n_bytes))
-    with open(path, "wb") as f:
-        f.write(header)
-        f.truncate(len(header) + n_bytes)
-
-
 def test_max_duration_is_checked_from_the_header(tmp_path):
     path = tmp_path / "long.wav"
-    _sparse_wav(path, 3 * 3600, 8000)
+    sparse_wav(path, 3 * 3600, 8000)
     with pytest.raises(AudioError, match=r"utt 'u1' .*duration 10800\.0 s exceeds max_duration 3600 s"):
         read_audio(_utt(path), AudioConfig())
     short = tmp_path / "short.wav"
-    _sparse_wav(short, 2, 8000)
+    sparse_wav(short, 2, 8000)
     with pytest.raises(AudioError, match="exceeds max_duration 1 s"):
         read_audio(_utt(short), AudioConfig(max_duration=1.0))
     assert len(read_audio(_utt(short), AudioConfig(sampling_rate=8000, max_duration=None))) == 16000
@@ -132,7 +123,7 @@ def test_lhotse_cut_audio(tmp_path):
     np.testing.assert_allclose(via_lhotse, read_audio(_utt(path), AudioConfig()), atol=1e-6)
 
     long = tmp_path / "long.wav"
-    _sparse_wav(long, 2 * 3600, 8000)
+    sparse_wav(long, 2 * 3600, 8000)
     rec = Recording.from_file(long, recording_id="long")
     cut = MonoCut(id="long", start=0.0, duration=rec.duration, channel=0, recording=rec).to_dict()
     with pytest.raises(AudioError, match=r"utt 'long' .*duration 7200\.0 s exceeds max_duration"):

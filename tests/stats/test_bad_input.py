@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import struct
 import tracemalloc
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from espnet3_flows.config import load_config
 from espnet3_flows.inputs.records import ManifestError
 from espnet3_flows.errors import ItemError, ShardFailure, is_item_os_error
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
+from tests.support.audio_files import sparse_wav
 
 SR = 16000
 BAD_LINE = 4  # every manifest below: a comment, two good lines, the bad line, a good line
@@ -292,21 +292,10 @@ def test_three_channel_audio(tmp_path, good, clean):
                          "channel 5 requested but the audio has 3 channel(s)", "frontend.channel=5")
 
 
-def _sparse_wav(path: Path, seconds: int, sr: int = SR) -> int:
-    """A valid PCM16 WAV of ``seconds`` of silence, written as a sparse file (no disk, no time)."""
-    n_bytes = seconds * sr * 2
-    header = (b"RIFF" + struct.pack("<I", 36 + n_bytes) + b"WAVE" + b"fmt "
-              + struct.pack("<IHHIIHH", 16, 1, 1, sr, sr * 2, 2, 16) + b"data" + struct.pack("<I", n_bytes))
-    with open(path, "wb") as f:
-        f.write(header)
-        f.truncate(len(header) + n_bytes)
-    return n_bytes
-
-
 @pytest.mark.parametrize("frontend", ["fbank", "none"])
 def test_two_hour_file_is_refused_from_its_header(tmp_path, good, clean, frontend):
     path = tmp_path / "two_hours.wav"
-    size = _sparse_wav(path, 2 * 3600)
+    size = sparse_wav(path, 2 * 3600)
     assert sf.info(path).duration == 7200.0
     # The run is serial, in this process: tracemalloc sees every numpy buffer it allocates (numpy
     # reports its data buffers to it), so a decode of the 2-hour file (230 MB as int16) shows as
