@@ -8,32 +8,10 @@ that grows in the middle keeps every other shard and its outputs.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from espnet3_flows import __version__
-
-#: Bump when the on-disk meaning of a shard's outputs changes, so old shards recompute.
-#: 2: content-defined boundaries; per-utterance rows live in shard files, not done records.
-FORMAT_VERSION = "2"
-
-
-def canonical_json(obj: Any) -> str:
-    """JSON text that is identical for equal values (sorted keys, no spaces)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str, allow_nan=False)
-
-
-def digest(obj: Any) -> str:
-    """SHA-256 hex digest of the canonical JSON of ``obj``."""
-    return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()
-
-
-def code_salt(extra: str = "") -> str:
-    """The code-version salt mixed into every shard hash."""
-    return f"espnet3_flows={__version__};format={FORMAT_VERSION};{extra}"
-
+from espnet3_flows.hashing import add_item, code_salt, config_digest, id_hash64, shard_hasher, shards_digest
 
 def shard_name(shard_hash: str) -> str:
     """Directory name of a shard: ``split.`` and the first 16 hex digits of its hash.
@@ -42,11 +20,6 @@ def shard_name(shard_hash: str) -> str:
     positions of every later shard, and a shard must find its ``done`` record wherever it now is.
     """
     return f"split.{shard_hash[:16]}"
-
-
-def id_hash64(key: str) -> int:
-    """A 64-bit hash of an item's identity: decides shard boundaries and finds duplicate ids."""
-    return int.from_bytes(hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 def shard_size_bounds(shard_size: int) -> tuple[int, int, int]:
@@ -157,11 +130,6 @@ class ShardPlan:
                    str(d["config_hash"]), str(d["salt"]))
 
 
-def shards_digest(hashes: Iterable[str]) -> str:
-    """Digest of an ordered list of shard hashes."""
-    return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
-
-
 class ShardCutter:
     """Streams items into content-defined shards and hashes each one.
 
@@ -177,20 +145,20 @@ class ShardCutter:
 
     def __init__(self, shard_size: int, config_hash: str, salt: str):
         self.min_items, self.max_items, self.period = shard_size_bounds(shard_size)
-        self._prefix = salt.encode() + b"\0" + config_hash.encode()
-        self._hash = hashlib.sha256(self._prefix)
+        self._salt, self._config_hash = salt, config_hash
+        self._hash = shard_hasher(salt, config_hash)
         self.count = 0
 
     def add(self, cut_hash: int, key: str | bytes) -> bool:
         """Add one item (its identity hash and its key); ``True`` when the shard ends after it."""
-        self._hash.update(b"\0" + (key if isinstance(key, bytes) else key.encode("utf-8", "surrogatepass")))
+        add_item(self._hash, key)
         self.count += 1
         return self.count >= self.max_items or (self.count >= self.min_items and cut_hash % self.period == 0)
 
     def close(self) -> tuple[str, int]:
         """End the current shard: its hash and item count (the cutter starts a new shard)."""
         out = (self._hash.hexdigest(), self.count)
-        self._hash = hashlib.sha256(self._prefix)
+        self._hash = shard_hasher(self._salt, self._config_hash)
         self.count = 0
         return out
 
@@ -215,7 +183,7 @@ def plan_shards(
             by default.
     """
     salt = code_salt() if salt is None else salt
-    config_hash = digest(config or {})
+    config_hash = config_digest(config)
     cutter = ShardCutter(shard_size, config_hash, salt)
     idx = None if indices is None else tuple(int(i) if hasattr(i, "__index__") else i for i in indices)
     if idx is not None and len(idx) != len(item_keys):

@@ -74,7 +74,7 @@ def test_no_import_cycles():
 JOBS = ("stats", "xvector", "features", "batching")
 #: what the layers below the jobs are (imports only point down: none of them names a job)
 SHARED = ("frontends", "parallel", "inputs", "sharding",
-          "storage", "config", "errors", "scp", "external_sort")
+          "storage", "config", "errors", "scp", "external_sort", "hashing", "lazy_exports")
 
 
 def _package(module: str) -> str:

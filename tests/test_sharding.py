@@ -8,16 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from espnet3_flows.sharding import (
-    Shard,
-    ShardCutter,
-    ShardPlan,
-    canonical_json,
-    code_salt,
-    digest,
-    plan_shards,
-    shard_size_bounds,
-)
+from espnet3_flows.hashing import canonical_json, code_salt, digest, id_hash64
+from espnet3_flows.sharding import Shard, ShardCutter, ShardPlan, plan_shards, shard_size_bounds
 
 
 def _keys(n: int, start: int = 0) -> list[str]:
@@ -102,7 +94,6 @@ def test_cutter_streams_the_same_plan():
     keys = _keys(2000)
     plan = plan_shards(keys, 50, {"k": 1})
     cutter = ShardCutter(50, digest({"k": 1}), code_salt())
-    from espnet3_flows.sharding import id_hash64
 
     hashes = []
     for i, key in enumerate(keys):

@@ -39,7 +39,7 @@ from espnet3_flows.config import check_on_error
 from espnet3_flows.external_sort import sorted_rows
 from espnet3_flows.inputs.fingerprints import fingerprint_files
 from espnet3_flows.inputs.records import ManifestError, SkippedItem, Utterance, entry_kind, validate_utt_id
-from espnet3_flows.sharding import digest
+from espnet3_flows.hashing import token
 from espnet3_flows.storage import Storage
 
 #: The files of a data directory this module reads (``wav.scp`` is required)
@@ -406,7 +406,7 @@ def prepare_joined(data_dir: str, split: str, store: Storage, rel: str, *, on_er
     files = data_dir_files(data_dir, split, storage_options)
     prints = fingerprint_files(list(files.values()), storage_options)
     cwd = os.getcwd()
-    key = digest([JOINED_VERSION, sorted(files.items()), sorted(prints.items()), cwd])[:16]
+    key = token(JOINED_VERSION, [sorted(files.items()), sorted(prints.items()), cwd], 16)
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", posixpath.basename(data_dir.rstrip("/")) or "data")
     name = posixpath.join(rel, f"{stem}-{key}.kaldi.tsv")
     meta = store.read_json(name + ".json") if store.exists(name) else None

@@ -28,7 +28,8 @@ from espnet3_flows.inputs.fingerprints import MISSING, Fingerprinter, fingerprin
 from espnet3_flows.inputs.formats import ManifestFormat, PreparedManifest, detect_format
 from espnet3_flows.inputs.manifest import iter_manifest_lines, parse_manifest_line, planning_fields
 from espnet3_flows.inputs.records import ManifestError, ManifestLineError, SkippedItem, line_error
-from espnet3_flows.sharding import Shard, ShardCutter, ShardPlan, code_salt, digest, id_hash64
+from espnet3_flows.hashing import code_salt, config_digest, id_hash64, item_key, token
+from espnet3_flows.sharding import Shard, ShardCutter, ShardPlan
 from espnet3_flows.storage import Storage
 
 #: Paths fingerprinted at a time while planning (one stat batch or one object-store listing)
@@ -89,7 +90,7 @@ def plan_manifest(
         spool: Storage where a compressed manifest is decompressed, or a data directory joined,
             for the workers.
         spool_rel: Directory below ``spool`` for that file.
-        salt: Code-version salt (:func:`~espnet3_flows.sharding.code_salt` by default).
+        salt: Code-version salt (:func:`~espnet3_flows.hashing.code_salt` by default).
         allow_pipes: Whether commands (``cmd |``) may stand for audio; otherwise a data
             directory's first command entry is an error.
 
@@ -174,7 +175,7 @@ def _spool_target(manifest: str, split: str, spool: Storage, rel: str,
         raise ManifestError(f"split {split!r}: manifest not found: {manifest}")
     name = posixpath.basename(manifest)[: -len(".gz")]
     stem, _, ext = name.rpartition(".")
-    spool_name = posixpath.join(rel, f"{stem or name}-{digest([manifest, stamp])[:16]}.{ext or 'txt'}")
+    spool_name = posixpath.join(rel, f"{stem or name}-{token(None, [manifest, stamp], 16)}.{ext or 'txt'}")
     uri = spool.uri(spool_name)
     return (uri, None) if spool.exists(spool_name) else (uri, spool)
 
@@ -212,7 +213,7 @@ class _PassState:
             h = id_hash64(utt_id)  # the same hash _repeated_ids checks candidates with
             append_hash(h)
             self.last = (lineno, end)
-            if cutter.add(h, hash_payload(raw) + b"\t" + next(fp).encode()):
+            if cutter.add(h, item_key(hash_payload(raw), next(fp))):
                 self.close()
                 bytes_hash = self.bytes
 
@@ -238,7 +239,7 @@ def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, conf
                allow_pipes: bool = False) -> tuple[ShardPlan, list[SkippedItem], array]:
     """One streaming pass: shards, skipped lines and every kept id's 64-bit hash (in order).
     A command entry (``cmd |``) without ``allow_pipes`` is an error under any ``on_error``."""
-    st = _PassState(source, shard_size, digest(config), salt)
+    st = _PassState(source, shard_size, config_digest(config), salt)
     fmt = source.format
     skipped: list[SkippedItem] = []
     block: list[tuple[int, int, bytes, str | None, str | bool]] = []
@@ -271,7 +272,7 @@ def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, conf
     st.add_block(block, fingerprinter.fingerprints(paths))
     if st.cutter.count:
         st.close()
-    return ShardPlan(tuple(st.shards), shard_size, digest(config), salt), skipped, st.id_hashes
+    return ShardPlan(tuple(st.shards), shard_size, config_digest(config), salt), skipped, st.id_hashes
 
 
 def _repeated_ids(manifest: str, fmt: ManifestFormat, split: str, id_hashes: array, storage_options: Mapping[str, Any] | None,

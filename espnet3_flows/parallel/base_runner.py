@@ -28,6 +28,7 @@ from espnet3_flows.parallel.env_injection import call_with_env, missing_keys
 from espnet3_flows.parallel.env_provider import ProviderError
 from espnet3_flows.parallel.results import RunOutcome, ShardResult, ShardStatus
 from espnet3_flows.parallel.shard_lifecycle import DONE, RECORDS, WHOLE_SHARD, run_shard
+from espnet3_flows.hashing import runner_item_key
 from espnet3_flows.sharding import Shard, ShardPlan, plan_shards, shard_name
 from espnet3_flows.storage import Storage
 
@@ -210,7 +211,7 @@ class BaseRunner:
     # ---- what else a runner may define (ours) -------------------------------------------
     def item_keys(self, items: Sequence[Any]) -> list[str]:
         """Identity and fingerprint of each item, hashed into its shard (default: the item itself)."""
-        return [str(i) if isinstance(i, int) else json.dumps(i) for i in items]
+        return [runner_item_key(i) for i in items]
 
     def hash_config(self) -> Mapping[str, Any]:
         """The part of the job config that changes outputs (hashed into every shard)."""

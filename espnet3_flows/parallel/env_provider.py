@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import Espnet3FlowsError
-from espnet3_flows.sharding import digest
+from espnet3_flows.hashing import token
 
 
 class ProviderError(Espnet3FlowsError, RuntimeError):
@@ -59,9 +59,9 @@ class EnvironmentProvider(ABC):
 
 def _config_token(provider: Any) -> str:
     cls = type(provider)
-    return digest({"cls": f"{cls.__module__}.{cls.__qualname__}",
-                   "config": to_plain(getattr(provider, "config", None)),
-                   "params": to_plain(getattr(provider, "params", None))})[:24]
+    return token(None, {"cls": f"{cls.__module__}.{cls.__qualname__}",
+                        "config": to_plain(getattr(provider, "config", None)),
+                        "params": to_plain(getattr(provider, "params", None))})
 
 
 def provider_token(provider: Any) -> str:

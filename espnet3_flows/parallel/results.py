@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from espnet3_flows.sharding import Shard, ShardPlan, code_salt, shard_name, shards_digest
+from espnet3_flows.hashing import code_salt, shards_digest
+from espnet3_flows.sharding import Shard, ShardPlan, shard_name
 
 
 @dataclass

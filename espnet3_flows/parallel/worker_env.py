@@ -8,7 +8,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Mapping
 
 from espnet3_flows.parallel.env_provider import EnvironmentProvider, check_env, checked_setup_fn, provider_token
-from espnet3_flows.sharding import digest
+from espnet3_flows.hashing import token
 
 #: Most environments (models) a process keeps, and most runners (small: config and plan options):
 #: a long-lived worker that serves runs with other configs drops the least recently used
@@ -109,10 +109,10 @@ def build_setup_env(setup_fn: Callable[[], Any]) -> dict[str, Any]:
 def runner_key(runner: Any) -> str:
     """A key naming a runner's work: its class, environment, output location and shard options."""
     store = runner.storage
-    return digest({"cls": f"{type(runner).__module__}.{type(runner).__qualname__}",
-                   "env": provider_token(runner.provider), "output": store.uri() if store else None,
-                   "subdir": runner.shard_subdir, "on_error": runner.on_error, "batch_size": runner.batch_size,
-                   "config": runner.hash_config()})[:24]
+    return token(None, {"cls": f"{type(runner).__module__}.{type(runner).__qualname__}",
+                        "env": provider_token(runner.provider), "output": store.uri() if store else None,
+                        "subdir": runner.shard_subdir, "on_error": runner.on_error, "batch_size": runner.batch_size,
+                        "config": runner.hash_config()})
 
 
 def register_runner(key: str, runner: Any) -> None:

@@ -16,7 +16,8 @@ from espnet3_flows.inputs.fingerprints import Fingerprinter, fingerprint_files
 from espnet3_flows.inputs.manifest import read_manifest_slice
 from espnet3_flows.inputs.records import ManifestError
 from espnet3_flows.inputs.planner import plan_manifest
-from espnet3_flows.sharding import code_salt, plan_shards
+from espnet3_flows.hashing import code_salt
+from espnet3_flows.sharding import plan_shards
 from espnet3_flows.storage import Storage
 
 

@@ -32,7 +32,7 @@ from espnet3_flows.errors import Espnet3FlowsError
 from espnet3_flows.inputs.audio import AudioConfig, AudioError, check_max_duration, decode_audio, read_header
 from espnet3_flows.inputs.formats.base import ManifestFormat, PreparedManifest
 from espnet3_flows.inputs.records import ManifestError, Utterance
-from espnet3_flows.sharding import digest
+from espnet3_flows.hashing import token
 from espnet3_flows.storage import Storage
 
 #: Column roles and their default names
@@ -84,8 +84,8 @@ class HfDatasetFormat(ManifestFormat):
             raise ManifestError(f"split {split!r}: dataset {directory} has no column {missing[0]!r} (columns: "
                                 f"{ds.column_names}; name others with {directory}?id=...&audio=...)")
         state = os.stat(os.path.join(directory, "state.json"))
-        key = digest([EXPORT_VERSION, directory, ds._fingerprint, state.st_size, state.st_mtime_ns,
-                      sorted(columns.items()), os.getcwd()])[:16]
+        key = token(EXPORT_VERSION, [directory, ds._fingerprint, state.st_size, state.st_mtime_ns,
+                                     sorted(columns.items()), os.getcwd()], 16)
         stem = re.sub(r"[^A-Za-z0-9_.-]", "_", posixpath.basename(directory) or "dataset")
         name = posixpath.join(spool_rel, f"{stem}-{key}.hf.jsonl")
         if not spool.exists(name):
