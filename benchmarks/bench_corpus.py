@@ -48,7 +48,7 @@ MB = 1024 ** 2
 # ---- corpus ---------------------------------------------------------------------------------
 def sources() -> list[str]:
     """300 short WAVs (0.1–0.5 s), generated once."""
-    from espnet3_flows.demo import make_demo_corpus
+    from espnet3_flows.inputs.demo import make_demo_corpus
 
     manifest = ROOT / "sources.tsv"
     if not manifest.exists():

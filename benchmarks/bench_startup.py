@@ -58,7 +58,7 @@ def _once(cmd: list[str], env: dict[str, str], root: Path, tag: str) -> dict[str
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Measure, write ``startup.json`` and return the result."""
-    from espnet3_flows.demo import make_demo_corpus
+    from espnet3_flows.inputs.demo import make_demo_corpus
     from espnet3_flows.orchestration.local_server import LocalPrefectServer
 
     repeats = 1 if quick else int(os.environ.get("ESPNET3_BENCH_STARTUP_REPEATS") or 5)

@@ -98,7 +98,7 @@ def corpus_manifest(n: int) -> Path:
     not depend on the total, so one ``wav/`` directory serves every size; each size gets its
     own manifest file that never changes once written (stable fingerprints, reusable shards).
     """
-    from espnet3_flows.demo import make_demo_corpus
+    from espnet3_flows.inputs.demo import make_demo_corpus
 
     root = DATA / "corpus"
     manifest = root / f"train_{n}.tsv"

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from espnet3_flows.inputs.audio import AudioConfig, RecordingCache, recording_key
 from espnet3_flows.config import ConfigError, check_choices
-from espnet3_flows.demo import DEMO_UTTERANCES
+from espnet3_flows.inputs.demo import DEMO_UTTERANCES
 from espnet3_flows.inputs.fingerprints import FINGERPRINT_MODES
 from espnet3_flows.errors import ON_ERROR_POLICIES
 from espnet3_flows.inputs.manifest import read_manifest_slice

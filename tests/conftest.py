@@ -61,7 +61,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def demo_corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A small generated corpus (60 utterances, 3 speakers): split name → manifest path."""
-    from espnet3_flows.demo import make_demo_corpus
+    from espnet3_flows.inputs.demo import make_demo_corpus
 
     root = tmp_path_factory.mktemp("demo")
     manifests = make_demo_corpus(root, n_utts=60, n_speakers=3, min_seconds=0.5, max_seconds=1.5,

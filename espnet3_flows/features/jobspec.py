@@ -10,5 +10,5 @@ JOB = JobSpec(
     schema="espnet3_flows.features.job:ExtractFeaturesConfig",
     runners="espnet3_flows.features.job:feature_runners",
     worker_modules=("numpy", "torch", "soundfile", "lhotse", "kaldiio"),
-    demo="espnet3_flows.demo:demo_manifest_settings",
+    demo="espnet3_flows.inputs.demo:demo_manifest_settings",
 )

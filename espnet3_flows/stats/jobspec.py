@@ -9,5 +9,5 @@ JOB = JobSpec(
     schema="espnet3_flows.stats.job:CollectStatsConfig",
     runners="espnet3_flows.stats.job:collect_stats_runners",
     worker_modules=("numpy", "torch", "soundfile", "lhotse", "matplotlib.figure", "matplotlib.backends.backend_agg"),
-    demo="espnet3_flows.demo:demo_manifest_settings",
+    demo="espnet3_flows.inputs.demo:demo_manifest_settings",
 )

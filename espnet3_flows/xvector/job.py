@@ -199,7 +199,7 @@ def demo_settings(cfg: XVectorJobConfig) -> dict[str, Any] | None:
         return None
     import sys
 
-    from espnet3_flows.demo import DEMO_UTTERANCES, demo_manifests, demo_root
+    from espnet3_flows.inputs.demo import DEMO_UTTERANCES, demo_manifests, demo_root
     from espnet3_flows.xvector.model import HPARAMS_FILE
     from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
 

@@ -58,7 +58,7 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
 
         # 8 kHz input under the 16 kHz default: the merge's warning, logged by espnet3_flows.stats.outputs
         # (not the flow's logger), reaches the run's logs in the API (extra_loggers in prefect.yaml)
-        from espnet3_flows.demo import make_demo_corpus
+        from espnet3_flows.inputs.demo import make_demo_corpus
 
         low = make_demo_corpus(tmp_path / "demo8k", n_utts=8, sampling_rate=8000, splits={"valid": 1.0})
         params8 = params | {"manifests": {"valid": str(low["valid"])}, "output_dir": str(tmp_path / "out8k")}

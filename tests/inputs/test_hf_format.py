@@ -13,7 +13,7 @@ import pytest
 datasets = pytest.importorskip("datasets")
 
 from espnet3_flows.config import load_config  # noqa: E402
-from espnet3_flows.demo import make_demo_corpus  # noqa: E402
+from espnet3_flows.inputs.demo import make_demo_corpus  # noqa: E402
 from espnet3_flows.inputs.formats import detect_format  # noqa: E402
 from espnet3_flows.inputs.formats import hf  # noqa: E402
 from espnet3_flows.inputs.manifest import read_manifest_slice  # noqa: E402

@@ -48,7 +48,7 @@ def _cli(home: Path, *args: str, timeline: Path | None = None, timeout: float = 
 
 @pytest.fixture(scope="module")
 def four_utterances(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from espnet3_flows.demo import make_demo_corpus
+    from espnet3_flows.inputs.demo import make_demo_corpus
 
     root = tmp_path_factory.mktemp("four")
     return make_demo_corpus(root, n_utts=4, n_speakers=2, min_seconds=0.5, max_seconds=1.0,

@@ -15,7 +15,7 @@ import torch
 
 from espnet3_flows import external_sort
 from espnet3_flows.config import load_config
-from espnet3_flows.demo import make_demo_corpus
+from espnet3_flows.inputs.demo import make_demo_corpus
 from espnet3_flows.errors import ShardFailure
 from espnet3_flows.sharding import ShardPlan, shard_size_bounds
 from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
