@@ -80,10 +80,10 @@ class EngineConfig:
             Boundaries are content-defined (a shard ends after an utterance whose id hash says
             so, at least ``shard_size/2`` and at most ``2·shard_size`` utterances in), so
             inserting or removing manifest lines recomputes only the shards that hold them. Each
-            computed shard is one Prefect task (~10 ms of Prefect's bookkeeping on its worker, and
-            the API server's recording of its states; ``benchmarks/README.md``, scale); 1000
-            utterances of 2-6 s are ~1 s of work per worker, and at this size the flow's steady
-            state equals the engine's without Prefect. Lower it when there are more workers than
+            computed shard is one Prefect task: about 10 ms of wall time more than the engine
+            without Prefect (``benchmarks/README.md``, scale: 1,000 shards in 49.9 s against
+            39.3 s, medians of 3); 1000 utterances of 2-6 s are ~1 s of work per worker, and at
+            this size the flow's steady state equals the engine's without Prefect. Lower it when there are more workers than
             shards.
         on_error: ``fail`` stops the run at the first bad item (never retried: it fails the same
             way every time); ``skip`` lists it in ``skipped.tsv`` and goes on.
