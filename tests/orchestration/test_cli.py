@@ -102,7 +102,7 @@ def test_help_lists_every_key(tmp_path):
     proc = subprocess.run([sys.executable, "flows/extract_xvectors.py", "--help"], cwd=ROOT,
                           env=_clean_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0
-    for key in ("xvector.pretrained_model=", "xvector.spk_embed_tag=\"xvector\"", "shard_size=128",
+    for key in ("xvector.pretrained_model=", "xvector.spk_embed_tag=\"\"", "shard_size=128",
                 "parallel.env=\"local\"", "on_error=\"fail\""):
         assert key in proc.stdout
     _assert_every_key_described(proc.stdout)
