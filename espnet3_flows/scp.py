@@ -33,14 +33,15 @@ def point_scps_at_published(staged: Sequence[tuple[Path, str]], uri: Callable[[s
     Raises:
         RuntimeError: an scp line points inside ``staging`` at a file that is not published.
     """
+    scps = [path for path, _ in staged if path.suffix == ".scp"]
+    if not scps:  # most shards (one .pt per utterance publishes many files): no path resolved
+        return 0
     targets: dict[str, str] = {}
     for path, rel in staged:
         targets[str(path)] = targets[os.path.realpath(path)] = uri(rel)
     roots = {str(staging), os.path.realpath(staging)}
     rewritten = 0
-    for path, _ in staged:
-        if path.suffix != ".scp":
-            continue
+    for path in scps:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
