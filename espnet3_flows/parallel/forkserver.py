@@ -27,6 +27,13 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 if TYPE_CHECKING:
     from espnet3_flows.parallel.cluster import ParallelConfig
 
+#: Preloaded first: imports the driver's main module once in the server (:mod:`.forkserver_main`;
+#: not imported here, so that the package is whole before it runs the driver's script)
+MAIN_PRELOAD = "espnet3_flows.parallel.forkserver_main"
+#: The environment variable naming the driver's main module to the forkserver: ``path:<file>``
+#: (a script) or ``name:<module>`` (``python -m``)
+MAIN_ENV = "ESPNET3_FLOWS_FORKSERVER_MAIN"
+
 #: Dask's default ``MALLOC_TRIM_THRESHOLD_`` for the workers its nannies start
 DASK_TRIM_DEFAULT = "65536"
 
@@ -61,6 +68,21 @@ def wants_forkserver(cfg: ParallelConfig) -> bool:
     return cfg.backend.forks and cfg.start_method == "forkserver" and not cfg.trim_worker_memory
 
 
+def main_module_ref() -> str | None:
+    """How a child of this process finds its main module again (the value of :data:`MAIN_ENV`),
+    or ``None`` when children import none (an interactive session, ``python -c``, a package's
+    ``__main__`` run with ``-m``)."""
+    from multiprocessing import spawn
+
+    data = spawn.get_preparation_data("ref")
+    if data.get("init_main_from_path"):
+        return f"path:{data['init_main_from_path']}"
+    name = data.get("init_main_from_name")
+    if name and name != "__main__" and not name.endswith(".__main__"):
+        return f"name:{name}"
+    return None
+
+
 def _server_alive() -> bool:
     pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
     if pid is None:
@@ -72,29 +94,61 @@ def _server_alive() -> bool:
     return done == 0
 
 
-def start_forkserver(modules: Sequence[str] = ()) -> bool:
+def start_forkserver(modules: Sequence[str] = (), env: dict[str, str] | None = None) -> bool:
     """Start the forkserver with ``distributed`` and ``modules`` imported; returns at once.
 
     The imports run in the server process, in the background; the first worker fork waits for
-    them. Idempotent: a server already running keeps its modules. Returns ``False`` when a
-    forkserver was started in this process by someone else (its environment is unknown, so
-    workers are spawned instead).
+    them. The server also imports this process's main module (a script the workers would each
+    import again: :mod:`.forkserver_main`). Idempotent: a server already running keeps its
+    modules. Returns ``False`` when a forkserver was started in this process by someone else
+    (its environment is unknown, so workers are spawned instead).
+
+    Imports nothing heavy here (not even Dask): a command line starts it before its own imports.
+
+    Args:
+        modules: What the server imports (after ``distributed``).
+        env: Variables the server (and so every worker forked from it) sees on top of this
+            process's environment, as if they were set here: e.g. the URL of an API server this
+            process exports only later.
     """
     global _SERVER_ENV, _SERVER_MODULES
     if _server_alive():
         return _SERVER_ENV is not None
-    import dask
-    import distributed.utils
-
-    with dask.config.set({_MP_METHOD_KEY: "forkserver"}):
-        ctx = distributed.utils.get_mp_context()  # Dask's own preload choice, made once, replaced here
     preload = list(dict.fromkeys(["distributed", *modules]))
-    ctx.set_forkserver_preload(preload)
+    main = main_module_ref()
+    multiprocessing.get_context("forkserver").set_forkserver_preload([MAIN_PRELOAD, *preload] if main else preload)
     with without_inherited_trim_threshold():
-        _SERVER_ENV, _SERVER_MODULES = dict(os.environ), tuple(preload)
-        multiprocessing.forkserver.ensure_running()
+        _SERVER_ENV, _SERVER_MODULES = {**os.environ, **(env or {})}, tuple(preload)
+        with _variables({**(env or {}), **({MAIN_ENV: main} if main else {})}):
+            multiprocessing.forkserver.ensure_running()
     _LOG.debug("forkserver started (preloading %s)", ", ".join(preload))
     return True
+
+
+@contextlib.contextmanager
+def _variables(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment for the block (the previous values put back)."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def keep_dask_preload() -> None:
+    """Tell Dask our forkserver's preload is chosen: on its first worker start, Dask's
+    ``get_mp_context`` would otherwise import its own preload list (pandas among it) in this
+    process, for a server already running with ours (``distributed.utils``' private flag; nothing
+    happens where it is absent)."""
+    import distributed.utils
+
+    if getattr(distributed.utils, "_forkserver_preload_set", True) is False:
+        distributed.utils._forkserver_preload_set = True
 
 
 def stop_forkserver() -> None:
@@ -136,6 +190,7 @@ def local_worker_start(cfg: ParallelConfig, cluster_kwargs: dict[str, Any]) -> t
     """
     if not wants_forkserver(cfg) or not start_forkserver():
         return "spawn", cluster_kwargs
+    keep_dask_preload()
     env = worker_environment()
     if env is None:
         return "spawn", cluster_kwargs

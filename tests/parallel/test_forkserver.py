@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing.forkserver
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,55 @@ def test_which_configs_fork():
     assert local_worker_start(ParallelConfig(env="local", start_method="spawn"), {"n_workers": 1}) == ("spawn", {"n_workers": 1})
     with pytest.raises(ConfigError, match="start_method"):
         ParallelConfig(start_method="fork")
+
+
+SCRIPT = '''
+import os, sys
+with open(os.environ["IMPORTS_LOG"], "a") as f:
+    f.write(f"{__name__} {os.getpid()}\\n")
+if __name__ == "__main__":
+    from espnet3_flows.parallel import ParallelConfig, get_client
+    from espnet3_flows.parallel.forkserver import start_forkserver
+    import multiprocessing.forkserver
+
+    assert start_forkserver(["colorsys"])
+    with get_client(config=ParallelConfig(env="local", n_workers=2), wait_for_workers=2) as client:
+        seen = client.run(lambda: (sys.modules["__main__"].__file__, "colorsys" in sys.modules, os.getppid()))
+    print(multiprocessing.forkserver._forkserver._forkserver_pid, sorted(set(seen.values())))
+'''
+
+
+@pytest.mark.dask
+def test_the_driver_script_is_imported_once_by_the_forkserver_not_by_each_worker(tmp_path):
+    """Python's spawn semantics import the main script in every child; the forkserver imports it
+    once instead (Python 3.11's own ``'__main__'`` preload never receives the path)."""
+    import subprocess
+
+    script, log = tmp_path / "driver.py", tmp_path / "imports.log"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "IMPORTS_LOG": str(log),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    env.pop("ESPNET3_FLOWS_FORKSERVER_MAIN", None)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    server_pid, seen = out.stdout.split(" ", 1)
+    imports = [line.split() for line in log.read_text().splitlines()]
+    assert [name for name, _ in imports] == ["__main__", "__mp_main__"]  # the driver, then the forkserver only
+    assert imports[1][1] == server_pid
+    assert seen.strip() == repr([(str(script), True, int(server_pid))])  # forked workers: main module and preload there
+
+
+def test_main_module_ref_names_a_script_by_path(monkeypatch, tmp_path):
+    import types
+
+    from espnet3_flows.parallel.forkserver import main_module_ref
+
+    fake = types.ModuleType("__main__")
+    fake.__file__ = str(tmp_path / "driver.py")
+    fake.__spec__ = None
+    monkeypatch.setitem(sys.modules, "__main__", fake)
+    assert main_module_ref() == f"path:{tmp_path / 'driver.py'}"
+    fake.__spec__ = types.SimpleNamespace(name="espnet3_flows.__main__")  # python -m: children import nothing
+    assert main_module_ref() is None
+    fake.__spec__ = types.SimpleNamespace(name="mypkg.driver")
+    assert main_module_ref() == "name:mypkg.driver"

@@ -1,0 +1,49 @@
+"""Preloaded by the forkserver (:mod:`.forkserver`): imports the driver's main module there once,
+as ``__mp_main__``, so that the workers forked from it do not each run it again.
+
+A child of Python's ``spawn`` and ``forkserver`` start methods re-imports the parent's main
+module (a script by its path, ``python -m pkg.mod`` by its name) before it runs anything, unless
+its own ``__main__`` is that module already. ``multiprocessing`` means the forkserver's
+``'__main__'`` preload to do that once in the server, but on Python 3.11 the server is never
+told the path (it asks for ``main_path``; the preparation data names it
+``init_main_from_path``), so every forked worker ran the driver's script again: a flow script's
+imports (Prefect's flow machinery, this package) were ~0.9 s of each local worker's start, after
+its fork, on the 2-core machine of ``benchmarks/`` (``startup``).
+
+:func:`~.forkserver.start_forkserver` names the main module in
+:data:`~.forkserver.MAIN_ENV` and preloads this module first; it takes the variable out of the server's environment (forked workers never see
+it). A main module that fails to import here is logged and left to the workers, which then import
+it themselves (and fail there, as a spawned worker would).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from espnet3_flows.parallel.forkserver import MAIN_ENV
+
+
+def _import_driver_main() -> None:
+    ref = os.environ.pop(MAIN_ENV, None)
+    if not ref:
+        return
+    from multiprocessing import process, spawn
+
+    kind, _, target = ref.partition(":")
+    fixup = {"path": getattr(spawn, "_fixup_main_from_path", None),
+             "name": getattr(spawn, "_fixup_main_from_name", None)}.get(kind)
+    if fixup is None:
+        return
+    current = process.current_process()
+    current._inheriting = True  # type: ignore[attr-defined]  # as a spawned child imports it
+    try:
+        fixup(target)
+    except BaseException:  # noqa: BLE001 - the workers import it themselves, as without this
+        logging.getLogger(__name__).warning("the forkserver could not import the main module %s; "
+                                            "each worker imports it", target, exc_info=True)
+    finally:
+        del current._inheriting  # type: ignore[attr-defined]
+
+
+_import_driver_main()
