@@ -37,8 +37,8 @@ NAME = "startup"
 FLOOR = "import torch, lhotse, prefect, distributed, soundfile"
 #: (column, from event (the first of several that the run passed), to event); ``start`` is the
 #: process start, ``end`` its exit
-PHASES = (("imports", ("start",), "main"), ("plan + job imports", ("main",), "planned"),
-          ("server wait", ("planned",), "server_ready"), ("flow start", ("server_ready", "planned"), "flow_started"),
+PHASES = (("plan", ("start",), "planned"), ("imports", ("planned",), "main"),
+          ("server wait", ("main",), "server_ready"), ("flow start", ("server_ready", "main"), "flow_started"),
           ("workers", ("flow_started",), "workers_ready"), ("first shard", ("workers_ready",), "first_shard"),
           ("shards + merge", ("first_shard",), "shards_merged"), ("flow end", ("shards_merged",), "flow_returned"),
           ("server stop", ("flow_returned",), "server_stopped"), ("exit", ("summary_printed",), "end"))

@@ -13,14 +13,14 @@ from typing import Callable
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatch to the job named by the first argument."""
-    from espnet3_flows.orchestration.local_server import discard_early, launch_early
+    from espnet3_flows.job_registry import available_jobs
+    from espnet3_flows.orchestration.early_start import start_early
+    from espnet3_flows.orchestration.local_server import discard_early
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and not args[0].startswith("-"):
-        launch_early(args[1:])  # the private Prefect server starts while the job's imports run
-    from espnet3_flows.job_registry import available_jobs
-
     jobs = available_jobs()
+    if args and args[0] in jobs:
+        start_early(args[0], args[1:])  # the server, the plan and the workers start while the job's imports run
     if not args or args[0] not in jobs:
         discard_early()
         listing = "\n".join(f"  {name:18s} {spec.description}" for name, spec in jobs.items())
@@ -41,9 +41,9 @@ def __getattr__(name: str) -> Callable[[], int]:
         raise AttributeError(name)
 
     def script() -> int:
-        from espnet3_flows.orchestration.local_server import launch_early
+        from espnet3_flows.orchestration.early_start import start_early
 
-        launch_early(sys.argv[1:])  # the private Prefect server starts while the job's imports run
+        start_early(name, sys.argv[1:])  # the server, the plan and the workers start while the job's imports run
         from espnet3_flows.orchestration.entry import exit_now
         from espnet3_flows.orchestration.entry import main as run
 

@@ -2,10 +2,10 @@
 
 import sys
 
-if __name__ == "__main__":  # the private Prefect server starts while the imports below run
-    from espnet3_flows.orchestration.local_server import launch_early
+if __name__ == "__main__":  # the private Prefect server, the plan and the workers start before the imports below
+    from espnet3_flows.orchestration.early_start import start_early
 
-    launch_early(sys.argv[1:])
+    start_early("collect_stats", sys.argv[1:])
 
 from espnet3_flows.orchestration.entry import exit_now, job_flow, main  # noqa: E402
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from espnet3_flows.inputs.audio import AudioConfig
 from espnet3_flows.config import ConfigError
 from espnet3_flows.features.outputs import FeatureShardWriter, publish_split, shard_ark_rel
-from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend, extract_features
+from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend, extract_features, frontend_modules
 from espnet3_flows.utterance_job import (EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner,
                                          audio_env)
 
@@ -59,6 +59,11 @@ class FeatureRunner(UtteranceRunner):
     def __init__(self, cfg: ExtractFeaturesConfig, split: str, **kwargs: Any):
         super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env), batch_size=cfg.batch_size,
                          **kwargs)
+
+    @property
+    def worker_modules(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The frontend's modules (preloaded by forked local workers)."""
+        return frontend_modules(self.cfg.frontend)
 
     def hash_config(self) -> Mapping[str, Any]:
         return {"job": "extract_features/1", "split": self.split, "frontend": self.cfg.frontend.hashed(),

@@ -15,44 +15,18 @@ import prefect.settings
 from omegaconf import OmegaConf
 from prefect import Flow, flow
 
-from espnet3_flows.config import ConfigError, describe_keys, load_config, split_cli_args, to_plain
+from espnet3_flows.config import ConfigError, describe_keys, split_cli_args, to_plain
 from espnet3_flows.orchestration.console import quiet_console, quiet_local_workers
+from espnet3_flows.orchestration.early_start import take_early_run
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
-from espnet3_flows.orchestration.jobs import get_job, preflight
+from espnet3_flows.orchestration.jobs import get_job, preflight, resolve_config
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.parameters import dotted_values, form_fields
 from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.orchestration.timeline import mark
 from espnet3_flows.parallel.cluster import describe_parallel
 from espnet3_flows.storage import StorageError, has_secrets, redact
-
-def resolve_config(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str]) -> Any:
-    """Defaults < ``config_file`` < typed parameters that differ from their defaults < ``overrides``.
-
-    ``params`` are dotted keys (see :func:`~espnet3_flows.orchestration.parameters.dotted_values`).
-
-    A config that names no input runs the job's demo (generated data; for x-vectors also a
-    random-weight model).
-    """
-    spec = get_job(job)
-    schema = spec.config_class
-    defaults = OmegaConf.to_container(OmegaConf.structured(schema))
-    changed = {k: v for k, v in params.items() if _lookup(defaults, k) != v}
-    cfg = load_config(schema, config_file, overrides, params=changed)
-    demo = spec.demo_settings(cfg)
-    if demo:
-        cfg = load_config(schema, base=OmegaConf.to_container(OmegaConf.merge(to_plain(cfg), demo)))
-    return cfg
-
-
-def _lookup(d: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(d, dict) or part not in d:
-            return object()
-        d = d[part]
-    return d
-
 
 @functools.lru_cache(maxsize=None)
 def job_flow(job: str) -> Flow:
@@ -119,9 +93,10 @@ def _refuse_secrets(overrides: Sequence[str] | None) -> None:
 def main(job: str, argv: Sequence[str] | None = None) -> int:
     """``python flows/<job>.py [--config FILE] [key=value ...]``: run locally, print a summary.
 
-    With no Prefect server configured, a private local API server is started for the run (the
-    flow scripts launch it before their imports: :func:`~.local_server.launch_early`) and
-    stopped afterwards.
+    With no Prefect server configured, a private local API server is started for the run and
+    stopped afterwards. The flow scripts launch it, plan the run and start its local workers'
+    forkserver before their own imports (:func:`~.early_start.start_early`); the plan is taken
+    over here.
     """
     mark("main")
     logging.basicConfig(level=logging.WARNING)
@@ -132,14 +107,18 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     dry_run = "--dry-run" in args
     print_config = "--print-config" in args
     verbose = any(a in ("-v", "--verbose") for a in args)
-    args = [a for a in args if a not in ("--dry-run", "--print-config", "-v", "--verbose")]
     # a configured API server (env or profile) outlives the run: its UI links are worth printing
     run_links = bool(prefect.settings.get_current_settings().api.url)
     if not verbose:
         quiet_console(run_links)
+    early = take_early_run(job, args)  # planned by the flow script before its imports (start_early)
+    args = [a for a in args if a not in ("--dry-run", "--print-config", "-v", "--verbose")]
     try:
-        path, overrides = split_cli_args(args)
-        cfg = resolve_config(job, path, {}, overrides)
+        if early is not None:
+            cfg = early.cfg
+        else:
+            path, overrides = split_cli_args(args)
+            cfg = resolve_config(job, path, {}, overrides)
         if print_config:  # the merged config as YAML (credentials redacted), usable as --config
             print(OmegaConf.to_yaml(OmegaConf.create(_redacted(to_plain(cfg)))), end="")
             return 0
@@ -153,13 +132,20 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     planned: list[PlannedFlow] = []
 
     def plan_now() -> bool:  # overlaps the private API server's start
-        preflight(job, cfg)
-        planned.append(plan_job(job, cfg))
+        if early is None:
+            preflight(job, cfg)
+            planned.append(plan_job(job, cfg))
+        else:
+            early.replay_logs()
+            if early.error is not None:
+                raise early.error
+            planned.append(early.planned)
         run = planned[0]
         needed = run.unchanged_summaries is None
         if needed and run.pending_shards:
             prestart_workers(cfg.parallel, run.worker_modules, run.pending_shards)
-        mark("planned")
+        if early is None:
+            mark("planned")
         return needed
 
     try:

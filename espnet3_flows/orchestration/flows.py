@@ -25,7 +25,7 @@ from espnet3_flows.orchestration.artifacts import (
     publish_split_artifacts,
     publish_table_artifact,
 )
-from espnet3_flows.orchestration.job_run import PlannedFlow, current_run, plan_job, running
+from espnet3_flows.orchestration.job_run import PlannedFlow, current_run, plan_job, runner_modules, running
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.prefect_compat import (
@@ -127,8 +127,8 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
     with runner.output_scope(), api:
         t0 = time.perf_counter()
         planned = plan_runner(runner, indices)
-        run = PlannedFlow(title, [planned], cfg, retries, retry_delay_seconds, plan_seconds=time.perf_counter() - t0,
-                          started=t0)
+        run = PlannedFlow(title, [planned], cfg, retries, retry_delay_seconds, worker_modules=runner_modules(runner),
+                          plan_seconds=time.perf_counter() - t0, started=t0)
         shown |= {"output_dir": str(runner.output_dir), "shard_subdir": runner.shard_subdir,
                   "items": planned.plan.num_items, "shards": run.total_shards}
         return _run_flow(run, title, shown, sys.stderr.isatty() if progress is None else progress)

@@ -91,14 +91,24 @@ def published_summary(planned: PlannedRunner) -> dict[str, Any] | None:
     return None
 
 
+def runner_modules(runner: Any) -> tuple[str, ...]:
+    """What a worker imports to run ``runner``: its class's and its provider's modules and the
+    runner's own ``worker_modules`` (a script's ``__main__`` is left out: the forkserver imports
+    the main module itself)."""
+    classes = (type(runner), type(getattr(runner, "provider", None)))
+    names = [c.__module__ for c in classes if c.__module__ not in ("__main__", "builtins")]
+    return tuple(dict.fromkeys([*names, *getattr(runner, "worker_modules", ())]))
+
+
 def plan_job(job: str, cfg: Any, publish: bool = True) -> PlannedFlow:
     """Plan every split of ``job`` (streaming its manifest), publish each plan's ``manifest.json``
     (unless ``publish`` is false: a dry run) and read the ``done`` records of its shards."""
     spec = get_job(job)
     t0 = time.perf_counter()
     runners = [plan_runner(runner, None, publish) for runner in spec.build_runners(cfg)]
+    modules = dict.fromkeys([*spec.worker_modules, *(m for p in runners for m in runner_modules(p.runner))])
     return PlannedFlow(job, runners, cfg.parallel, cfg.retries, cfg.retry_delay_seconds, job, cfg,
-                       tuple(spec.worker_modules), time.perf_counter() - t0, t0)
+                       tuple(modules), time.perf_counter() - t0, t0)
 
 
 #: The planned run a flow works on, set around the flow call by whoever planned it: the flow's

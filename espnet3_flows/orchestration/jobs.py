@@ -3,12 +3,42 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
+from omegaconf import OmegaConf
+
+from espnet3_flows.config import load_config, to_plain
 from espnet3_flows.job_registry import JobSpec, get_job
 from espnet3_flows.storage import Storage
 
-__all__ = ["JobSpec", "check_output_dir", "get_job", "preflight"]
+__all__ = ["JobSpec", "check_output_dir", "get_job", "preflight", "resolve_config"]
+
+
+def resolve_config(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str]) -> Any:
+    """Defaults < ``config_file`` < typed parameters that differ from their defaults < ``overrides``.
+
+    ``params`` are dotted keys (see :func:`~espnet3_flows.orchestration.parameters.dotted_values`).
+
+    A config that names no input runs the job's demo (generated data; for x-vectors also a
+    random-weight model).
+    """
+    spec = get_job(job)
+    schema = spec.config_class
+    defaults = OmegaConf.to_container(OmegaConf.structured(schema))
+    changed = {k: v for k, v in params.items() if _lookup(defaults, k) != v}
+    cfg = load_config(schema, config_file, overrides, params=changed)
+    demo = spec.demo_settings(cfg)
+    if demo:
+        cfg = load_config(schema, base=OmegaConf.to_container(OmegaConf.merge(to_plain(cfg), demo)))
+    return cfg
+
+
+def _lookup(d: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return object()
+        d = d[part]
+    return d
 
 
 def check_output_dir(output_dir: str, storage_options: dict[str, Any]) -> None:

@@ -319,6 +319,11 @@ def launch_early(argv: list[str]) -> LocalPrefectServer | None:
     return server
 
 
+def early_api_url() -> str | None:
+    """The API URL of the server :func:`launch_early` launched (``None`` when it launched none)."""
+    return _EARLY[-1].api_url if _EARLY else None
+
+
 def discard_early() -> None:
     """Stop a server :func:`launch_early` launched that no run took."""
     while _EARLY:

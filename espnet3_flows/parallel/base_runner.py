@@ -88,6 +88,11 @@ class BaseRunner:
     #: remote one when ``merge`` returns). A runner that reads remote shard directories itself
     #: sets this to ``False`` and receives their URLs.
     download_shards_for_merge: bool = True
+    #: Modules a worker imports to build this runner's env and run its items, beyond the
+    #: runner's and its provider's own modules (e.g. a model's package). Optional: forked local
+    #: workers import them once, in their forkserver, before any shard starts
+    #: (:mod:`~espnet3_flows.parallel.forkserver`); nothing breaks when one is missing here.
+    worker_modules: tuple[str, ...] = ()
 
     def __init__(self, provider: Any, batch_size: int | str | None = None, output_dir: str | Path | None = None,
                  shard_subdir: str = "", resume: bool = True, fingerprint: Any = None, *, shard_size: int = 256,

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from espnet3_flows.inputs.audio import AudioConfig, audio_header
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
-from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend, extract_features
+from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend, extract_features, frontend_modules
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.tokens import TokenConfig
@@ -84,6 +84,11 @@ class CollectStatsRunner(UtteranceRunner):
     def __init__(self, cfg: CollectStatsConfig, split: str, **kwargs: Any):
         super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env), batch_size=cfg.batch_size,
                          **kwargs)
+
+    @property
+    def worker_modules(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The frontend's modules (preloaded by forked local workers)."""
+        return frontend_modules(self.cfg.frontend)
 
     def hash_config(self) -> Mapping[str, Any]:
         fe = self.cfg.frontend.hashed()

@@ -66,7 +66,7 @@ def test_one_shard_runs_in_the_driver_with_the_same_outputs_as_on_a_cluster(tmp_
     assert inline.returncode == 0, inline.stderr[-3000:]
     assert "Creating a new Dask cluster" not in inline.stderr  # one shard: no cluster started
     assert "Starting temporary server" not in inline.stderr  # the private server, not Prefect's own
-    assert _events(tmp_path / "inline.jsonl") == ["main", "planned", "server_ready", "flow_started", "workers_ready",
+    assert _events(tmp_path / "inline.jsonl") == ["planned", "main", "server_ready", "flow_started", "workers_ready",
                                                   "first_shard", "shards_merged", "flow_returned", "server_stopped",
                                                   "summary_printed"]
     cluster = _cli(home, f"manifests.train={four_utterances}", f"output_dir={tmp_path / 'cluster'}", "--verbose",

@@ -1,0 +1,149 @@
+"""What a command-line run starts before its heavy imports (Prefect, Dask): the private Prefect
+API server, then the run's plan, then the forkserver its local workers are forked from.
+
+A local run's first shard waits for its workers, and a forked worker waits for the forkserver's
+imports (Dask, Prefect's task engine, torch and the job's frontend: ~3.7 s of one core on the
+2-core machine of ``benchmarks/``, ``startup``). Planned after the CLI's own imports, the
+forkserver started ~1.3 s into the run; planned first (config, manifests, ``done`` records: no
+Prefect needed), it starts ~0.4 s in, and its imports overlap the CLI's and the server's start.
+The plan says whether any worker will be needed: a run whose shards all run in the driver
+(``parallel.inline_shards``), or that has nothing to compute, starts no forkserver.
+
+:func:`start_early` is called by the flow scripts and ``python -m espnet3_flows`` before they
+import anything else; :func:`~.entry.main` then takes the plan over (:func:`take_early_run`).
+Log records of the early planning are kept and handed to ``main`` to print once Prefect's
+console logging is set up (the console shows them as it would have). A config the early step
+cannot read is left to ``main``, which reads it again and reports it; a planning error is
+kept and raised by ``main`` where planning would have raised it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from espnet3_flows.orchestration.local_server import early_api_url, launch_early
+from espnet3_flows.orchestration.timeline import mark
+
+#: Command-line flags that take no plan (help, dry run, the config printed) or change only the console
+NO_RUN_FLAGS = ("-h", "--help", "--dry-run", "--print-config")
+CONSOLE_FLAGS = ("-v", "--verbose")
+
+
+@dataclass
+class EarlyRun:
+    """A run planned by :func:`start_early`.
+
+    Attributes:
+        job: The job's name.
+        argv: The command line's arguments it was planned from.
+        cfg: The resolved config.
+        planned: The plan (a :class:`~.job_run.PlannedFlow`), or ``None`` when planning raised.
+        error: What planning raised (``main`` raises it where it would have planned).
+        records: Log records emitted while planning, to print once the console is set up.
+    """
+
+    job: str
+    argv: tuple[str, ...]
+    cfg: Any
+    planned: Any = None
+    error: BaseException | None = None
+    records: list[logging.LogRecord] = field(default_factory=list)
+
+    def replay_logs(self) -> None:
+        """Print the kept log records through the loggers' handlers as they are now configured
+        (only those their logger is now enabled for), once."""
+        records, self.records = self.records, []
+        for record in records:
+            logger = logging.getLogger(record.name)
+            if logger.isEnabledFor(record.levelno):
+                logger.handle(record)
+
+
+_EARLY_RUNS: list[EarlyRun] = []
+
+
+def start_early(job: str, argv: Sequence[str]) -> EarlyRun | None:
+    """At a command line's start: launch the private API server (unless one is configured), plan
+    ``job`` from ``argv``, and start the forkserver when the plan needs local forked workers.
+
+    Args:
+        job: A registered job's name.
+        argv: The command line's arguments after the job (flags and ``key=value`` overrides).
+
+    Returns:
+        The early run :func:`take_early_run` hands to ``main``, or ``None`` (help, a dry run, the
+        config printed, or a config that cannot be read).
+    """
+    argv = tuple(argv)
+    if any(a in NO_RUN_FLAGS for a in argv):
+        return None
+    launch_early(list(argv))
+    early = _plan(job, argv)
+    if early is None:
+        return None
+    _EARLY_RUNS.append(early)
+    if early.planned is not None:
+        _start_workers(early.planned)
+    mark("planned")
+    return early
+
+
+def take_early_run(job: str, argv: Sequence[str]) -> EarlyRun | None:
+    """The run :func:`start_early` planned for exactly this ``job`` and ``argv`` (once), else ``None``."""
+    for i, early in enumerate(_EARLY_RUNS):
+        if early.job == job and early.argv == tuple(argv):
+            return _EARLY_RUNS.pop(i)
+    return None
+
+
+class _Keep(logging.Handler):
+    def __init__(self, records: list[logging.LogRecord]):
+        super().__init__(logging.DEBUG)
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _plan(job: str, argv: tuple[str, ...]) -> EarlyRun | None:
+    from espnet3_flows.config import split_cli_args
+    from espnet3_flows.orchestration.job_run import plan_job
+    from espnet3_flows.orchestration.jobs import preflight, resolve_config
+
+    records: list[logging.LogRecord] = []
+    root, ours = logging.getLogger(), logging.getLogger("espnet3_flows")
+    keep, level = _Keep(records), ours.level
+    root.addHandler(keep)  # (and no "last resort" printing of warnings before the console is set up)
+    ours.setLevel(logging.DEBUG)  # this package's records kept whatever their level: replayed where enabled then
+    try:
+        try:
+            path, overrides = split_cli_args([a for a in argv if a not in CONSOLE_FLAGS])
+            cfg = resolve_config(job, path, {}, overrides)
+        except Exception:  # noqa: BLE001 - main() reads the config again and reports it
+            return None
+        early = EarlyRun(job, argv, cfg, records=records)
+        try:
+            preflight(job, cfg)
+            early.planned = plan_job(job, cfg)
+        except Exception as exc:  # noqa: BLE001 - raised by main() where it plans
+            early.error = exc
+        return early
+    finally:
+        root.removeHandler(keep)
+        ours.setLevel(level)
+
+
+def _start_workers(run: Any) -> None:
+    """Start the forkserver for a plan whose pending shards run on local forked workers, with the
+    early server's URL in its environment (as the workers will see it)."""
+    from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES
+    from espnet3_flows.parallel.forkserver import start_forkserver, wants_forkserver
+
+    cfg = run.parallel
+    if run.unchanged_summaries is not None or not run.pending_shards or cfg.runs_here(run.pending_shards):
+        return
+    if wants_forkserver(cfg):
+        url = early_api_url()
+        start_forkserver((*PREFECT_WORKER_MODULES, *run.worker_modules), env={"PREFECT_API_URL": url} if url else None)

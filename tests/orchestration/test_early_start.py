@@ -1,0 +1,103 @@
+"""A command line's run planned before its heavy imports (:mod:`espnet3_flows.orchestration.early_start`):
+the plan handed to ``main``, the forkserver started only for runs on local forked workers with the
+job's and frontend's modules, log records and errors handed over."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from espnet3_flows.orchestration.early_start import start_early, take_early_run
+from espnet3_flows.orchestration.local_server import discard_early
+from espnet3_flows.parallel.forkserver import preloaded_modules, stop_forkserver
+
+
+@pytest.fixture
+def no_forkserver(monkeypatch):
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # configured: no early server launched
+    stop_forkserver()
+    yield
+    stop_forkserver()
+    discard_early()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from espnet3_flows.inputs.demo import make_demo_corpus
+
+    root = tmp_path_factory.mktemp("early")
+    return make_demo_corpus(root, n_utts=6, n_speakers=2, min_seconds=0.3, max_seconds=0.6,
+                            splits={"train": 1.0})["train"]
+
+
+def test_a_run_on_local_workers_is_planned_and_its_forkserver_started(no_forkserver, corpus, tmp_path):
+    argv = [f"manifests.train={corpus}", f"output_dir={tmp_path}", "shard_size=2", "parallel.n_workers=1",
+            "frontend.type=espnet2", "frontend.name=default"]
+    early = start_early("collect_stats", argv)
+    assert early is not None and early.error is None and early.planned.pending_shards >= 2
+    preloaded = preloaded_modules()
+    for module in ("prefect.task_engine", "espnet3_flows.stats.job", "espnet2.asr.frontend.default", "librosa.filters"):
+        assert module in preloaded
+    assert take_early_run("collect_stats", argv[:-1]) is None  # another command line: not this plan
+    assert take_early_run("collect_stats", argv) is early
+    assert take_early_run("collect_stats", argv) is None  # taken once
+
+
+def test_runs_in_the_driver_start_no_forkserver(no_forkserver, corpus, tmp_path):
+    one_shard = start_early("collect_stats", [f"manifests.train={corpus}", f"output_dir={tmp_path / 'a'}"])
+    assert one_shard is not None and one_shard.planned.pending_shards == 1
+    serial = start_early("collect_stats", [f"manifests.train={corpus}", f"output_dir={tmp_path / 'b'}",
+                                           "shard_size=2", "parallel.env=serial"])
+    assert serial is not None and serial.planned.pending_shards >= 2
+    assert preloaded_modules() == ()
+    assert start_early("collect_stats", ["--dry-run", f"manifests.train={corpus}"]) is None
+
+
+def test_a_bad_config_is_left_to_main_and_a_planning_error_is_kept(no_forkserver, tmp_path):
+    assert start_early("collect_stats", ["shard_sise=3"]) is None  # main() reads it again and reports it
+    early = start_early("collect_stats", [f"manifests.train={tmp_path / 'missing.tsv'}", f"output_dir={tmp_path}"])
+    assert early is not None and early.planned is None and early.error is not None
+    assert "missing.tsv" in str(early.error)
+
+
+def test_log_records_of_the_early_plan_are_replayed_where_enabled(no_forkserver, corpus, tmp_path, monkeypatch, caplog):
+    """Records logged while planning (a store's warning, a debug line) wait for the console to be set up."""
+    from espnet3_flows.orchestration import job_run
+
+    real = job_run.plan_job
+
+    def plan_and_log(job, cfg, publish=True):
+        logging.getLogger("s3fs").warning("a store's warning")
+        logging.getLogger("espnet3_flows.inputs").debug("a debug line")
+        return real(job, cfg, publish)
+
+    monkeypatch.setattr(job_run, "plan_job", plan_and_log)
+    early = start_early("collect_stats", [f"manifests.train={corpus}", f"output_dir={tmp_path / 'out'}"])
+    assert early is not None and early.error is None
+    assert [r.getMessage() for r in early.records] == ["a store's warning", "a debug line"]
+    caplog.clear()  # (pytest's own handler saw them live)
+    with caplog.at_level(logging.INFO):
+        early.replay_logs()
+    assert [r.getMessage() for r in caplog.records] == ["a store's warning"]  # debug: not enabled now
+    assert early.records == []  # once
+
+
+def test_what_forked_workers_preload_for_a_runner_and_a_frontend(tmp_path):
+    from espnet3_flows.frontends.frontend import FrontendConfig, frontend_modules
+    from espnet3_flows.orchestration.job_run import runner_modules
+    from tests.parallel.espnet3_runners import ListProvider, RecordsRunner
+
+    runner = RecordsRunner(ListProvider({"n": 4}), shard_size=2)
+    assert runner_modules(runner) == ("tests.parallel.espnet3_runners",)
+    runner.worker_modules = ("colorsys",)  # a runner's own list (e.g. its model's package)
+    assert runner_modules(runner) == ("tests.parallel.espnet3_runners", "colorsys")
+    assert frontend_modules(FrontendConfig()) == ()  # fbank: lhotse, every stats worker's
+    assert frontend_modules(FrontendConfig(type="espnet2")) == ("espnet2.asr.frontend.default", "librosa.filters")
+    assert frontend_modules(FrontendConfig(type="espnet2", name="s3prl")) == ("espnet2.asr.frontend.s3prl",)
+    (tmp_path / "config.yaml").write_text("frontend: s3prl\n")
+    from_model = FrontendConfig(type="espnet2", espnet_config=str(tmp_path / "config.yaml"))  # the model's config names it
+    assert frontend_modules(from_model) == ("espnet2.asr.frontend.s3prl",)
+    model = {"_target_": "tests.parallel.espnet3_runners.FbankModel"}
+    assert frontend_modules(FrontendConfig(type="model", model=model)) == ("tests.parallel.espnet3_runners",)
