@@ -44,6 +44,9 @@ def _import_driver_main() -> None:
                                             "each worker imports it", target, exc_info=True)
     finally:
         del current._inheriting  # type: ignore[attr-defined]
+    from espnet3_flows.orchestration.console import apply_from_environment
+
+    apply_from_environment()  # the script's imports set up Prefect's console logging: quiet it as workers do
 
 
 _import_driver_main()
