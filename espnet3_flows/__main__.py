@@ -15,14 +15,12 @@ def main(argv: list[str] | None = None) -> int:
     """Dispatch to the job named by the first argument."""
     from espnet3_flows.job_registry import available_jobs
     from espnet3_flows.orchestration.early_start import start_early
-    from espnet3_flows.orchestration.local_server import discard_early
 
     args = list(sys.argv[1:] if argv is None else argv)
     jobs = available_jobs()
     if args and args[0] in jobs:
         start_early(args[0], args[1:])  # the server, the plan and the workers start while the job's imports run
     if not args or args[0] not in jobs:
-        discard_early()
         listing = "\n".join(f"  {name:18s} {spec.description}" for name, spec in jobs.items())
         print(f"usage: python -m espnet3_flows {{{','.join(jobs)}}} [--help | --config FILE | --dry-run | "
               f"--print-config | --verbose | key=value ...]\n\njobs:\n{listing}",

@@ -253,7 +253,7 @@ def frontend_modules(cfg: FrontendConfig) -> tuple[str, ...]:
         return (target.rpartition(".")[0],) if "." in target else ()
     if cfg.type != "espnet2":
         return ()
-    name = cfg.name or ("" if cfg.espnet_config else "default")  # else the config.yaml names it
+    name = cfg.name or "default"  # (an espnet_config's name is in cfg.name already)
     path = ESPNET2_FRONTENDS.get(name)
     if path is None:
         return ()

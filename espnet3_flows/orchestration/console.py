@@ -28,6 +28,7 @@ import functools
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 QUIET_ENV = "ESPNET3_FLOWS_QUIET"
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
@@ -136,6 +137,13 @@ def quiet_local_workers(quiet: bool = True) -> None:
         os.environ[QUIET_ENV] = "1"
     else:
         os.environ.pop(QUIET_ENV, None)
+
+
+def quiet_workers_of(backend: Any, verbose: bool) -> None:
+    """A command line's rule: its workers are quiet unless ``verbose`` when they print to its
+    terminal (``backend`` runs them in process or on this machine); batch-scheduler jobs keep
+    their full logs in their own files."""
+    quiet_local_workers(not verbose and (backend.in_process or backend.on_this_machine))
 
 
 def apply_from_environment() -> None:

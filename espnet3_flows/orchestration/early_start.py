@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from espnet3_flows.orchestration.console import quiet_local_workers
+from espnet3_flows.orchestration.console import quiet_workers_of
 from espnet3_flows.orchestration.local_server import early_api_url, launch_early
 from espnet3_flows.orchestration.timeline import mark
 
@@ -125,8 +125,7 @@ def _plan(job: str, argv: tuple[str, ...]) -> EarlyRun | None:
         except Exception:  # noqa: BLE001 - main() reads the config again and reports it
             return None
         early = EarlyRun(job, argv, cfg, records=records)
-        backend = cfg.parallel.backend  # workers on this machine print to this terminal: quiet, as main() says
-        quiet_local_workers(not any(a in CONSOLE_FLAGS for a in argv) and (backend.in_process or backend.on_this_machine))
+        quiet_workers_of(cfg.parallel.backend, any(a in CONSOLE_FLAGS for a in argv))  # before the forkserver starts
         try:
             preflight(job, cfg)
             early.planned = plan_job(job, cfg)

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from prefect import Flow, flow
 
 from espnet3_flows.config import ConfigError, describe_keys, split_cli_args, to_plain
-from espnet3_flows.orchestration.console import quiet_console, quiet_local_workers
-from espnet3_flows.orchestration.early_start import take_early_run
+from espnet3_flows.orchestration.console import quiet_console, quiet_workers_of
+from espnet3_flows.orchestration.early_start import CONSOLE_FLAGS, take_early_run
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
 from espnet3_flows.orchestration.jobs import get_job, preflight, resolve_config
@@ -106,13 +106,13 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         return 0
     dry_run = "--dry-run" in args
     print_config = "--print-config" in args
-    verbose = any(a in ("-v", "--verbose") for a in args)
+    verbose = any(a in CONSOLE_FLAGS for a in args)
     # a configured API server (env or profile) outlives the run: its UI links are worth printing
     run_links = bool(prefect.settings.get_current_settings().api.url)
     if not verbose:
         quiet_console(run_links)
     early = take_early_run(job, args)  # planned by the flow script before its imports (start_early)
-    args = [a for a in args if a not in ("--dry-run", "--print-config", "-v", "--verbose")]
+    args = [a for a in args if a not in ("--dry-run", "--print-config", *CONSOLE_FLAGS)]
     try:
         if early is not None:
             cfg = early.cfg
@@ -124,9 +124,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
             return 0
         if dry_run:
             return _dry_run(job, cfg)
-        # workers on this machine print to this terminal: the same quiet rules there
-        backend = cfg.parallel.backend  # workers on this machine print to the CLI's terminal
-        quiet_local_workers(not verbose and (backend.in_process or backend.on_this_machine))
+        quiet_workers_of(cfg.parallel.backend, verbose)  # workers on this machine: the same quiet rules there
     except Exception as exc:  # noqa: BLE001 - a config, manifest or storage error: one line
         return _report(exc, verbose)
     planned: list[PlannedFlow] = []

@@ -10,9 +10,9 @@ told the path (it asks for ``main_path``; the preparation data names it
 imports (Prefect's flow machinery, this package) were ~0.9 s of each local worker's start, after
 its fork, on the 2-core machine of ``benchmarks/`` (``startup``).
 
-:func:`~.forkserver.start_forkserver` names the main module in
-:data:`~.forkserver.MAIN_ENV` and preloads this module first; it takes the variable out of the server's environment (forked workers never see
-it). A main module that fails to import here is logged and left to the workers, which then import
+:func:`~.forkserver.start_forkserver` names the main module in :data:`~.forkserver.MAIN_ENV`
+and preloads this module first; it takes the variable out of the server's environment (forked
+workers never see it). A main module that fails to import here is logged and left to the workers, which then import
 it themselves (and fail there, as a spawned worker would).
 """
 
