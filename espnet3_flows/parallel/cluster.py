@@ -30,6 +30,11 @@ _LOG = logging.getLogger(__name__)
 
 START_METHODS = ("forkserver", "spawn")
 
+#: Seconds a shard waits with no worker at all on a ``local``/``local_gpu`` cluster before it
+#: fails (Dask's ``distributed.scheduler.no-workers-timeout``, which wins when set): their nannies
+#: restart a dead worker within seconds, so an empty cluster for this long has none left to come.
+LOCAL_NO_WORKERS_TIMEOUT = 60.0
+
 
 @dataclass
 class ParallelConfig:
@@ -62,7 +67,9 @@ class ParallelConfig:
             fall back to 1, ``2GB`` and 1 only where neither gives one.
         adapt: Adaptive scaling bounds for batch schedulers, e.g. ``{"minimum": 1, "maximum": 8}``.
         allowed_failures: How often a shard's task may lose its worker before Dask gives up on
-            it (the shard then fails).
+            it (the shard then fails). On ``local`` and ``local_gpu`` a dead worker is restarted
+            by its nanny for as long as the cluster runs, and a shard that finds no worker at all
+            for 60 s fails (:data:`LOCAL_NO_WORKERS_TIMEOUT`): a run ends, it never hangs.
         trim_worker_memory: Keep Dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` in worker
             processes. Off by default: setting it disables glibc's dynamic mmap threshold, so
             every waveform or feature array over 128 KiB is a fresh mmap that is page-faulted
@@ -316,12 +323,32 @@ def make_cluster(cfg: ParallelConfig) -> Any:
         method, kwargs = local_worker_start(cfg, spec.kwargs) if spec.backend.forks else ("spawn", spec.kwargs)
         with worker_start_method(method):
             cluster = factory(**kwargs)
+            if spec.backend.on_this_machine:
+                keep_restarted_workers(cluster)
             if spec.backend.workers == "scale":
                 if spec.adapt:
                     cluster.adapt(**spec.adapt)
                 else:
                     cluster.scale(spec.n_workers)
     return cluster
+
+
+def keep_restarted_workers(cluster: Any) -> None:
+    """Stop ``cluster`` (a ``SpecCluster`` whose nannies live in this process: ``local``,
+    ``local_gpu``) from closing a nanny whose worker died.
+
+    Dask's ``SpecCluster`` closes a worker's nanny for good when, ``distributed.deploy.
+    lost-worker-timeout`` (15 s) after its worker left, that worker is not back at that instant. A
+    nanny restarts its worker itself, so for a shard that kills every worker it runs on the check
+    fell, sooner or later, between one death and the next restart: the cluster lost its nannies
+    one by one and the run waited forever on an empty cluster. The check exists for workers in
+    jobs that vanish; local nannies cannot, so their workers' comings and goings are only tracked.
+    """
+    from distributed import SpecCluster
+
+    if isinstance(cluster, SpecCluster):
+        # the base Cluster's bookkeeping of the scheduler's worker list, without SpecCluster's timer
+        cluster._update_worker_status = super(SpecCluster, cluster)._update_worker_status
 
 
 def describe_parallel(cfg: ParallelConfig) -> str:
@@ -362,7 +389,8 @@ def prepare_client(client: Any, cfg: ParallelConfig) -> None:
 
     if not cfg.backend.makes_cluster:
         return
-    client.register_plugin(ClusterSettings(cfg.allowed_failures))
+    no_workers_timeout = LOCAL_NO_WORKERS_TIMEOUT if cfg.backend.on_this_machine else None
+    client.register_plugin(ClusterSettings(cfg.allowed_failures, no_workers_timeout=no_workers_timeout))
     check_workers_import(client)
 
 

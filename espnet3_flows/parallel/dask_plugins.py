@@ -142,7 +142,9 @@ def _runner_env_keys(key: str) -> list[str]:
 
 class ClusterSettings(SchedulerPlugin):
     """This project's scheduler settings, for one cluster's scheduler only (wherever it runs):
-    how often a task may lose its worker (``parallel.allowed_failures``) and short developer logs
+    how often a task may lose its worker (``parallel.allowed_failures``), how long a task may wait
+    with no worker at all before it fails (when Dask's own ``no-workers-timeout`` is unset), and
+    short developer logs
     (:data:`LOW_LEVEL_LOG_LENGTH`): each of the scheduler's streams to a worker keeps its last
     1,000 messages by default, and every ``compute-task`` message holds a whole Prefect task run
     spec (~100 KB deserialized), so a run of thousands of shards kept ~100 MB per worker on the
@@ -150,17 +152,22 @@ class ClusterSettings(SchedulerPlugin):
 
     Args:
         allowed_failures: The scheduler's ``allowed_failures``.
+        no_workers_timeout: Seconds, or None to leave the scheduler's own setting.
         log_length: Messages kept per worker stream, transitions in the log.
     """
 
     name = "espnet3-cluster-settings"
 
-    def __init__(self, allowed_failures: int, log_length: int = LOW_LEVEL_LOG_LENGTH):
+    def __init__(self, allowed_failures: int, no_workers_timeout: float | None = None,
+                 log_length: int = LOW_LEVEL_LOG_LENGTH):
         self.allowed_failures = allowed_failures
+        self.no_workers_timeout = no_workers_timeout
         self.log_length = log_length
 
     async def start(self, scheduler: Any) -> None:  # noqa: D401 - Dask hook
         scheduler.allowed_failures = self.allowed_failures
+        if self.no_workers_timeout is not None and scheduler.no_workers_timeout is None:
+            scheduler.no_workers_timeout = self.no_workers_timeout
         scheduler.transition_log = deque(scheduler.transition_log, maxlen=self.log_length)
         for worker in list(scheduler.stream_comms):
             self._shorten(scheduler, worker)

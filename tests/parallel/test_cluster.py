@@ -171,3 +171,76 @@ def test_site_jobqueue_yaml_is_not_overridden(tmp_path):
     assert pbs["cores"] == 1 and pbs["memory"] == "2GB"            # no site config for pbs: fallbacks
     assert "#SBATCH --cpus-per-task=8" in script and "#SBATCH --mem=60G" in script, script
     assert "#SBATCH -p site-default" in script and "#SBATCH --account=speech" in script, script
+
+
+def _pids(client: distributed.Client) -> dict[str, int]:
+    return client.run(os.getpid)
+
+
+@pytest.mark.dask
+def test_a_local_worker_killed_again_and_again_keeps_its_nanny():
+    """Dask's SpecCluster closes a nanny whose worker is not back when lost-worker-timeout (15 s)
+    ends; with a shard killing every worker it runs on, the check fell between a death and the
+    restart and the cluster ran out of workers (the run then hung). Ours are restarted for good:
+    here with the timeout far below a restart's time."""
+    import signal
+    import time
+
+    import dask
+
+    from espnet3_flows.parallel.cluster import make_cluster
+
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "10ms"}):
+        cluster = make_cluster(ParallelConfig(env="local", n_workers=1))
+        try:
+            with distributed.Client(cluster) as client:
+                client.wait_for_workers(1, timeout=60)
+                for _ in range(2):
+                    (address, pid), = _pids(client).items()
+                    os.kill(pid, signal.SIGKILL)
+                    deadline = time.monotonic() + 60
+                    while set(client.scheduler_info()["workers"]) in (set(), {address}):
+                        assert time.monotonic() < deadline, "the killed worker never came back"
+                        time.sleep(0.05)
+                time.sleep(0.2)  # every timer of the kills has fired
+                assert len(cluster.workers) == 1 and len(client.scheduler_info()["workers"]) == 1
+                assert client.submit(_square, 3, pure=False).result(timeout=60) == 9
+        finally:
+            cluster.close()
+
+
+@pytest.mark.dask
+def test_a_shard_with_no_worker_left_fails_rather_than_waits(monkeypatch):
+    """A local cluster that has no worker for LOCAL_NO_WORKERS_TIMEOUT fails what waits on it
+    (Dask's own ``no-workers-timeout`` wins where the user set it)."""
+    import time
+
+    import dask
+
+    from espnet3_flows.parallel import cluster as cluster_module
+
+    monkeypatch.setattr(cluster_module, "LOCAL_NO_WORKERS_TIMEOUT", 0.5)
+    cfg = ParallelConfig(env="local", n_workers=1)
+    cluster = cluster_module.make_cluster(cfg)
+    try:
+        with distributed.Client(cluster) as client:
+            client.wait_for_workers(1, timeout=60)
+            cluster_module.prepare_client(client, cfg)
+            assert cluster.scheduler.no_workers_timeout == 0.5
+            cluster.scale(0)
+            while client.scheduler_info()["workers"]:
+                time.sleep(0.05)
+            future = client.submit(_square, 3, pure=False)
+            error = future.exception(timeout=60)
+            assert "without any running workers" in str(error), error
+    finally:
+        cluster.close()
+    with dask.config.set({"distributed.scheduler.no-workers-timeout": "7s"}):
+        cluster = cluster_module.make_cluster(cfg)
+    try:
+        with distributed.Client(cluster) as client:
+            client.wait_for_workers(1, timeout=60)
+            cluster_module.prepare_client(client, cfg)
+            assert cluster.scheduler.no_workers_timeout == 7
+    finally:
+        cluster.close()
