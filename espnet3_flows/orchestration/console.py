@@ -1,4 +1,5 @@
-"""What a command-line run prints: the project's own messages, warnings and one ``error:`` line.
+"""What a command-line run prints: the project's own messages, warnings and one ``error:`` line,
+and the run's summary (:func:`print_summary`, :func:`print_unchanged`).
 
 A CLI run on a local cluster would otherwise print Dask's INFO chatter (cluster start, worker
 registration: ~36 lines per run), Prefect's per-task-run state lines, and, when something
@@ -109,6 +110,19 @@ def quiet_console(run_links: bool = False) -> None:
             handler.setFormatter(_OneLineFormatter(handler.formatter))
 
 
+def plain_console(verbose: bool = False) -> None:
+    """The console of a command line that ends before importing Prefect (a rerun with nothing to
+    compute): warnings and errors, as Prefect's console prints them, one line each unless
+    ``verbose``. Nothing changes where logging is configured already."""
+    if logging.getLogger().handlers:
+        return
+    logging.basicConfig(level=logging.WARNING, datefmt="%H:%M:%S",
+                        format="%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(message)s")
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(_OneLineFormatter(handler.formatter))
+
+
 class _CompletedShardFilter(logging.Filter):
     """Drops the task engine's ``Finished in state Completed()`` of shard tasks."""
 
@@ -150,3 +164,28 @@ def apply_from_environment() -> None:
     """In a worker process: be quiet if the process that started it asked for it."""
     if os.environ.get(QUIET_ENV) == "1":
         quiet_console()
+
+
+def print_unchanged(job: str, run: Any, output_dir: str) -> None:
+    """The line of a run that has nothing to compute or merge (``run`` a
+    :class:`~.job_run.PlannedFlow` whose ``unchanged_summaries`` is set): no server, flow or
+    cluster was started."""
+    print(f"{job}: nothing to compute: all {run.total_shards} shard(s) of {len(run.runners)} split(s) "
+          f"were done earlier (planned in {run.plan_seconds:.1f} s); outputs in {output_dir}")
+
+
+def print_summary(job: str, summaries: dict[str, Any], storage_options: dict[str, Any] | None) -> None:
+    """The CLI's closing summary: per split its utterances, audio, shards computed and cached,
+    the location of its ``summary.json`` and its warnings (credentials in ``storage_options``
+    redacted)."""
+    from espnet3_flows.storage import redact
+
+    print(f"\n{job} finished (storage options: {redact(storage_options or {})})")
+    for split, s in summaries.items():
+        print(f"  {split}: {s.get('utterances')} utterances, {s.get('seconds', 0):.1f} s of audio, "
+              f"shards computed {s.get('shards_computed')} / cached {s.get('shards_cached')}, "
+              f"skipped {s.get('skipped')}")
+        if s.get("files", {}).get("summary.json"):
+            print(f"    {s['files']['summary.json']}")
+        for warning in s.get("warnings", []):
+            print(f"    warning: {warning}")

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from prefect import Flow, flow
 
 from espnet3_flows.config import ConfigError, describe_keys, split_cli_args, to_plain
-from espnet3_flows.orchestration.console import quiet_console, quiet_workers_of
+from espnet3_flows.orchestration.console import print_summary, print_unchanged, quiet_console, quiet_workers_of
 from espnet3_flows.orchestration.early_start import CONSOLE_FLAGS, take_early_run
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
@@ -152,8 +152,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
             run = planned[0]
             if api is False:  # nothing to compute or merge: no server, no flow, no cluster
                 summaries = run.unchanged_summaries or {}
-                print(f"{job}: nothing to compute: all {run.total_shards} shard(s) of {len(run.runners)} split(s) "
-                      f"were done earlier (planned in {run.plan_seconds:.1f} s); outputs in {cfg.output_dir}")
+                print_unchanged(job, run, cfg.output_dir)
             else:
                 if not verbose:
                     quiet_console(run_links)  # handlers configured since (Dask's, on import)
@@ -166,7 +165,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
             where = f"the traceback is in {saved}; " if saved else ""
             print(f"       ({where}--verbose prints it and every log line)", file=sys.stderr)
         return status
-    _print_summary(job, summaries, cfg)
+    print_summary(job, summaries, getattr(cfg, "storage_options", None))
     mark("summary_printed")
     return 0
 
@@ -286,14 +285,3 @@ def _first_sentence(text: str, limit: int = 110) -> str:
     sentence = text if end < 0 else text[:end + 1]
     return sentence if len(sentence) <= limit else sentence[:limit - 1].rstrip() + "…"
 
-
-def _print_summary(job: str, summaries: dict[str, Any], cfg: Any) -> None:
-    print(f"\n{job} finished (storage options: {redact(getattr(cfg, 'storage_options', {}))})")
-    for split, s in summaries.items():
-        print(f"  {split}: {s.get('utterances')} utterances, {s.get('seconds', 0):.1f} s of audio, "
-              f"shards computed {s.get('shards_computed')} / cached {s.get('shards_cached')}, "
-              f"skipped {s.get('skipped')}")
-        if s.get("files", {}).get("summary.json"):
-            print(f"    {s['files']['summary.json']}")
-        for warning in s.get("warnings", []):
-            print(f"    warning: {warning}")
