@@ -161,13 +161,10 @@ def _plan(job: str, argv: tuple[str, ...]) -> EarlyRun | None:
 
 def _start_workers(run: Any) -> None:
     """Start the forkserver for a plan whose pending shards run on local forked workers, with the
-    early server's URL in its environment (as the workers will see it)."""
-    from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES
-    from espnet3_flows.parallel.forkserver import start_forkserver, wants_forkserver
+    early server's URL in its environment (as the workers will see it); nothing is imported here."""
+    from espnet3_flows.orchestration.task_runner import prestart_workers
 
-    cfg = run.parallel
-    if run.unchanged_summaries is not None or not run.pending_shards or cfg.runs_here(run.pending_shards):
-        return
-    if wants_forkserver(cfg):
+    if run.pending_shards:
         url = early_api_url()
-        start_forkserver((*PREFECT_WORKER_MODULES, *run.worker_modules), env={"PREFECT_API_URL": url} if url else None)
+        prestart_workers(run.parallel, run.worker_modules, run.pending_shards, here=False,
+                         env={"PREFECT_API_URL": url} if url else None)

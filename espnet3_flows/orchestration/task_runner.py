@@ -33,18 +33,28 @@ def make_task_runner(cfg: ParallelConfig) -> Any:
     return DaskTaskRunner(cluster_class=make_cluster, cluster_kwargs={"cfg": cfg})
 
 
-def prestart_workers(cfg: ParallelConfig, modules: Sequence[str], pending_shards: int | None = None) -> None:
+def prestart_workers(cfg: ParallelConfig, modules: Sequence[str], pending_shards: int | None = None, *,
+                     here: bool = True, env: dict[str, str] | None = None) -> None:
     """Get the imports of Prefect's task engine and ``modules`` going now, where the shards will
     run: in this process when they run here (``ParallelConfig.runs_here``); in the background,
     in the forkserver, when ``cfg`` forks its local workers; otherwise (``spawn``, batch
     schedulers, a running cluster of ``env: address``) nowhere.
 
-    Call it as early as possible, once ``PREFECT_API_URL`` is in the environment: the
-    imports then overlap with whatever the driver does before the shards start (e.g. waiting
-    for the API server).
+    Call it as early as possible, once ``PREFECT_API_URL`` is in the environment (or given in
+    ``env``): the imports then overlap with whatever the driver does before the shards start
+    (e.g. waiting for the API server).
+
+    Args:
+        cfg: The run's ``parallel:`` section.
+        modules: The job's worker modules (runner, provider, frontend).
+        pending_shards: How many shards the run computes (``None``: not known yet).
+        here: Import them in this process for shards that run here (``False`` before Prefect
+            is imported at all: the command line's early start).
+        env: More environment for the forkserver and the workers it forks.
     """
     if pending_shards is not None and cfg.runs_here(pending_shards):
-        for module in (*PREFECT_WORKER_MODULES, *modules):
-            importlib.import_module(module)
+        if here:
+            for module in (*PREFECT_WORKER_MODULES, *modules):
+                importlib.import_module(module)
     elif wants_forkserver(cfg):
-        start_forkserver((*PREFECT_WORKER_MODULES, *modules))
+        start_forkserver((*PREFECT_WORKER_MODULES, *modules), env=env)

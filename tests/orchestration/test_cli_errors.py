@@ -4,6 +4,7 @@ line naming the place (file:line, key or path) and the cause, in at most 10 line
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,10 +101,13 @@ def test_verbose_keeps_the_traceback_and_the_logs(tmp_path, demo_corpus):
 def test_good_run_is_short_and_says_where_outputs_are(tmp_path, demo_corpus):
     manifest = tmp_path / "train.tsv"
     manifest.write_text("\n".join(_good_lines(demo_corpus)) + "\n")
+    # several shards: a real LocalCluster whose forked workers print to this terminal too
     args = [f"manifests.train={manifest}", f"output_dir={tmp_path / 'out'}", "parallel.env=local",
-            "parallel.n_workers=1"]
+            "parallel.n_workers=2", "shard_size=8"]
     code, lines, text = _cli(tmp_path, *args)
     assert code == 0, text
+    computed = re.search(r"shards computed (\d+) / cached 0", text)
+    assert computed and int(computed.group(1)) >= 2, text
     assert not [line for line in lines if "distributed." in line or "Finished in state" in line], text
     assert len(lines) <= 10, text
     assert str(tmp_path / "out" / "train" / "summary.json") in text
