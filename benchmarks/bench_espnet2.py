@@ -88,10 +88,25 @@ def _espnet2_jobs(data: Path, out: Path, jobs: int, env: dict[str, str]) -> floa
     return time.perf_counter() - t0
 
 
-def _flow(data: Path, out: Path, workers: int, env: dict[str, str]) -> float:
+#: A cold flow's instants (seconds since its process started), from its timeline
+#: (``ESPNET3_FLOWS_TIMELINE``: the driver's events and the forkserver's ``forkserver_ready``)
+INSTANTS = ("planned", "main", "server_ready", "forkserver_ready", "flow_started", "workers_ready", "first_shard",
+            "shards_merged", "flow_returned", "end")
+
+
+def _flow(data: Path, out: Path, workers: int, env: dict[str, str],
+          instants: dict[str, list[float]] | None = None) -> float:
     cmd = process_tree.flow_cli("collect_stats", f"manifests.train={data}", f"output_dir={out}", *FRONTEND,
                           "parallel.env=local", f"parallel.n_workers={workers}", "shard_size=100")
-    return _timed([cmd], env, out.with_suffix(".logs"))
+    timeline = out.with_suffix(".timeline.jsonl")
+    t0 = time.time()
+    wall = _timed([cmd], {**env, "ESPNET3_FLOWS_TIMELINE": str(timeline)}, out.with_suffix(".logs"))
+    if instants is not None:
+        events = common.timeline_events(timeline, t0, end=t0 + wall)
+        for name in INSTANTS:
+            if name in events:
+                instants.setdefault(name, []).append(events[name])
+    return wall
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -114,10 +129,12 @@ def run(quick: bool = False) -> dict[str, Any]:
         data = _data_dir(n, root)
         common.read_into_page_cache([line.split()[1] for line in (data / "wav.scp").read_text().splitlines()])
         seconds = common.audio_seconds([line.split()[1] for line in (data / "wav.scp").read_text().splitlines()])
+        instants: dict[str, dict[str, list[float]]] = {"cold": {}, "cold_served": {}}
         methods = {"one": lambda r: _espnet2_one(data, root / f"espnet2_one{r}", env),
                    "jobs": lambda r: _espnet2_jobs(data, root / f"espnet2_jobs{r}", cores, env),
-                   "cold": lambda r: _flow(data, root / f"flow{r}", cores, env),
-                   "cold_served": lambda r: _flow(data, root / f"flow_served{r}", cores, served)}
+                   "cold": lambda r: _flow(data, root / f"flow{r}", cores, env, instants["cold"]),
+                   "cold_served": lambda r: _flow(data, root / f"flow_served{r}", cores, served,
+                                                  instants["cold_served"])}
         names = list(methods)
         for rep in range(repeats):  # interleaved, in rotating order
             for name in names[rep % len(names):] + names[:rep % len(names)]:
@@ -143,6 +160,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             {"method": f"this flow, {cores} workers, cold, PREFECT_API_URL at a running server",
              "wall": med["cold_served"]},
             {"method": f"this flow, {cores} workers, no-op rerun", "wall": common.spread([noop])}]
+    rows[2]["instants"], rows[3]["instants"] = ({k: float(np.median(v)) for k, v in instants[key].items()}
+                                                for key in ("cold", "cold_served"))
     for r in rows:
         r["wall_s"] = r["wall"]["median"]
         r["utt_per_s"] = n / r["wall_s"]
@@ -182,11 +201,19 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def table(result: dict[str, Any]) -> str:
-    """Markdown table of the rows."""
-    return common.markdown_table(["method", "wall (s)", "utt/s", "speedup vs ESPnet2's best"],
-                                 [[r["method"], common.fmt(r["wall"], 1) if "wall" in r else f"{r['wall_s']:.1f}",
-                                   f"{r['utt_per_s']:.1f}",
-                                   f"{r['speedup_vs_espnet2_best']:.2f}×"] for r in result["rows"]])
+    """Markdown table of the rows, then where the cold flows' time went (median instants)."""
+    out = common.markdown_table(["method", "wall (s)", "utt/s", "speedup vs ESPnet2's best"],
+                                [[r["method"], common.fmt(r["wall"], 1) if "wall" in r else f"{r['wall_s']:.1f}",
+                                  f"{r['utt_per_s']:.1f}",
+                                  f"{r['speedup_vs_espnet2_best']:.2f}×"] for r in result["rows"]])
+    timed = [r for r in result["rows"] if r.get("instants")]
+    if timed:
+        out += "\n\nA cold flow's instants, seconds since its process started (medians; the forkserver's imports " \
+               "run from `planned` on, beside the driver's):\n\n" + common.markdown_table(
+                   ["flow", *INSTANTS], [[r["method"].split(", cold, ")[-1],
+                                          *(f"{r['instants'][k]:.2f}" if k in r["instants"] else "–" for k in INSTANTS)]
+                                         for r in timed])
+    return out
 
 
 if __name__ == "__main__":

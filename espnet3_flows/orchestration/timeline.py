@@ -8,7 +8,8 @@ shards' libraries being imported where they will run: :mod:`.early_start`), ``ma
 imports done),
 ``server_ready``, ``flow_started``, ``workers_ready``, ``first_shard``, ``shards_merged``,
 ``flow_returned`` (the flow's cluster closed and its final state reported), ``server_stopped``,
-``summary_printed``.
+``summary_printed``; and, written by the local workers' forkserver (another ``pid``),
+``forkserver_ready``: its imports done, workers fork from then on in milliseconds.
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 #: Preloaded first: imports the driver's main module once in the server (:mod:`.forkserver_main`;
 #: not imported here, so that the package is whole before it runs the driver's script)
 MAIN_PRELOAD = "espnet3_flows.parallel.forkserver_main"
+#: Preloaded last: marks the server's imports done in the run's timeline (:mod:`.forkserver_ready`)
+READY_PRELOAD = "espnet3_flows.parallel.forkserver_ready"
 #: The environment variable naming the driver's main module to the forkserver: ``path:<file>``
 #: (a script) or ``name:<module>`` (``python -m``)
 MAIN_ENV = "ESPNET3_FLOWS_FORKSERVER_MAIN"
@@ -116,7 +118,8 @@ def start_forkserver(modules: Sequence[str] = (), env: dict[str, str] | None = N
         return _SERVER_ENV is not None
     preload = list(dict.fromkeys(["distributed", *modules]))
     main = main_module_ref()
-    multiprocessing.get_context("forkserver").set_forkserver_preload([MAIN_PRELOAD, *preload] if main else preload)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        [*([MAIN_PRELOAD] if main else []), *preload, READY_PRELOAD])
     with without_inherited_trim_threshold():
         _SERVER_ENV, _SERVER_MODULES = {**os.environ, **(env or {})}, tuple(preload)
         with _variables({**(env or {}), **({MAIN_ENV: main} if main else {})}):

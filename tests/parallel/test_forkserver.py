@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing.forkserver
+import json
 import os
 import sys
 from pathlib import Path
@@ -36,7 +37,8 @@ def fresh_forkserver(monkeypatch):
 
 
 @pytest.mark.dask
-def test_workers_are_forked_preloaded_and_see_later_environment(fresh_forkserver, monkeypatch):
+def test_workers_are_forked_preloaded_and_see_later_environment(fresh_forkserver, monkeypatch, tmp_path):
+    monkeypatch.setenv("ESPNET3_FLOWS_TIMELINE", str(tmp_path / "timeline.jsonl"))
     assert start_forkserver([PRELOAD])
     assert preloaded_modules() == ("distributed", PRELOAD)
     assert PRELOAD not in sys.modules  # imported by the server process, not here
@@ -47,6 +49,9 @@ def test_workers_are_forked_preloaded_and_see_later_environment(fresh_forkserver
     assert len(seen) == 2
     for preloaded, env_value, parent in seen.values():
         assert preloaded and env_value == "set after the server started" and parent == server_pid
+    # the server's imports done, marked once by the server itself in the run's timeline
+    events = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["pid"]) for e in events] == [("forkserver_ready", server_pid)]
 
 
 @pytest.mark.dask
