@@ -81,8 +81,8 @@ class EngineConfig:
             so, at least ``shard_size/2`` and at most ``2·shard_size`` utterances in), so
             inserting or removing manifest lines recomputes only the shards that hold them. Each
             computed shard is one Prefect task: about 10 ms of wall time more than the engine
-            without Prefect (``benchmarks/README.md``, scale: 1,000 shards in 49.9 s against
-            39.3 s, medians of 3); 1000 utterances of 2-6 s are ~1 s of work per worker, and at
+            without Prefect (``benchmarks/README.md``, scale: 1,000 shards in 42.8 s against
+            31.8 s, medians of 3); 1000 utterances of 2-6 s are ~1 s of work per worker, and at
             this size the flow's steady state equals the engine's without Prefect. Lower it when there are more workers than
             shards.
         on_error: ``fail`` stops the run at the first bad item (never retried: it fails the same
