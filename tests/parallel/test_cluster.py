@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
+from typing import Any, Iterator
 
 import distributed
 import pytest
@@ -209,6 +211,21 @@ def test_a_local_worker_killed_again_and_again_keeps_its_nanny():
             cluster.close()
 
 
+@contextlib.contextmanager
+def _prepared_cluster(cfg: ParallelConfig) -> Iterator[tuple[Any, distributed.Client]]:
+    """A cluster made and prepared as a run makes it, with a client; closed after."""
+    from espnet3_flows.parallel.cluster import make_cluster, prepare_client
+
+    cluster = make_cluster(cfg)
+    try:
+        with distributed.Client(cluster) as client:
+            client.wait_for_workers(1, timeout=60)
+            prepare_client(client, cfg)
+            yield cluster, client
+    finally:
+        cluster.close()
+
+
 @pytest.mark.dask
 def test_a_shard_with_no_worker_left_fails_rather_than_waits(monkeypatch):
     """A local cluster that has no worker for LOCAL_NO_WORKERS_TIMEOUT fails what waits on it
@@ -221,26 +238,13 @@ def test_a_shard_with_no_worker_left_fails_rather_than_waits(monkeypatch):
 
     monkeypatch.setattr(cluster_module, "LOCAL_NO_WORKERS_TIMEOUT", 0.5)
     cfg = ParallelConfig(env="local", n_workers=1)
-    cluster = cluster_module.make_cluster(cfg)
-    try:
-        with distributed.Client(cluster) as client:
-            client.wait_for_workers(1, timeout=60)
-            cluster_module.prepare_client(client, cfg)
-            assert cluster.scheduler.no_workers_timeout == 0.5
-            cluster.scale(0)
-            while client.scheduler_info()["workers"]:
-                time.sleep(0.05)
-            future = client.submit(_square, 3, pure=False)
-            error = future.exception(timeout=60)
-            assert "without any running workers" in str(error), error
-    finally:
-        cluster.close()
+    with _prepared_cluster(cfg) as (cluster, client):
+        assert cluster.scheduler.no_workers_timeout == 0.5
+        cluster.scale(0)
+        while client.scheduler_info()["workers"]:
+            time.sleep(0.05)
+        error = client.submit(_square, 3, pure=False).exception(timeout=60)
+        assert "without any running workers" in str(error), error
     with dask.config.set({"distributed.scheduler.no-workers-timeout": "7s"}):
-        cluster = cluster_module.make_cluster(cfg)
-    try:
-        with distributed.Client(cluster) as client:
-            client.wait_for_workers(1, timeout=60)
-            cluster_module.prepare_client(client, cfg)
+        with _prepared_cluster(cfg) as (cluster, _):
             assert cluster.scheduler.no_workers_timeout == 7
-    finally:
-        cluster.close()
