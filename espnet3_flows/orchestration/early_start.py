@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from espnet3_flows.orchestration.console import plain_console, print_summary, print_unchanged, quiet_workers_of
-from espnet3_flows.orchestration.local_server import discard_early, early_api_url, launch_early
+from espnet3_flows.orchestration.local_server import NO_RUN_FLAGS, discard_early, early_api_url, launch_early
 from espnet3_flows.orchestration.timeline import mark
 
-#: Command-line flags that take no plan (help, dry run, the config printed) or change only the console
-NO_RUN_FLAGS = ("-h", "--help", "--dry-run", "--print-config")
+#: Command-line flags that change only the console (those that take no plan: ``NO_RUN_FLAGS``)
 CONSOLE_FLAGS = ("-v", "--verbose")
 
 
@@ -53,6 +52,11 @@ class EarlyRun:
     planned: Any = None
     error: BaseException | None = None
     records: list[logging.LogRecord] = field(default_factory=list)
+
+    @property
+    def verbose(self) -> bool:
+        """Whether the command line asked for every log line (``--verbose``)."""
+        return any(a in CONSOLE_FLAGS for a in self.argv)
 
     def replay_logs(self) -> None:
         """Print the kept log records through the loggers' handlers as they are now configured
@@ -104,7 +108,7 @@ def _finish_unchanged(early: EarlyRun) -> int:
     """What ``main`` prints for a run with nothing to compute, without importing Prefect: the
     planning's warnings (one line each unless ``--verbose``), the line and the summary."""
     discard_early()  # the server launched before planning: not needed
-    plain_console(verbose=any(a in CONSOLE_FLAGS for a in early.argv))
+    plain_console(verbose=early.verbose)
     early.replay_logs()
     run = early.planned
     print_unchanged(early.job, run, early.cfg.output_dir)
@@ -147,7 +151,7 @@ def _plan(job: str, argv: tuple[str, ...]) -> EarlyRun | None:
         except Exception:  # noqa: BLE001 - main() reads the config again and reports it
             return None
         early = EarlyRun(job, argv, cfg, records=records)
-        quiet_workers_of(cfg.parallel.backend, any(a in CONSOLE_FLAGS for a in argv))  # before the forkserver starts
+        quiet_workers_of(cfg.parallel.backend, early.verbose)  # before the forkserver starts
         try:
             preflight(job, cfg)
             early.planned = plan_job(job, cfg)

@@ -297,6 +297,10 @@ def configured_api_url() -> str:
     return str(profile.get("PREFECT_API_URL") or "") if isinstance(profile, dict) else ""
 
 
+#: Command-line flags of a command that runs nothing (help, a dry run, the config printed)
+NO_RUN_FLAGS = ("-h", "--help", "--dry-run", "--print-config")
+
+
 def launch_early(argv: list[str]) -> LocalPrefectServer | None:
     """Launch the private API server now, at the command line's start, so that it starts while
     the CLI imports its libraries and plans (its own start is ~3 s of importing Prefect's
@@ -307,7 +311,7 @@ def launch_early(argv: list[str]) -> LocalPrefectServer | None:
     Args:
         argv: The command line's arguments (after the script's name).
     """
-    if _EARLY or any(a in ("-h", "--help", "--dry-run", "--print-config") for a in argv) or configured_api_url():
+    if _EARLY or any(a in NO_RUN_FLAGS for a in argv) or configured_api_url():
         return None
     server = LocalPrefectServer()
     try:
