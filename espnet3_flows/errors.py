@@ -72,3 +72,15 @@ def describe_os_error(exc: OSError) -> str:
     name = errno.errorcode.get(exc.errno or 0, "")
     text = exc.strerror or str(exc)
     return f"{text} ({name})" if name else text
+
+
+#: The most characters of an input (a manifest field, a record's text) any message quotes
+QUOTE_LIMIT = 200
+
+
+def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` as a message may quote it: at most ``limit`` characters, a cut one ending in
+    ``…`` with the number of characters left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"

@@ -11,6 +11,9 @@ what users recompute: bump the version that names it, never its output silently.
   shard boundaries do not move when a file changes.
 - **Plan digest** (:func:`shards_digest`): the ordered shard hashes of a split: whether a
   published merge is of exactly this plan.
+- **File digest** (:func:`file_sha256`, :func:`bytes_sha256`): the SHA-256 of a published file's bytes, recorded with
+  its size in the ``done`` record (shard files) or ``summary.json`` (merged files), and checked
+  before either is trusted.
 - **Tokens** (:func:`token`): short names of objects in a process or on disk, built from a
   ``kind`` and its fields: a provider's environment, a runner's work, a spooled manifest file.
 """
@@ -85,3 +88,19 @@ def token(kind: str | None, fields: Any, length: int = 24) -> str:
     (with its version, e.g. ``"kaldi-join/1"``) and goes first in the digested list; ``None``
     digests ``fields`` alone (the tokens that existed before kinds were named keep their values)."""
     return digest(fields if kind is None else [kind, *fields])[:length]
+
+
+def bytes_sha256(data: bytes) -> str:
+    """The SHA-256 hex digest of ``data`` (a file about to be published from memory)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: str, chunk: int = 1 << 20) -> str:
+    """The SHA-256 hex digest of a local file's bytes, read ``chunk`` bytes at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            buf = f.read(chunk)
+            if not buf:
+                return h.hexdigest()
+            h.update(buf)

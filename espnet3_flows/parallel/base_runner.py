@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import posixpath
 import shutil
 import tempfile
@@ -23,7 +24,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import fsspec
 
 from espnet3_flows.config import check_on_error
-from espnet3_flows.errors import BadItemError, ItemError
+from espnet3_flows.errors import BadItemError, ItemError, clip
 from espnet3_flows.parallel.env_injection import call_with_env, missing_keys
 from espnet3_flows.parallel.env_provider import ProviderError
 from espnet3_flows.parallel.results import RunOutcome, ShardResult, ShardStatus
@@ -33,6 +34,9 @@ from espnet3_flows.sharding import Shard, ShardPlan, plan_shards, shard_name
 from espnet3_flows.storage import Storage
 
 PLAN = "manifest.json"
+_LOG = logging.getLogger(__name__)
+#: ``done`` records this process has warned about (each is named once)
+_UNREADABLE_WARNED: set[str] = set()
 
 __all__ = ["BaseRunner", "DONE", "ItemError", "PLAN", "WHOLE_SHARD", "concatenate_shard_files"]
 
@@ -272,14 +276,25 @@ class BaseRunner:
         return found
 
     def read_done(self, shard_hash: str, cached: bool = False) -> ShardResult | None:
-        """The ``done`` record of the shard with ``shard_hash``, if one exists (resume or not)."""
+        """The ``done`` record of the shard with ``shard_hash``, if one exists (resume or not). A
+        record that cannot be read (truncated, empty, not JSON) means "not done": a warning names
+        it, and the shard is computed again. A store that cannot be reached raises."""
         store = self.storage
         if store is None:
             return None
-        rec = store.read_json(posixpath.join(self.shard_subdir, shard_name(shard_hash), DONE))
-        if not rec or rec.get("shard_hash") != shard_hash:
+        rel = posixpath.join(self.shard_subdir, shard_name(shard_hash), DONE)
+        try:
+            rec = store.read_json(rel)
+            if not rec or rec.get("shard_hash") != shard_hash:
+                return None
+            return ShardResult.from_dict(rec, cached=cached)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # truncated, empty, not ours
+            uri = store.uri(rel)
+            if uri not in _UNREADABLE_WARNED:  # planning reads it, then the shard's task again
+                _UNREADABLE_WARNED.add(uri)
+                _LOG.warning("%s is unreadable (%s): the shard is not done and is computed again", uri,
+                             clip(f"{type(exc).__name__}: {exc}"))
             return None
-        return ShardResult.from_dict(rec, cached=cached)
 
     def done_record(self, shard_dir: Path | str) -> ShardResult:
         """The ``done`` record of a completed shard directory (one ``merge`` received)."""

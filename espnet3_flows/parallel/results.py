@@ -29,6 +29,10 @@ class ShardResult:
         records_error: Why the shard's records could not be kept (not JSON-able), else ``None``.
         run_id: The run that computed the shard (a shard a worker finds done by its own run, e.g.
             after the worker that computed it died, is computed, not reused).
+        digests: Each of ``files``' size and SHA-256 as published
+            (:func:`~espnet3_flows.published_files.local_digest`): a shard whose file no longer
+            matches is recomputed before a merge reads it. Empty in records written before
+            digests were kept (those are trusted as they are).
     """
 
     shard: Shard
@@ -41,6 +45,7 @@ class ShardResult:
     records: int | None = None
     records_error: str | None = None
     run_id: str = ""
+    digests: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``done`` record."""
@@ -54,6 +59,8 @@ class ShardResult:
             d["records_error"] = self.records_error
         if self.run_id:
             d["run"] = self.run_id
+        if self.digests:
+            d["digests"] = {rel: dict(v) for rel, v in self.digests.items()}
         return d
 
     @classmethod
@@ -61,7 +68,8 @@ class ShardResult:
         """Inverse of :meth:`to_dict`."""
         return cls(Shard.from_dict(d["shard"]), d["result"], list(d["files"]), list(d["skipped"]),
                    cached, float(d.get("seconds", 0.0)), int(d.get("published_elsewhere", 0)),
-                   d.get("records"), d.get("records_error"), str(d.get("run", "")))
+                   d.get("records"), d.get("records_error"), str(d.get("run", "")),
+                   {str(rel): dict(v) for rel, v in (d.get("digests") or {}).items()})
 
     def file(self, name: str, required: bool = True) -> str | None:
         """The published file ``name`` of this shard (its path relative to ``output_dir``, as

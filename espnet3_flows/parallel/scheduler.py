@@ -10,6 +10,7 @@ through :func:`run_planned`; only the executor differs.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import uuid
 from concurrent.futures import Future
@@ -19,12 +20,15 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 from espnet3_flows.errors import ItemError, ItemFailure, ShardFailure
 from espnet3_flows.parallel.merge_step import merge_runner
 from espnet3_flows.parallel.results import ShardResult, ShardStatus
+from espnet3_flows.parallel.shard_lifecycle import DONE
 from espnet3_flows.parallel.worker_env import get_env, get_runner, register_runner, runner_key
+from espnet3_flows.published_files import mismatches
 from espnet3_flows.sharding import Shard, ShardPlan
 
 #: Shard tasks in flight at once on a cluster: enough to keep hundreds of workers busy, few
 #: enough that the driver's futures and the scheduler's tasks stay flat in the number of shards.
 SUBMIT_WINDOW = 256
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,6 +89,25 @@ def plan_runner(runner: Any, indices: Sequence[Any] | None = None, publish: bool
     if publish:
         runner.write_plan(plan)
     return PlannedRunner(runner, plan, runner.collect_done(plan), runner_key(runner))
+
+
+def recheck_done(planned: PlannedRunner) -> None:
+    """Make pending again, with a warning naming the file, every shard done earlier whose published
+    files no longer match the sizes and digests of its ``done`` record (a truncated copy, a file
+    edited or replaced): its record is removed, so the shard is computed, never merged as it is."""
+    store = planned.runner.storage
+    if store is None or not planned.done:
+        return
+    bad = mismatches(store, {rel: d for res in planned.done.values() for rel, d in res.digests.items()})
+    if not bad:
+        return
+    for index, res in list(planned.done.items()):
+        rel = next((rel for rel in res.digests if rel in bad), None)
+        if rel is not None:
+            _LOG.warning("%s does not match its done record (%s): the shard is computed again", store.uri(rel),
+                         bad[rel])
+            store.remove(planned.runner.shard_rel(res.shard, DONE))
+            del planned.done[index]
 
 
 def execute_shard(key: str, shard: Shard, local: bool = False, run_id: str = "") -> dict[str, Any]:
@@ -240,7 +263,8 @@ def run_planned(planned: Sequence[PlannedRunner], executor: ShardExecutor, *, pr
     """Compute every pending shard of ``planned`` through ``executor`` and merge each runner.
 
     Runners whose shards are all done earlier are merged at once (the plan may have lost shards).
-    Env keys are checked on the executor's workers before any shard runs.
+    A shard done earlier whose published files no longer match its ``done`` record is computed
+    again (:func:`recheck_done`). Env keys are checked on the executor's workers before any shard runs.
 
     Args:
         planned: The planned runners (e.g. one per split).
@@ -258,6 +282,8 @@ def run_planned(planned: Sequence[PlannedRunner], executor: ShardExecutor, *, pr
     """
     from tqdm.auto import tqdm
 
+    for p in planned:
+        recheck_done(p)
     busy = [p for p in planned if p.pending]
     try:
         if busy:  # every runner installed and every worker's env built at once, then the keys checked
