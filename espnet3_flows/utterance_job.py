@@ -16,13 +16,13 @@ from espnet3_flows.inputs.demo import DEMO_UTTERANCES
 from espnet3_flows.inputs.fingerprints import FINGERPRINT_MODES
 from espnet3_flows.errors import ON_ERROR_POLICIES
 from espnet3_flows.inputs.manifest import read_manifest_slice
-from espnet3_flows.inputs.records import SkippedItem, Utterance, write_skipped_tsv
+from espnet3_flows.inputs.records import SkippedItem, Utterance
 from espnet3_flows.inputs.planner import plan_manifest
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.base_runner import BaseRunner
 from espnet3_flows.parallel.env_provider import EnvironmentProvider
-from espnet3_flows.scp import point_scps_at_published
 from espnet3_flows.sharding import Shard, ShardPlan
+from espnet3_flows.split_outputs import claim_outputs, publish_split_files
 from espnet3_flows.storage import Storage
 
 _SPLIT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
@@ -213,30 +213,6 @@ class SplitRunner(Protocol):
     def merge(self, shard_dirs: list[Any]) -> Any: ...
 
 
-def publish_split_files(store: Storage, rel: str, staged: Sequence[tuple[str, Path]], skipped: Sequence[SkippedItem],
-                        summary: dict[str, Any]) -> dict[str, Any]:
-    """Publish a split's merged outputs in order: the ``staged`` files (name, local path: list an
-    ark before the scp that points into it), then ``skipped.tsv``, then ``summary.json`` last, so
-    a reader that finds ``summary.json`` finds every file it lists.
-
-    Returns:
-        ``summary`` with ``skipped`` (the count) and ``files`` (name → URI, ``summary.json`` too).
-    """
-    files = {}
-    if staged:  # an scp names its arks where they are published, not in the merge's stage
-        point_scps_at_published([(local, posixpath.join(rel, name)) for name, local in staged], store.uri,
-                                Path(os.path.commonpath([str(local.parent) for _, local in staged])))
-    for name, local in staged:
-        store.publish_file(local, posixpath.join(rel, name))
-        files[name] = store.uri(rel, name)
-    store.write_text(posixpath.join(rel, "skipped.tsv"), write_skipped_tsv(list(skipped)))
-    files["skipped.tsv"] = store.uri(rel, "skipped.tsv")
-    summary = {**summary, "skipped": len(skipped), "files": files}
-    store.write_json(posixpath.join(rel, "summary.json"), summary)
-    summary["files"] = {**files, "summary.json": store.uri(rel, "summary.json")}
-    return summary
-
-
 class ShardDataset:
     """One shard's utterances, indexed by their positions in the split (what ``forward`` receives).
 
@@ -329,6 +305,21 @@ class UtteranceRunner(BaseRunner):
                                 spool_rel=posixpath.join(self.shard_subdir, "inputs"), allow_pipes=self.allow_pipes)
         self._manifest_skipped = planned.skipped
         return planned.plan
+
+    #: Keys of :meth:`hash_config` that do not make a split directory another config's
+    #: (``owner.json``): per split, per error policy, or facts of the machine rather than choices
+    owner_ignores: tuple[str, ...] = ("split", "on_error")
+
+    def write_plan(self, plan: ShardPlan) -> None:
+        """Claim the split's output directory for this job and config
+        (:func:`~espnet3_flows.split_outputs.claim_outputs`), then publish the plan."""
+        store = self.storage
+        if store is not None:
+            hashed = dict(self.hash_config())
+            job = str(hashed.pop("job", type(self).__name__)).split("/")[0]  # "collect_stats/1": a new
+            # output version recomputes the shards, it does not make the directory another job's
+            claim_outputs(store, self.outputs_rel, job, {k: v for k, v in hashed.items() if k not in self.owner_ignores})
+        super().write_plan(plan)
 
     def manifest_skipped(self) -> list[SkippedItem]:
         """Manifest lines left out under ``on_error: skip`` (known once the split is planned)."""

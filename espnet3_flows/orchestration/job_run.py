@@ -13,6 +13,7 @@ from typing import Any, Iterator
 from espnet3_flows.orchestration.jobs import get_job
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.scheduler import PlannedRunner, plan_runner
+from espnet3_flows.split_outputs import trusted_summary
 
 
 @dataclass
@@ -81,14 +82,12 @@ class PlannedFlow:
 
 
 def published_summary(planned: PlannedRunner) -> dict[str, Any] | None:
-    """A job split's published ``summary.json`` if it was merged from exactly this plan's shards."""
+    """A job split's published ``summary.json`` if it was merged from exactly this plan's shards
+    and its files are still the ones it records (:func:`~espnet3_flows.split_outputs.trusted_summary`)."""
     store = planned.runner.storage
     if store is None:
         return None
-    summary = store.read_json(planned.runner.outputs_rel, "summary.json")
-    if summary and summary.get("plan_digest") == planned.plan.digest:
-        return summary
-    return None
+    return trusted_summary(store, planned.runner.outputs_rel, planned.plan.digest)
 
 
 def runner_modules(runner: Any) -> tuple[str, ...]:

@@ -293,6 +293,10 @@ class XVectorRunner(UtteranceRunner):
                          shard_subdir=f"{cfg.xvector.spk_embed_tag}/{split}/shards", batch_size=WHOLE_SHARD,
                          **kwargs)
 
+    #: the model file's fingerprint and ESPnet's version are facts, not choices: a model
+    #: downloaded again or an upgraded ESPnet recomputes shards, it does not refuse the directory
+    owner_ignores = ("split", "on_error", "fingerprint", "espnet")
+
     @property
     def outputs_rel(self) -> str:
         return f"{self.cfg.xvector.spk_embed_tag}/{self.split}"
