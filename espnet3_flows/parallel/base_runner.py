@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import posixpath
 import shutil
 import tempfile
@@ -392,14 +393,33 @@ class BaseRunner:
         return RunOutcome(planned.plan, planned.statuses, merged, time.perf_counter() - t0)
 
 
-def _item(item: Any, pos: int) -> int | str:
-    """An item as the plan keeps it: an ``int`` (numpy integers too) or a ``str``."""
-    if isinstance(item, (int, str)) and not isinstance(item, bool):
+def _item(item: Any, pos: int) -> Any:
+    """An item as the plan keeps it: as given when it is JSON data (an ``int``, a ``str``, or a
+    list, tuple or dict of them, as ESPnet3's collect-stats runner passes pre-batched index lists),
+    numpy integers as ``int``s."""
+    try:
+        return _json_item(item)
+    except TypeError as exc:
+        raise TypeError(f"item {pos} ({clip(repr(item))}) {exc}: items are hashed into shards and stored in the plan "
+                        "as JSON (ints, strs, finite floats, and lists, tuples or str-keyed dicts of them)") from None
+
+
+def _json_item(item: Any) -> Any:
+    if isinstance(item, (str, bool)) or item is None or (isinstance(item, int) and not isinstance(item, bool)):
         return item
+    if isinstance(item, float):
+        if math.isfinite(item):
+            return item
+        raise TypeError("is not a finite number")
     if hasattr(item, "__index__"):
         return int(item.__index__())
-    raise TypeError(f"item {pos} ({item!r}) must be an int or a str: items are hashed into shards and "
-                    "stored in the plan as JSON")
+    if isinstance(item, (list, tuple)):
+        return type(item)(_json_item(i) for i in item)
+    if isinstance(item, Mapping):
+        if not all(isinstance(k, str) for k in item):
+            raise TypeError("has a key that is not a str")
+        return {k: _json_item(v) for k, v in item.items()}
+    raise TypeError(f"is a {type(item).__name__}")
 
 
 def concatenate_shard_files(shard_dirs: Sequence[Path | str], relative_name: str, out_path: Path | str) -> bool:

@@ -172,3 +172,32 @@ def test_espnet3_collect_stats_runner_equals_our_collect_stats(demo_corpus, tmp_
         np.testing.assert_allclose(a["sum_square"], b["sum_square"], rtol=1e-9)
     assert sorted((tmp_path / "e3" / "train" / "feats_shape").read_text().splitlines()) == \
         sorted((tmp_path / "ours" / "train" / "feats_shape").read_text().splitlines())
+
+
+def test_pre_batched_index_lists_as_items_as_espnet3s_collect_stats_passes_them(demo_corpus, tmp_path, parallel):
+    """ESPnet3's ``collect_stats()`` cuts the indices into batches itself and calls
+    ``runner(index_batches)`` with ``batch_size=None``: each item is a list of ints, and
+    ``forward`` receives it as it is."""
+    manifest = demo_corpus["train"]
+    n = len(Path(manifest).read_text().splitlines())
+    batches = [list(range(i, min(i + 4, n))) for i in range(0, n, 4)]
+    batched = Espnet3CollectStatsRunner(WavListProvider({"manifest": manifest}), output_dir=str(tmp_path / "lists"),
+                                        mode="train", shard_size=3)
+    per_item = Espnet3CollectStatsRunner(WavListProvider({"manifest": manifest}), output_dir=str(tmp_path / "ints"),
+                                         mode="train", batch_size=4, shard_size=12)
+    a, b = batched(batches), per_item(range(n))
+    assert int(a["count"]["feats"]) == int(b["count"]["feats"])
+    np.testing.assert_allclose(a["sum"]["feats"], b["sum"]["feats"], rtol=1e-9)
+    plan = json.loads((tmp_path / "lists" / "train" / PLAN).read_text())
+    assert [i for s in plan["shards"] for i in s["indices"]] == batches  # stored as given
+    again = Espnet3CollectStatsRunner(WavListProvider({"manifest": manifest}), output_dir=str(tmp_path / "lists"),
+                                      mode="train", shard_size=3)
+    assert again.run(batches, progress=False).computed == 0  # the same lists hash to the same shards
+
+
+def test_items_that_are_not_json_data_are_refused_naming_the_item(tmp_path):
+    runner = RecordsRunner(ListProvider({"n": 4}), output_dir=str(tmp_path))
+    with pytest.raises(TypeError, match=r"item 1 \(\[1, \{2\}\]\) is a set: items are hashed"):
+        runner([[0], [1, {2}]])
+    with pytest.raises(TypeError, match=r"item 0 \(nan\) is not a finite number"):
+        runner([float("nan")])

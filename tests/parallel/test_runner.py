@@ -153,8 +153,8 @@ def test_bad_runner_arguments():
         ScaleSumRunner(ArrayProvider({"n": 1}), on_error="ignore")
     with pytest.raises(ValueError, match="batch_size"):
         ScaleSumRunner(ArrayProvider({"n": 1}), batch_size=0)
-    with pytest.raises(TypeError, match="int or a str"):
-        ScaleSumRunner(ArrayProvider({"n": 1})).plan([0.5])
+    with pytest.raises(TypeError, match="item 0 .* is a bytes: items are hashed into shards and stored in the plan as JSON"):
+        ScaleSumRunner(ArrayProvider({"n": 1})).plan([b"0"])
     with pytest.raises(ValueError, match="shard_size"):
         ScaleSumRunner(ArrayProvider({"n": 1}), shard_size=0)
 
