@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from espnet3_flows.config import ConfigError
+from espnet3_flows.credentials import mask_secrets
 from espnet3_flows.errors import clip
 from espnet3_flows.hashing import canonical_json
 from espnet3_flows.inputs.records import SkippedItem, write_skipped_tsv
@@ -129,7 +130,7 @@ def claim_outputs(store: Storage, rel: str, job: str, config: Mapping[str, Any])
         OutputsOwnedError: the directory belongs to another job or another config; the message
             names what differs and how to proceed.
     """
-    mine = {"job": job, "config": to_jsonable(config)}
+    mine = {"job": job, "config": to_jsonable(mask_secrets(config))}  # a model's kwargs may hold a token
     owner_rel = posixpath.join(rel, OWNER)
     try:
         found = store.read_json(owner_rel)

@@ -17,7 +17,8 @@ from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.tasks import exponential_backoff
 
-from espnet3_flows.config import load_config, to_plain
+from espnet3_flows.config import load_config
+from espnet3_flows.credentials import mask_secrets, redact
 from espnet3_flows.orchestration import console
 from espnet3_flows.orchestration.artifacts import (
     ProgressArtifact,
@@ -43,16 +44,14 @@ from espnet3_flows.parallel.parallel import get_parallel_config, parallel_is_set
 from espnet3_flows.parallel.scheduler import SUBMIT_WINDOW, PlannedRunner, plan_runner, run_planned
 from espnet3_flows.parallel.worker_env import get_env, register_runner
 from espnet3_flows.sharding import Shard
-from espnet3_flows.storage import redact
 
 log = logging.getLogger("espnet3_flows")
 
 
 def shown_config(cfg: Any) -> dict[str, Any]:
-    """The config as a flow parameter: plain data with the storage options' credentials masked."""
-    shown = to_plain(cfg)
-    shown["storage_options"] = redact(shown.get("storage_options"))
-    return shown
+    """The config as a flow parameter: plain data with every credential masked, in any section
+    (:func:`~espnet3_flows.credentials.mask_secrets`)."""
+    return mask_secrets(cfg)
 
 
 def run_job(job: str, config: Any = None, progress: bool = True, planned: PlannedFlow | None = None) -> dict[str, Any]:
@@ -122,7 +121,7 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
     cfg = as_parallel_config(parallel) if parallel is not None else (
         get_parallel_config() if parallel_is_set() else ParallelConfig(env="serial"))
     title = name or _kebab(type(runner).__name__)
-    shown = {"runner": f"{type(runner).__module__}.{type(runner).__qualname__}", "parallel": to_plain(cfg)}
+    shown = {"runner": f"{type(runner).__module__}.{type(runner).__qualname__}", "parallel": mask_secrets(cfg)}
     api = contextlib.nullcontext() if _in_flow() else prefect_api(needs_server=not cfg.backend.in_process)
     with runner.output_scope(), api:
         t0 = time.perf_counter()

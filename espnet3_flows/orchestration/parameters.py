@@ -4,7 +4,8 @@ Each top-level config key is one flow parameter of the key's type; a section (``
 ``parallel``, ``xvector``) is a pydantic model mirroring its dataclass, so the UI renders a nested
 form with every key, its default and its description (from the dataclass's ``Attributes:``).
 Credentials (``storage_options``) and alias keys are left out: flow parameters are stored and
-shown in plain text. Values are only type-checked here; the config's own checks run once, after
+shown in plain text; a credential in any other key (``parallel.options.env.AWS_SECRET_ACCESS_KEY``)
+is refused when the run starts (:mod:`espnet3_flows.credentials`). Values are only type-checked here; the config's own checks run once, after
 the file, the parameters and the overrides are merged.
 """
 

@@ -243,8 +243,9 @@ class ClusterSpec:
         return self.backend.jobqueue
 
     def describe(self) -> str:
-        """One line: the backend, its cluster and options, how it scales (``--dry-run`` prints it)."""
-        from espnet3_flows.storage import redact
+        """One line: the backend, its cluster and options (credentials masked), how it scales
+        (``--dry-run`` prints it)."""
+        from espnet3_flows.credentials import redact
 
         shown = json.dumps(redact({k: v for k, v in self.kwargs.items() if k != "env" or not self.backend.forks}),
                            default=str, sort_keys=True)

@@ -38,8 +38,9 @@ class TokenConfig:
         g2p: For ``phn``: ESPnet2's ``g2p`` (``g2p_en``, ``pyopenjtalk``, ...).
     """
 
-    token_type: str = field(default="", metadata={"choices": TOKEN_TYPES})
-    token_list: Any = ""
+    # named like credentials, but a tokenizer's settings (espnet3_flows.credentials)
+    token_type: str = field(default="", metadata={"choices": TOKEN_TYPES, "secret": False})
+    token_list: Any = field(default="", metadata={"secret": False})
     bpemodel: str = ""
     non_linguistic_symbols: str = ""
     cleaner: str = ""

@@ -148,3 +148,36 @@ def test_module_and_console_scripts_and_print_config_round_trip(tmp_path, demo_c
     helped = subprocess.run([str(Path(sys.executable).with_name("espnet3-extract-xvectors")), "--help"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert helped.returncode == 0 and "xvector.pretrained_model=" in helped.stdout
+
+
+def test_print_config_and_dry_run_mask_credentials_of_every_section(tmp_path, demo_corpus):
+    """An ssh cluster's login and its workers' environment, given in a --config file and as an
+    override, are shown masked: --print-config's YAML and --dry-run's cluster line."""
+    import yaml
+
+    secret = "sEcReT-9a4f-do-not-print"
+    conf = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(tmp_path / "out"),
+            "storage_options": {"secret": secret},
+            "parallel": {"env": "ssh", "options": {
+                "hosts": ["127.0.0.1", "localhost"],
+                "connect_options": {"username": "u", "password": secret, "passphrase": secret,
+                                    "client_keys": [f"/keys/{secret}"]},
+                "worker_options": {"env": {"AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": "us-east-1"}}}}}
+    (tmp_path / "ssh.yaml").write_text(yaml.safe_dump(conf))
+    args = ["--config", str(tmp_path / "ssh.yaml"), f"parallel.options.worker_options.env.HF_TOKEN={secret}"]
+    env = _clean_env(tmp_path)
+    printed = subprocess.run([sys.executable, "flows/collect_stats.py", "--print-config", *args], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    assert secret not in printed.stdout + printed.stderr
+    shown = yaml.safe_load(printed.stdout)
+    options = shown["parallel"]["options"]
+    assert options["connect_options"] == {"username": "u", "password": "***", "passphrase": "***",
+                                          "client_keys": "***"}
+    assert options["worker_options"]["env"] == {"AWS_SECRET_ACCESS_KEY": "***", "AWS_DEFAULT_REGION": "us-east-1",
+                                                "HF_TOKEN": "***"}
+    assert shown["storage_options"] == {"secret": "***"} and options["hosts"] == ["127.0.0.1", "localhost"]
+    dry = subprocess.run([sys.executable, "flows/collect_stats.py", "--dry-run", *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0 and "  cluster: ssh: distributed.SSHCluster(" in dry.stdout, dry.stdout + dry.stderr
+    assert secret not in dry.stdout + dry.stderr and '"password": "***"' in dry.stdout

@@ -152,3 +152,20 @@ def test_prefect_validates_the_form_and_a_typo_in_a_section_is_named(demo_corpus
         flow.validate_parameters(given | {"xvector": {"pretrained_modle": "/m"}})
     with pytest.raises(SignatureMismatchError, match="storage_options"):  # credentials are no parameter
         flow.validate_parameters(given | {"storage_options": {"key": "AKIA..."}})
+
+
+@pytest.mark.prefect
+def test_a_credential_in_any_parameter_or_override_is_refused_naming_its_key(prefect_harness, demo_corpus, tmp_path):
+    """What a deployment's run does with a credential in its parameters: the flow fails before any
+    config is resolved or anything written, one line naming every key path (never the value)."""
+    secret = "sEcReT-5d21-refused"
+    flow = job_flow("collect_stats")
+    given = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(tmp_path / "out"),
+             "parallel": {"env": "serial", "options": {"env": {"AWS_SECRET_ACCESS_KEY": secret}}},
+             "overrides": [f"parallel.options.connect_options.password={secret}", "shard_size=4"]}
+    state = flow(**flow.validate_parameters(given), return_state=True)
+    assert state.is_failed()
+    message = str(state.message) + str(state.result(raise_on_failure=False))
+    assert "flow parameters hold a credential (parallel.options.env.AWS_SECRET_ACCESS_KEY, " \
+           "parallel.options.connect_options.password (in overrides))" in message, message
+    assert secret not in message and not (tmp_path / "out").exists()

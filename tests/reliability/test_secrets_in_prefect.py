@@ -1,12 +1,15 @@
-"""Storage credentials never reach the Prefect server (issue "Trust", item 1).
+"""Credentials never reach the Prefect server, from any section of a config (issue "Trust",
+item 1; issue 45, item 3).
 
 Real parts only: a `prefect server` (SQLite under its own PREFECT_HOME), moto's S3 server, the
-CLI as a user runs it (credentials as `storage_options.*` overrides) and a deployment run by a
-process worker whose environment carries the credentials (AWS_ACCESS_KEY_ID /
+CLI as a user runs it (credentials as `storage_options.*` overrides, and in the local workers'
+environment, `parallel.options.env`, from a --config file and an override) and a deployment run
+by a process worker whose environment carries the credentials (AWS_ACCESS_KEY_ID /
 AWS_SECRET_ACCESS_KEY / AWS_ENDPOINT_URL_S3). Afterwards everything the server hands out --
 flow runs (parameters, states), task runs, block documents (client and raw HTTP), artifacts,
 logs, events, deployments, work pools, variables -- and the bytes of its database must be free
-of the secret and of the access key id, and so must the CLI's output and the worker's log.
+of the secret and of the access key id, and so must the CLI's output and the worker's log. A
+second deployment run, given a credential in its parameters, is refused naming the key paths.
 
 One module-scoped scenario drives both paths once; each test checks one part of the result, so
 a leak and a broken run are reported separately.
@@ -17,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import sqlite3
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.prefect_readback import columns_with, context, paths_containing, read_everything
 from tests.support.servers import ManagedProcess, PrefectServer, PrefectWorker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,10 +40,10 @@ pytestmark = [pytest.mark.prefect_server, pytest.mark.s3, pytest.mark.slow, pyte
 SECRET = f"sEcReT-{uuid.uuid4().hex}-do-not-leak"
 ACCESS_KEY = "AKIA" + uuid.uuid4().hex[:16].upper()
 NEEDLES = {"secret": SECRET, "access key id": ACCESS_KEY}
+#: A credential given to a deployment's run as a parameter: refused, but kept by Prefect (README, "Credentials")
+REFUSED = f"rEfUsEd-{uuid.uuid4().hex}"
 POOL = "secrets-pool"
 DEPLOYMENT = "collect-stats/secrets-test"
-PAGE = 200  # the server's default maximum page size
-EVENTS_PAGE = 50  # POST /events/filter accepts at most 50
 
 
 @dataclass
@@ -53,6 +56,8 @@ class Scenario:
     deployed_run_id: str | None = None
     deployed_state: str | None = None
     deployed_published: bool = False
+    refused_run_id: str | None = None
+    refused_state: str | None = None
     api: dict[str, Any] | None = None
     db_files: dict[str, bytes] = field(default_factory=dict)
     db_columns_with_secret: list[str] = field(default_factory=list)
@@ -82,106 +87,6 @@ def _s3_exists(endpoint: str, bucket: str, key: str) -> bool:
                           aws_access_key_id="testing", aws_secret_access_key="testing")
     listed = client.list_objects_v2(Bucket=bucket, Prefix=key)
     return any(obj["Key"] == key for obj in listed.get("Contents", []))
-
-
-def _dump(model: Any) -> Any:
-    return model.model_dump(mode="json") if hasattr(model, "model_dump") else model
-
-
-async def _paged(read, **kwargs) -> list[Any]:
-    out: list[Any] = []
-    while True:
-        page = await read(limit=PAGE, offset=len(out), **kwargs)
-        out.extend(page)
-        if len(page) < PAGE:
-            return out
-
-
-async def _read_everything(api_url: str) -> dict[str, Any]:
-    """Everything a user of the API can read back, as JSON-ready data."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings(updates={PREFECT_API_URL: api_url}):
-        async with get_client() as client:
-            http = client._client  # the API's httpx client (base URL = api_url)
-            flow_runs = await _paged(client.read_flow_runs)
-            task_runs = await _paged(client.read_task_runs)
-            dump: dict[str, Any] = {
-                "flow_runs": [_dump(r) for r in flow_runs],
-                "flow_run_states": {str(r.id): [_dump(s) for s in await client.read_flow_run_states(r.id)]
-                                    for r in flow_runs},
-                "task_runs": [_dump(r) for r in task_runs],
-                "task_run_states": {str(r.id): [_dump(s) for s in await client.read_task_run_states(r.id)]
-                                    for r in task_runs},
-                "flows": [_dump(f) for f in await _paged(client.read_flows)],
-                "deployments": [_dump(d) for d in await _paged(client.read_deployments)],
-                "work_pools": [_dump(p) for p in await client.read_work_pools()],
-                "workers": [_dump(w) for w in await client.read_workers_for_work_pool(POOL)],
-                "block_documents": [_dump(b) for b in await client.read_block_documents(include_secrets=False)],
-                "artifacts": [_dump(a) for a in await _paged(client.read_artifacts)],
-                "logs": [_dump(entry) for entry in await _paged(client.read_logs)],
-                "variables": [_dump(v) for v in await client.read_variables()],
-            }
-            for name, body in (("block_documents_raw", {}),
-                               ("block_documents_raw_no_secrets", {"include_secrets": False})):
-                response = await http.post("/block_documents/filter", json=body)
-                response.raise_for_status()
-                dump[name] = response.json()
-            events: list[Any] = []
-            response = await http.post("/events/filter", json={"limit": EVENTS_PAGE})
-            response.raise_for_status()
-            page = response.json()
-            events.extend(page["events"])
-            while page.get("next_page"):
-                response = await http.get(page["next_page"])
-                response.raise_for_status()
-                page = response.json()
-                events.extend(page["events"])
-            dump["events"] = events
-            return dump
-
-
-def _paths_containing(obj: Any, needle: str, path: str = "") -> list[str]:
-    """JSON paths of every string (value or key) that contains `needle`."""
-    found: list[str] = []
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            sub = f"{path}.{key}" if path else str(key)
-            if needle in str(key):
-                found.append(sub + " (key)")
-            found.extend(_paths_containing(value, needle, sub))
-    elif isinstance(obj, (list, tuple)):
-        for i, value in enumerate(obj):
-            found.extend(_paths_containing(value, needle, f"{path}[{i}]"))
-    elif needle in str(obj):
-        found.append(path)
-    return found
-
-
-def _context(text: str, needle: str, width: int = 160) -> str:
-    at = text.find(needle)
-    return "" if at < 0 else text[max(0, at - width):at + len(needle) + width]
-
-
-def _columns_with(db: Path, needle: str) -> list[str]:
-    """`table.column` of every text/blob cell containing `needle` (diagnosis only, on a copy)."""
-    found: list[str] = []
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-            for table in tables:
-                for col in [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')]:
-                    hits = con.execute(f'SELECT count(*) FROM "{table}" WHERE CAST("{col}" AS TEXT) LIKE ?',
-                                       (f"%{needle}%",)).fetchone()[0]
-                    if hits:
-                        found.append(f"{table}.{col} ({hits} rows)")
-        finally:
-            con.close()
-    except sqlite3.Error as exc:
-        found.append(f"(could not inspect: {exc})")
-    return found
 
 
 def _stage(sc: Scenario, name: str):
@@ -226,12 +131,17 @@ def scenario(tmp_path_factory, moto_server, demo_corpus) -> Scenario:
             "PREFECT_HOME": str(root / "client-home"), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
-        # 1. the CLI, credentials as storage_options overrides
+        # 1. the CLI, credentials as storage_options overrides and in the local workers' environment
+        #    (parallel.options.env: from a --config file and an override)
         with _stage(sc, "cli run"):
-            argv = [sys.executable, "flows/collect_stats.py", f"manifests.valid={demo_corpus['valid']}",
+            config = root / "cli.yaml"
+            config.write_text(json.dumps({"parallel": {"env": "local", "n_workers": 1, "options": {
+                "env": {"AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1"}}}}))  # JSON is YAML
+            argv = [sys.executable, "flows/collect_stats.py", "--config", str(config),
+                    f"manifests.valid={demo_corpus['valid']}",
                     f"output_dir=s3://{sc.bucket}/cli", f"storage_options.key={ACCESS_KEY}",
                     f"storage_options.secret={SECRET}", f"storage_options.client_kwargs.endpoint_url={endpoint}",
-                    "shard_size=4", "parallel.env=local", "parallel.n_workers=1"]
+                    f"parallel.options.env.HF_TOKEN={SECRET}", "shard_size=4"]
             cli = ManagedProcess(argv, name="cli", log_path=logs / "cli.log", env=client_env, cwd=ROOT)
             cli.start()
             try:
@@ -278,11 +188,21 @@ def scenario(tmp_path_factory, moto_server, demo_corpus) -> Scenario:
                     f"deployment run ended {sc.deployed_state}; worker log:\n{worker.log_tail(80)}")
             with _stage(sc, "deployment outputs"):
                 sc.deployed_published = _s3_exists(endpoint, sc.bucket, "deployed/valid/summary.json")
+            # a credential in a deployment run's parameters and overrides: refused, naming its keys
+            with _stage(sc, "refused run"):
+                sc.refused_run_id, sc.refused_state, name = asyncio.run(_trigger_and_wait(
+                    server.api_url, worker, timeout=300, parameters={
+                        "manifests": {"valid": demo_corpus["valid"]}, "output_dir": f"s3://{sc.bucket}/refused",
+                        "parallel": {"env": "serial", "options": {"env": {"AWS_SECRET_ACCESS_KEY": REFUSED}}},
+                        "overrides": [f"parallel.options.connect_options.password={REFUSED}"]}))
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and f"flow run {name!r} exited" not in worker.log_tail(200):
+                    time.sleep(0.5)
 
         # 3. read everything back through the API
         time.sleep(2)  # events are persisted in batches
         with _stage(sc, "api read"):
-            sc.api = asyncio.run(_read_everything(server.api_url))
+            sc.api = asyncio.run(read_everything(server.api_url, POOL))
     finally:
         if worker is not None:
             with _stage(sc, "worker stop"):
@@ -303,7 +223,7 @@ def scenario(tmp_path_factory, moto_server, demo_corpus) -> Scenario:
         copy.mkdir()
         for path in server.home.glob("prefect.db*"):
             shutil.copy2(path, copy / path.name)
-        sc.db_columns_with_secret = _columns_with(copy / "prefect.db", SECRET)
+        sc.db_columns_with_secret = columns_with(copy / "prefect.db", SECRET)
     print(f"\nsecrets scenario timings (s): {sc.timings}")
     return sc
 
@@ -369,11 +289,11 @@ def test_prefect_api_hands_out_no_credentials(scenario):
     leaks = []
     for what, needle in NEEDLES.items():
         for section, data in api.items():
-            paths = _paths_containing(data, needle)
+            paths = paths_containing(data, needle)
             if paths:
                 text = json.dumps(data, default=str)
                 leaks.append(f"{what} in {section}: {len(paths)} place(s), e.g. {paths[:5]}\n"
-                             f"    ...{_context(text, needle)}...")
+                             f"    ...{context(text, needle)}...")
     assert not leaks, "credentials handed out by the Prefect API:\n" + "\n".join(leaks)
 
 
@@ -400,6 +320,39 @@ def test_cli_output_and_process_logs_hold_no_credentials(scenario):
     assert scenario.cli_output or "cli run" in scenario.errors, "no CLI output captured"
     logs = {"CLI stdout/stderr": scenario.cli_output, "worker log": scenario.worker_log,
             "server log": scenario.server_log}
-    leaks = [f"{what} in {name}: ...{_context(text, needle)}..."
+    leaks = [f"{what} in {name}: ...{context(text, needle)}..."
              for name, text in logs.items() for what, needle in NEEDLES.items() if needle in text]
     assert not leaks, "\n".join(leaks)
+
+
+def test_cli_flow_parameters_show_every_credential_masked(scenario):
+    """Not vacuous: the CLI's flow run was given the workers' credentials, and shows them masked."""
+    errors = _stage_errors(scenario, "server start", "cli run", "api read")
+    assert not errors, errors
+    shown = [r["parameters"]["config"] for r in scenario.api["flow_runs"]
+             if "config" in r["parameters"] and r["parameters"]["config"].get("output_dir", "").endswith("/cli")]
+    assert shown, "the CLI's flow run was not read back"
+    assert shown[0]["parallel"]["options"]["env"] == {"AWS_SECRET_ACCESS_KEY": "***", "AWS_DEFAULT_REGION": "us-east-1",
+                                                      "HF_TOKEN": "***"}
+    assert shown[0]["storage_options"]["key"] == shown[0]["storage_options"]["secret"] == "***"
+
+
+def test_deployment_run_with_a_credential_is_refused_naming_its_keys(scenario):
+    """A credential typed into a deployment run's parameters fails the run before it is used, one
+    line naming the key paths. Prefect stored the parameters before the flow saw them (README,
+    "Credentials"): the value is in that flow run's parameters, and nowhere the run wrote."""
+    errors = _stage_errors(scenario, "server start", "deploy", "refused run", "api read")
+    assert not errors, errors
+    assert scenario.refused_state is not None and scenario.refused_state.startswith("FAILED"), scenario.refused_state
+    assert ("flow parameters hold a credential (parallel.options.env.AWS_SECRET_ACCESS_KEY, "
+            "parallel.options.connect_options.password (in overrides))") in scenario.refused_state
+    assert REFUSED not in scenario.refused_state
+    api = scenario.api
+    (run,) = [r for r in api["flow_runs"] if r["id"] == scenario.refused_run_id]
+    assert REFUSED in json.dumps(run["parameters"])  # what Prefect keeps regardless
+    wrote = {"task_runs": api["task_runs"], "logs": api["logs"], "artifacts": api["artifacts"],
+             "block_documents": api["block_documents_raw"], "variables": api["variables"],
+             "states": api["flow_run_states"].get(scenario.refused_run_id), "worker log": scenario.worker_log}
+    leaks = [f"{name}: {paths_containing(data, REFUSED)[:5]}" for name, data in wrote.items()
+             if paths_containing(data, REFUSED)]
+    assert not leaks, "the refused credential reached:\n" + "\n".join(leaks)

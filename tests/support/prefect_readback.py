@@ -1,0 +1,113 @@
+"""Reading back everything a Prefect server hands out (flow and task runs, states, blocks,
+artifacts, logs, events, ...) and finding where a string occurs in it or in its database file:
+the checks that no credential reached the server."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+PAGE = 200  # the server's default maximum page size
+EVENTS_PAGE = 50  # POST /events/filter accepts at most 50
+
+
+def _dump(model: Any) -> Any:
+    return model.model_dump(mode="json") if hasattr(model, "model_dump") else model
+
+
+async def _paged(read, **kwargs) -> list[Any]:
+    out: list[Any] = []
+    while True:
+        page = await read(limit=PAGE, offset=len(out), **kwargs)
+        out.extend(page)
+        if len(page) < PAGE:
+            return out
+
+
+async def read_everything(api_url: str, pool: str) -> dict[str, Any]:
+    """Everything a user of the API at ``api_url`` can read back (``pool``: the work pool whose
+    workers are read), as JSON-ready data."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        async with get_client() as client:
+            http = client._client  # the API's httpx client (base URL = api_url)
+            flow_runs = await _paged(client.read_flow_runs)
+            task_runs = await _paged(client.read_task_runs)
+            dump: dict[str, Any] = {
+                "flow_runs": [_dump(r) for r in flow_runs],
+                "flow_run_states": {str(r.id): [_dump(s) for s in await client.read_flow_run_states(r.id)]
+                                    for r in flow_runs},
+                "task_runs": [_dump(r) for r in task_runs],
+                "task_run_states": {str(r.id): [_dump(s) for s in await client.read_task_run_states(r.id)]
+                                    for r in task_runs},
+                "flows": [_dump(f) for f in await _paged(client.read_flows)],
+                "deployments": [_dump(d) for d in await _paged(client.read_deployments)],
+                "work_pools": [_dump(p) for p in await client.read_work_pools()],
+                "workers": [_dump(w) for w in await client.read_workers_for_work_pool(pool)],
+                "block_documents": [_dump(b) for b in await client.read_block_documents(include_secrets=False)],
+                "artifacts": [_dump(a) for a in await _paged(client.read_artifacts)],
+                "logs": [_dump(entry) for entry in await _paged(client.read_logs)],
+                "variables": [_dump(v) for v in await client.read_variables()],
+            }
+            for name, body in (("block_documents_raw", {}),
+                               ("block_documents_raw_no_secrets", {"include_secrets": False})):
+                response = await http.post("/block_documents/filter", json=body)
+                response.raise_for_status()
+                dump[name] = response.json()
+            events: list[Any] = []
+            response = await http.post("/events/filter", json={"limit": EVENTS_PAGE})
+            response.raise_for_status()
+            page = response.json()
+            events.extend(page["events"])
+            while page.get("next_page"):
+                response = await http.get(page["next_page"])
+                response.raise_for_status()
+                page = response.json()
+                events.extend(page["events"])
+            dump["events"] = events
+            return dump
+
+
+def paths_containing(obj: Any, needle: str, path: str = "") -> list[str]:
+    """JSON paths of every string (value or key) that contains `needle`."""
+    found: list[str] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if needle in str(key):
+                found.append(sub + " (key)")
+            found.extend(paths_containing(value, needle, sub))
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            found.extend(paths_containing(value, needle, f"{path}[{i}]"))
+    elif needle in str(obj):
+        found.append(path)
+    return found
+
+
+def context(text: str, needle: str, width: int = 160) -> str:
+    at = text.find(needle)
+    return "" if at < 0 else text[max(0, at - width):at + len(needle) + width]
+
+
+def columns_with(db: Path, needle: str) -> list[str]:
+    """`table.column` of every text/blob cell containing `needle` (diagnosis only, on a copy)."""
+    found: list[str] = []
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            for table in tables:
+                for col in [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')]:
+                    hits = con.execute(f'SELECT count(*) FROM "{table}" WHERE CAST("{col}" AS TEXT) LIKE ?',
+                                       (f"%{needle}%",)).fetchone()[0]
+                    if hits:
+                        found.append(f"{table}.{col} ({hits} rows)")
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        found.append(f"(could not inspect: {exc})")
+    return found
