@@ -84,3 +84,22 @@ def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def quote(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``repr`` of an input as a message may quote it (clipped as :func:`clip` does): every message
+    that names an id, path or line of an input goes through this or :func:`clip`, so that no input
+    makes an error large (the ``error:`` line, a saved traceback, a Prefect state message)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text) - limit} more characters)"
+
+
+#: Characters of one line of what is printed or saved about an error (the ``error:`` line, a line of
+#: a saved traceback): the bound for text a library wrote, which :func:`clip` never saw
+LINE_LIMIT = 4000
+
+
+def clip_lines(text: str, limit: int = LINE_LIMIT) -> str:
+    """``text`` with each of its lines clipped to ``limit`` characters."""
+    return "\n".join(clip(line, limit) for line in text.split("\n"))

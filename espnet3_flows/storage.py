@@ -14,42 +14,15 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+# the one rule of what is a credential lives in espnet3_flows.credentials; its names stay importable here
+from espnet3_flows.credentials import has_secrets, redact  # noqa: F401
+from espnet3_flows.credentials import is_secret_key as _is_secret_key  # noqa: F401
+from espnet3_flows.deadlines import StorageTimeout, bounded_filesystem, with_deadlines
 from espnet3_flows.errors import Espnet3FlowsError
-
-_SECRET_WORDS = ("secret", "password", "token", "key", "credential", "session")
 
 
 class StorageError(Espnet3FlowsError, RuntimeError):
     """The output location cannot be read or written."""
-
-
-def _is_secret_key(key: str) -> bool:
-    k = key.lower()
-    return any(w in k for w in _SECRET_WORDS) and "endpoint" not in k
-
-
-def has_secrets(options: Mapping[str, Any] | None) -> bool:
-    """Whether fsspec storage options (possibly nested) hold a non-empty credential value."""
-    for k, v in (options or {}).items():
-        if isinstance(v, Mapping):
-            if has_secrets(v):
-                return True
-        elif _is_secret_key(str(k)) and v not in (None, "", "***"):
-            return True
-    return False
-
-
-def redact(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Return a copy of fsspec storage options with credentials replaced by ``***``."""
-    out: dict[str, Any] = {}
-    for k, v in (options or {}).items():
-        if isinstance(v, Mapping):
-            out[k] = redact(v)
-        elif _is_secret_key(str(k)):
-            out[k] = "***"
-        else:
-            out[k] = v
-    return out
 
 
 class Storage:
@@ -63,14 +36,15 @@ class Storage:
         url: Local path or URL such as ``s3://bucket/prefix`` or ``memory://run``.
         storage_options: Keyword arguments for the fsspec file system (credentials,
             ``client_kwargs={"endpoint_url": ...}``). Standard AWS environment variables
-            apply when they are omitted.
+            apply when they are omitted. On S3, deadlines are added where they are not set
+            and every call has a ceiling (:mod:`espnet3_flows.deadlines`).
     """
 
     def __init__(self, url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None):
         self.url = str(url)
         self.storage_options = dict(storage_options or {})
-        fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
-        self.fs = fs
+        fs, root = fsspec.core.url_to_fs(self.url, **with_deadlines(self.storage_options, self.url))
+        self.fs = bounded_filesystem(fs, self.storage_options, self.url)  # no call waits forever
         self.root = root.rstrip("/") or "/"
         self.is_local = isinstance(fs, LocalFileSystem)
 
@@ -109,6 +83,8 @@ class Storage:
             return self.fs.cat_file(self.path(*parts))
         except FileNotFoundError:
             raise
+        except StorageTimeout:
+            raise  # names the endpoint and the file already
         except Exception as exc:  # noqa: BLE001 - fsspec back ends raise many types
             raise StorageError(f"cannot read {self.uri(*parts)}: {exc}") from exc
 
@@ -145,6 +121,8 @@ class Storage:
                 replace_atomically(dest, lambda f: f.write(data))
             else:
                 self.fs.pipe_file(dest, data)
+        except StorageTimeout:
+            raise  # names the endpoint and the file already
         except Exception as exc:  # noqa: BLE001 - OSError, or any of the fsspec back ends' types
             raise StorageError(f"cannot write {self.uri(rel)}: {exc}") from exc
         return self.uri(rel)
@@ -166,6 +144,8 @@ class Storage:
                 replace_atomically(dest, lambda f: _copy_into(str(local_path), f))
             else:
                 self.fs.put_file(str(local_path), dest)
+        except StorageTimeout:
+            raise  # names the endpoint and the file already
         except Exception as exc:  # noqa: BLE001
             raise StorageError(f"cannot publish {self.uri(rel)}: {exc}") from exc
         return self.uri(rel)

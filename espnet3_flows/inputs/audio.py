@@ -20,7 +20,8 @@ import fsspec
 import numpy as np
 import soundfile as sf
 
-from espnet3_flows.errors import BadItemError, describe_os_error, is_item_os_error
+from espnet3_flows.deadlines import with_deadlines
+from espnet3_flows.errors import BadItemError, clip, describe_os_error, is_item_os_error, quote
 from espnet3_flows.inputs.formats.base import format_named
 from espnet3_flows.inputs.records import Utterance, entry_kind
 
@@ -156,21 +157,21 @@ def load_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str
         else:
             samples, rate = _read_entry(utt.path, config, storage_options, cache.cwd if cache else "")
     except AudioError as exc:
-        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
+        raise AudioError(f"{_named(utt)}: {clip(str(exc), 400)}") from None
     except OSError as exc:
         raise _file_error(utt, exc) from None
     except (RuntimeError, ValueError, EOFError, TypeError, sf.SoundFileError) as exc:
         # a decoder's verdict on this file; I/O and network errors propagate instead, so the
         # shard fails and is retried rather than the item being skipped as bad data
-        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): cannot decode audio: {exc}") from None
+        raise AudioError(f"{_named(utt)}: cannot decode audio: {clip(str(exc), 400)}") from None
     try:
         mono = _select_channel(samples, config.channel)
     except AudioError as exc:
-        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
+        raise AudioError(f"{_named(utt)}: {clip(str(exc), 400)}") from None
     if mono.size == 0:
-        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): zero-length audio")
+        raise AudioError(f"{_named(utt)}: zero-length audio")
     if not np.isfinite(mono).all():
-        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): audio contains NaN or Inf samples")
+        raise AudioError(f"{_named(utt)}: audio contains NaN or Inf samples")
     if rate != config.sampling_rate:
         mono = resample(mono, rate, config.sampling_rate, config.resampler)
     return mono, int(rate)
@@ -217,12 +218,17 @@ def audio_header(utt: Utterance, config: AudioConfig, storage_options: Mapping[s
             raise AudioError("zero-length audio")
         check_max_duration(frames / rate, config)
     except AudioError as exc:
-        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): {exc}") from None
+        raise AudioError(f"{_named(utt)}: {clip(str(exc), 400)}") from None
     except OSError as exc:
         raise _file_error(utt, exc) from None
     except (RuntimeError, sf.SoundFileError) as exc:
-        raise AudioError(f"utt {utt.utt_id!r} ({utt.path}): cannot read audio header: {exc}") from None
+        raise AudioError(f"{_named(utt)}: cannot read audio header: {clip(str(exc), 400)}") from None
     return int(math.ceil(frames * config.sampling_rate / rate)), int(rate)
+
+
+def _named(utt: Utterance) -> str:
+    """``utt 'id' (path)`` for a message, both clipped (a manifest field may be 1 MiB)."""
+    return f"utt {quote(utt.utt_id)} ({clip(utt.path)})"
 
 
 def _file_error(utt: Utterance, exc: OSError) -> BaseException:
@@ -230,9 +236,9 @@ def _file_error(utt: Utterance, exc: OSError) -> BaseException:
     a symlink loop, a name too long, ...: :func:`~espnet3_flows.errors.is_item_os_error`),
     otherwise the error itself, so that the shard fails and is retried (the store failing)."""
     if isinstance(exc, FileNotFoundError):
-        return AudioError(f"utt {utt.utt_id!r}: audio file not found: {utt.path}")
+        return AudioError(f"utt {quote(utt.utt_id)}: audio file not found: {clip(utt.path)}")
     if is_item_os_error(exc):
-        return AudioError(f"utt {utt.utt_id!r} ({utt.path}): cannot open audio file: {describe_os_error(exc)}")
+        return AudioError(f"{_named(utt)}: cannot open audio file: {describe_os_error(exc)}")
     return exc
 
 
@@ -241,7 +247,7 @@ def _file_header(path: str, storage_options: Mapping[str, Any] | None) -> tuple[
     protocol = fsspec.core.split_protocol(path)[0]
     if protocol in (None, "file"):
         return read_header(_check_local_file(path))
-    with fsspec.open(path, "rb", **dict(storage_options or {})) as raw:
+    with fsspec.open(path, "rb", **with_deadlines(storage_options, path)) as raw:
         return read_header(raw)
 
 
@@ -322,7 +328,7 @@ def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str
     if protocol in (None, "file"):
         source: Any = _check_local_file(path)  # missing: FileNotFoundError (libsndfile says "System error.")
     else:
-        with fsspec.open(path, "rb", **(storage_options or {})) as f:
+        with fsspec.open(path, "rb", **with_deadlines(storage_options, path)) as f:
             source = io.BytesIO(f.read())
     return decode_audio(source, config, check_duration)
 
@@ -363,7 +369,7 @@ def _read_ark(spec: str, config: AudioConfig, storage_options: Mapping[str, Any]
         raise AudioError(f"archive entry {spec!r} is not 'file.ark:offset'")
     if fsspec.core.split_protocol(path)[0] in (None, "file"):
         path = _check_local_file(path)
-    with fsspec.open(path, "rb", **dict(storage_options or {})) as f:
+    with fsspec.open(path, "rb", **with_deadlines(storage_options, path)) as f:
         f.seek(int(offset))
         head = f.read(5)
         if head[:4] == b"RIFF":

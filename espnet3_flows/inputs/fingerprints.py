@@ -22,6 +22,8 @@ from typing import Any, Mapping, Sequence
 
 import fsspec
 
+from espnet3_flows.deadlines import with_deadlines
+
 #: ``fingerprint`` option values: ``stat`` reads each file's size and mtime (or ETag);
 #: ``manifest`` trusts the manifest: a shard's hash covers its lines (ids, paths), not the files.
 FINGERPRINT_MODES = ("stat", "manifest")
@@ -141,7 +143,7 @@ class Fingerprinter:
         if protocol not in self._fs:
             # no listings cache of fsspec's own: it would keep every entry for the life of the process
             self._fs[protocol] = fsspec.filesystem(protocol, use_listings_cache=False, skip_instance_cache=True,
-                                                   **self.storage_options)
+                                                   **with_deadlines(self.storage_options, f"{protocol}://"))
         return self._fs[protocol]
 
     def _list(self, key: tuple[str, str]) -> dict[str, str]:

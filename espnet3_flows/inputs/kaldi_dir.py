@@ -36,6 +36,7 @@ from typing import IO, Any, Callable, Iterator, Mapping
 import fsspec
 
 from espnet3_flows.config import check_on_error
+from espnet3_flows.deadlines import with_deadlines
 from espnet3_flows.external_sort import sorted_rows
 from espnet3_flows.inputs.fingerprints import fingerprint_files
 from espnet3_flows.inputs.records import ManifestError, SkippedItem, Utterance, entry_kind, validate_utt_id
@@ -79,7 +80,7 @@ def is_data_dir(path: str, storage_options: Mapping[str, Any] | None = None) -> 
     if "://" not in path or path.startswith("file://"):
         return os.path.isdir(path[len("file://"):] if path.startswith("file://") else path)
     try:
-        fs, p = fsspec.core.url_to_fs(path, **dict(storage_options or {}))
+        fs, p = fsspec.core.url_to_fs(path, **with_deadlines(storage_options, path))
         return bool(fs.isdir(p))
     except Exception:  # noqa: BLE001 - a manifest that cannot be listed is reported when it is read
         return False
@@ -122,7 +123,7 @@ def _parse_lines(path: str, name: str, split: str, storage_options: Mapping[str,
     """``(key, rest, line)`` of a Kaldi file's lines in file order; blank lines are ignored,
     undecodable ones reported through ``bad``."""
     try:
-        with fsspec.open(path, "rb", **dict(storage_options or {})) as f:
+        with fsspec.open(path, "rb", **with_deadlines(storage_options, path)) as f:
             for lineno, raw in enumerate(f, start=1):
                 try:
                     text = raw.decode("utf-8")

@@ -7,13 +7,16 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import io
 import zlib
 from dataclasses import replace
-from typing import Any, Iterator, Mapping
+from typing import IO, Any, Iterator, Mapping
 
 import fsspec
 
 from espnet3_flows.config import check_on_error
+from espnet3_flows.deadlines import with_deadlines
+from espnet3_flows.errors import clip
 from espnet3_flows.inputs.formats import ManifestFormat, detect_format, format_named
 from espnet3_flows.inputs.records import (
     ManifestError,
@@ -25,13 +28,55 @@ from espnet3_flows.inputs.records import (
 )
 
 BOM = b"\xef\xbb\xbf"
+#: The most bytes a manifest line may have, its newline included (1 MiB). A longer line is a bad
+#: line (named, and left out under ``on_error: skip``); it is never held whole in memory.
+MAX_LINE_BYTES = 1 << 20
+
+
+class OversizeLine(bytes):
+    """The first :data:`MAX_LINE_BYTES` bytes of a longer manifest line; ``size`` is the whole
+    line's length (what it occupies in the file). Every reader of manifest lines sees this head in
+    its place, so a shard's digest covers the same bytes on the driver and on the worker."""
+
+    size: int
+
+    def __new__(cls, head: bytes, size: int) -> "OversizeLine":
+        line = super().__new__(cls, head)
+        line.size = size
+        return line
+
+
+def line_size(bline: bytes) -> int:
+    """The bytes a line read by :func:`bounded_lines` occupies in its file."""
+    return bline.size if isinstance(bline, OversizeLine) else len(bline)
+
+
+def bounded_lines(stream: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """A binary stream's lines (split on ``\\n`` only, as a file iterates), never holding more than
+    ``limit`` bytes of one: a longer line comes as an :class:`OversizeLine` of its first ``limit``
+    bytes, the rest read and dropped ``limit`` bytes at a time."""
+    if not isinstance(stream, io.BufferedIOBase):  # fsspec's remote files: readline takes no limit
+        stream = io.BufferedReader(stream)  # type: ignore[arg-type]
+    readline = stream.readline
+    while line := readline(limit):
+        if len(line) < limit or line.endswith(b"\n"):
+            yield line
+            continue
+        size = len(line)
+        while (rest := readline(limit)):
+            size += len(rest)
+            if rest.endswith(b"\n"):
+                break
+        yield line if size == limit else OversizeLine(line, size)  # a last line of exactly ``limit`` bytes
+
 
 def iter_manifest_lines(path: str, split: str = "",
                         storage_options: Mapping[str, Any] | None = None) -> Iterator[tuple[int, int, bytes]]:
     """Stream a manifest's raw lines as ``(line number, byte offset after the line, bytes)``.
 
     Offsets count bytes of the decompressed text (``.gz`` manifests are decompressed on the
-    fly), so ``[end of line k, end of line m)`` is the byte range of lines ``k+1..m``.
+    fly), so ``[end of line k, end of line m)`` is the byte range of lines ``k+1..m``. A line
+    longer than :data:`MAX_LINE_BYTES` comes as an :class:`OversizeLine` (see :func:`bounded_lines`).
 
     Raises:
         ManifestError: the file is missing, unreadable, or not the gzip its name says, naming
@@ -39,15 +84,15 @@ def iter_manifest_lines(path: str, split: str = "",
     """
     try:
         with contextlib.ExitStack() as stack:
-            raw = stack.enter_context(fsspec.open(path, "rb", **(storage_options or {})))
+            raw = stack.enter_context(fsspec.open(path, "rb", **with_deadlines(storage_options, path)))
             stream = stack.enter_context(gzip.GzipFile(fileobj=raw)) if path.endswith(".gz") else raw
             end, held = 0, None
             # one line held back: a truncated gzip stream ends in a partial line, then EOFError,
             # and the error must name the file, not the partial line's parse failure
-            for lineno, bline in enumerate(stream, start=1):
+            for lineno, bline in enumerate(bounded_lines(stream), start=1):
                 if held is not None:
                     yield held
-                end += len(bline)
+                end += line_size(bline)
                 held = (lineno, end, bline)
             if held is not None:
                 yield held
@@ -75,18 +120,22 @@ def parse_manifest_line(bline: bytes, lineno: int, fmt: str | ManifestFormat = "
     fmt = format_named(fmt)
     if lineno == 1 and bline.startswith(BOM):
         bline = bline[len(BOM):]
+    if isinstance(bline, OversizeLine):
+        uid = fmt.line_id(bline[:4 * 200].decode("utf-8", "backslashreplace"))
+        raise ManifestLineError(f"line is longer than {MAX_LINE_BYTES} bytes (1 MiB), the most a manifest line may "
+                                "have", clip(uid))
     try:
         line = bline.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
         uid = fmt.line_id(bline.decode("utf-8", "backslashreplace"))
-        raise ManifestLineError(f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})", uid) from None
+        raise ManifestLineError(f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})", clip(uid)) from None
     if not line.strip() or fmt.comment_prefix is not None and line.startswith(fmt.comment_prefix):
         return None
     try:
         utt = fmt.parse_line(line, lineno)
         validate_utt_id(utt.utt_id)
     except ValueError as exc:
-        raise ManifestLineError(str(exc), fmt.line_id(line)) from None
+        raise ManifestLineError(str(exc), clip(fmt.line_id(line))) from None
     return utt
 
 
@@ -100,7 +149,7 @@ def planning_fields(bline: bytes, lineno: int, fmt: str | ManifestFormat = "tsv"
         ManifestLineError: as :func:`parse_manifest_line`.
     """
     fmt = format_named(fmt)
-    if lineno > 1 or not bline.startswith(BOM):
+    if (lineno > 1 or not bline.startswith(BOM)) and not isinstance(bline, OversizeLine):
         fields = fmt.quick_fields(bline, lineno)
         if fields is not None:
             return fields
@@ -165,24 +214,32 @@ def read_manifest_slice(source: Mapping[str, Any], split: str = "",
         ManifestError: the bytes changed since planning (the manifest was edited: rerun).
     """
     path, start, end = str(source["path"]), int(source["start"]), int(source["end"])
-    try:
-        fs, fpath = fsspec.core.url_to_fs(path, **(storage_options or {}))
-        data = fs.cat_file(fpath, start=start, end=end)
-    except FileNotFoundError:
-        raise ManifestError(f"split {split!r}: manifest not found: {path}") from None
-    if hashlib.sha256(data).hexdigest() != source["sha256"]:
-        raise ManifestError(f"split {split!r}: manifest {path} changed since the run was planned "
-                            f"(bytes {start}-{end}); rerun to plan it again")
     skip = set(source.get("skip") or ())
     fmt = format_named(source["format"]) if "format" in source else detect_format(path, storage_options)
     origin = str(source.get("origin") or "")
+    kept: list[tuple[int, bytes]] = []
+    digest = hashlib.sha256()
+    try:
+        fs, fpath = fsspec.core.url_to_fs(path, **with_deadlines(storage_options, path))
+        with fs.open(fpath, "rb") as f:
+            f.seek(start)
+            lineno, at = int(source["line"]), start
+            # line by line, as the planner read them: no line is held longer than the bound
+            for bline in bounded_lines(f):
+                if at >= end:
+                    break
+                at += line_size(bline)
+                digest.update(bline)
+                if lineno not in skip:
+                    kept.append((lineno, bline))
+                lineno += 1
+    except FileNotFoundError:
+        raise ManifestError(f"split {split!r}: manifest not found: {path}") from None
+    if at != end or digest.hexdigest() != source["sha256"]:  # checked before any line is parsed
+        raise ManifestError(f"split {split!r}: manifest {path} changed since the run was planned "
+                            f"(bytes {start}-{end}); rerun to plan it again")
     utts = []
-    lines = data.split(b"\n")  # as a file iterates: on "\n" only (bytes.splitlines would split on "\r")
-    if lines and not lines[-1]:
-        lines.pop()
-    for lineno, bline in enumerate(lines, start=int(source["line"])):
-        if lineno in skip:
-            continue
+    for lineno, bline in kept:
         try:
             utt = parse_manifest_line(bline, lineno, fmt)
         except ManifestLineError as exc:

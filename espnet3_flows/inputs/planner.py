@@ -5,8 +5,11 @@ files in batches, cuts content-defined shards and hashes them, and keeps, per sh
 byte range of its lines (plus the few lines to leave out). Duplicate ids are found from 64-bit
 id hashes (8 bytes an utterance) and confirmed by a second look at the colliding ids only.
 Workers then read just their shard's bytes (:func:`~espnet3_flows.inputs.manifest.read_manifest_slice`).
-A gzip-compressed manifest is decompressed once into a plain spool file beside the outputs,
-which the workers read by byte range instead; a manifest that is not a line file (a Kaldi data
+A gzip-compressed manifest is decompressed once (streamed, a line at a time) into a plain spool
+file beside the outputs, which the workers read by byte range instead and reruns reuse; a line
+longer than :data:`~espnet3_flows.inputs.manifest.MAX_LINE_BYTES` is left out (or fails the plan)
+and only its first ``MAX_LINE_BYTES`` bytes are spooled in its place, so the spool is never larger
+than the manifest's lines within the bound; a manifest that is not a line file (a Kaldi data
 directory, a dataset on disk) is written into one such file by its format
 (:meth:`~espnet3_flows.inputs.formats.ManifestFormat.prepare`).
 """
@@ -24,9 +27,10 @@ from typing import IO, Any, Mapping
 import numpy as np
 
 from espnet3_flows.config import check_on_error
+from espnet3_flows.errors import quote
 from espnet3_flows.inputs.fingerprints import MISSING, Fingerprinter, fingerprint_files
 from espnet3_flows.inputs.formats import ManifestFormat, PreparedManifest, detect_format
-from espnet3_flows.inputs.manifest import iter_manifest_lines, parse_manifest_line, planning_fields
+from espnet3_flows.inputs.manifest import OversizeLine, iter_manifest_lines, parse_manifest_line, planning_fields
 from espnet3_flows.inputs.records import ManifestError, ManifestLineError, SkippedItem, line_error
 from espnet3_flows.hashing import code_salt, config_digest, id_hash64, item_key, token
 from espnet3_flows.sharding import Shard, ShardCutter, ShardPlan
@@ -34,6 +38,9 @@ from espnet3_flows.storage import Storage
 
 #: Paths fingerprinted at a time while planning (one stat batch or one object-store listing)
 FINGERPRINT_BLOCK = 4096
+#: Bytes of manifest lines held at a time while planning (lines of up to 1 MiB each: a block of
+#: long lines is fingerprinted before it has FINGERPRINT_BLOCK paths)
+BLOCK_BYTES = 64 << 20
 
 
 @dataclass
@@ -244,9 +251,14 @@ def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, conf
     skipped: list[SkippedItem] = []
     block: list[tuple[int, int, bytes, str | None, str | bool]] = []
     paths: list[str] = []
+    held = 0
     for lineno, end, raw in iter_manifest_lines(read_from, split, storage_options):
         if spool_writer is not None:
-            spool_writer.write(raw)
+            # an over-long line is spooled as its head (a line still over the bound), so offsets
+            # and digests are the spool's, and the spool holds no more than the bound per line
+            spool_writer.write(raw + b"\n" if isinstance(raw, OversizeLine) else raw)
+            end = spool_writer.tell()
+        held += len(raw)
         try:
             fields = planning_fields(raw, lineno, fmt)
             if fields is not None and lineno in excluded:
@@ -262,13 +274,13 @@ def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, conf
             continue
         if not allow_pipes and fmt.runs_command(raw, fields[1]):
             raise ManifestError(line_error(split, manifest, lineno, ManifestLineError(
-                f"the audio entry {fields[1]!r} is a command; commands run only with allow_pipes=true",
+                f"the audio entry {quote(fields[1])} is a command; commands run only with allow_pipes=true",
                 fields[0])))
         block.append((lineno, end, raw, fields[0], fields[1]))
         paths.append(fmt.fingerprint_path(fields[1]))  # the file an archive entry or command reads
-        if len(paths) >= FINGERPRINT_BLOCK:
+        if len(paths) >= FINGERPRINT_BLOCK or held >= BLOCK_BYTES:
             st.add_block(block, fingerprinter.fingerprints(paths))
-            block, paths = [], []
+            block, paths, held = [], [], 0
     st.add_block(block, fingerprinter.fingerprints(paths))
     if st.cutter.count:
         st.close()

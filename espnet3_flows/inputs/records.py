@@ -7,7 +7,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from espnet3_flows.errors import Espnet3FlowsError
+from espnet3_flows.errors import Espnet3FlowsError, clip, quote
 
 _UNSAFE_CHARS = {"/", "\\", "\0", "\n", "\r", "\t", " "}
 #: ids made only of these, not starting with "-" or ".", without "..": safe at once
@@ -72,7 +72,7 @@ class Utterance:
         parts = [f"split {split}"] if split else []
         if self.line:
             parts.append(f"{self.origin}:{self.line}" if self.origin else f"line {self.line}")
-        parts.append(f"utt {self.utt_id!r} ({self.path})")
+        parts.append(f"utt {quote(self.utt_id)} ({clip(self.path)})")  # inputs: clipped
         return ", ".join(parts)
 
 
@@ -123,13 +123,13 @@ def validate_utt_id(utt_id: str) -> str:
         raise ValueError("empty utterance id")
     bad = sorted(c for c in set(utt_id) if c in _UNSAFE_CHARS or ord(c) < 32 or ord(c) == 127)
     if bad:
-        raise ValueError(f"utterance id {utt_id!r} contains unsafe characters {bad!r}")
+        raise ValueError(f"utterance id {quote(utt_id)} contains unsafe characters {clip(repr(bad))}")
     if ".." in utt_id or utt_id in (".",):
-        raise ValueError(f"utterance id {utt_id!r} contains '..'")
+        raise ValueError(f"utterance id {quote(utt_id)} contains '..'")
     if utt_id.startswith("-"):
-        raise ValueError(f"utterance id {utt_id!r} starts with '-'")
+        raise ValueError(f"utterance id {quote(utt_id)} starts with '-'")
     if len(utt_id.encode("utf-8")) > 255:
-        raise ValueError(f"utterance id {utt_id[:40]!r}... is longer than 255 bytes")
+        raise ValueError(f"utterance id {quote(utt_id, 40)} is longer than 255 bytes")
     return utt_id
 
 
@@ -173,7 +173,7 @@ class ManifestLineError(ValueError):
 
 def line_error(split: str, path: str, lineno: int, exc: ManifestLineError) -> str:
     """The message of a bad manifest line: ``split 'x': file:line: utt 'id': problem``."""
-    return f"split {split!r}: {path}:{lineno}: " + (f"utt {exc.utt_id!r}: " if exc.utt_id else "") + str(exc)
+    return f"split {split!r}: {path}:{lineno}: " + (f"utt {quote(exc.utt_id)}: " if exc.utt_id else "") + clip(str(exc), 1000)
 
 
 

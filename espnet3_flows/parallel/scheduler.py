@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
+from espnet3_flows.deadlines import is_outage
 from espnet3_flows.errors import ItemError, ItemFailure, ShardFailure
 from espnet3_flows.parallel.merge_step import merge_runner
 from espnet3_flows.parallel.results import ShardResult, ShardStatus
@@ -318,7 +319,9 @@ def _run_shards(planned: Sequence[PlannedRunner], executor: ShardExecutor, bar: 
 
     def submit_next() -> None:
         nonlocal in_flight
-        item = None if failures and executor.fail_fast else next(work, None)
+        # a storage endpoint that stopped answering fails every shard the same way: submit no more
+        stop = failures and (executor.fail_fast or is_outage(failures[-1][1]))
+        item = None if stop else next(work, None)
         if item is None:
             return
         k, shard = item
