@@ -8,7 +8,9 @@
 #   PREFECT       the prefect executable (the Makefile passes the venv's)
 #   PREFECT_PORT  the server's port on 127.0.0.1 (default 4200)
 #   ESPNET3_STACK_DIR  pid files and logs
-# Run from the project root: `prefect deploy` records it as the flow runs' working directory.
+#   ESPNET3_FLOWS_WORKDIR  where relative paths in the worker's runs resolve (default: the
+#                 directory `make worker` runs in, the project root)
+# Run from the project root (`deploy` reads deployments/prefect.yaml there).
 set -uo pipefail
 
 PREFECT="${PREFECT:-prefect}"
@@ -49,15 +51,48 @@ start_bg() {  # start_bg NAME CMD...: in a new session, output to NAME.log
     echo $! >"$DIR/$name.pid"
 }
 
-stop_one() {  # stop_one NAME: SIGTERM the process group, then SIGKILL after 20 s
-    local pid
-    alive "$1" || { rm -f "$DIR/$1.pid"; return 0; }
-    pid="$(cat "$DIR/$1.pid")"
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    if kill -0 "$pid" 2>/dev/null; then kill -KILL -- "-$pid" 2>/dev/null; say "$1 (pid $pid) killed"; fi
-    rm -f "$DIR/$1.pid"
-    say "$1 stopped"
+descendants() {  # descendants PID: every process below PID (flow runs start sessions of their own,
+    # outside the worker's process group, and are re-parented away once the worker is gone)
+    local child
+    for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$child"; descendants "$child"; done
+}
+
+any_running() {  # any_running PID...: whether one of the PIDs still runs (a zombie counts as gone)
+    local pid stat
+    for pid in "$@"; do
+        stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || continue
+        stat="${stat##*) }"  # the fields after the command's name, which may hold spaces
+        [[ "${stat%% *}" != Z ]] && return 0
+    done
+    return 1
+}
+
+wait_gone() {  # wait_gone TENTHS PID...: until none of the PIDs runs, at most TENTHS tenths of a second
+    local tries="$1"; shift
+    for ((; tries > 0; tries--)); do any_running "$@" || return 0; sleep 0.1; done
+    ! any_running "$@"
+}
+
+stop_one() {  # stop_one NAME TENTHS SIGNAL...: each SIGNAL to the process group, each given up to
+    # TENTHS tenths of a second; then SIGKILL to whatever is left of it and of every process below it
+    local name="$1" grace="$2" pid sig family; shift 2
+    alive "$name" || { rm -f "$DIR/$name.pid"; return 0; }
+    pid="$(cat "$DIR/$name.pid")"
+    for sig in "$@"; do
+        family="$pid $(descendants "$pid")"  # before the leader can exit and orphan them
+        kill "-$sig" -- "-$pid" 2>/dev/null || kill "-$sig" "$pid" 2>/dev/null
+        # shellcheck disable=SC2086
+        wait_gone "$grace" $family && break
+    done
+    # shellcheck disable=SC2086
+    if any_running $family; then
+        kill -KILL -- "-$pid" 2>/dev/null
+        # shellcheck disable=SC2086
+        kill -KILL $family 2>/dev/null
+        say "$name (pid $pid) killed"
+    fi
+    rm -f "$DIR/$name.pid"
+    say "$name stopped"
 }
 
 need_server() {
@@ -89,20 +124,25 @@ deploy)
         || die "could not create the work pool espnet3"
     "$PREFECT" --no-prompt deploy --all --prefect-file deployments/prefect.yaml >"$DIR/deploy.log" 2>&1 \
         || { tail -n 30 "$DIR/deploy.log" >&2; die "prefect deploy failed (log: $DIR/deploy.log)"; }
-    say "deployed: collect-stats/collect-stats, extract-xvectors/extract-xvectors, collect-stats/collect-stats-nightly (schedule inactive)"
+    say "deployed: every deployment of deployments/prefect.yaml (collect-stats/collect-stats-nightly's schedule inactive)"
     ;;
 worker)
     need_server
     if alive worker; then say "a worker runs already (pid $(cat "$DIR/worker.pid"))"; exit 0; fi
     export PREFECT_API_URL="$URL"
+    # relative paths in a run's parameters resolve here (Prefect runs each flow run in a temporary
+    # directory it deletes afterwards: deploy_steps.working_directory)
+    export ESPNET3_FLOWS_WORKDIR="${ESPNET3_FLOWS_WORKDIR:-$PWD}"
     start_bg worker "$PREFECT" worker start --pool espnet3
     for _ in $(seq 120); do grep -q "started!" "$DIR/worker.log" 2>/dev/null && break; alive worker || break; sleep 0.5; done
     alive worker || { tail -n 30 "$DIR/worker.log" >&2; die "the worker exited (log: $DIR/worker.log)"; }
-    say "worker for pool espnet3 (pid $(cat "$DIR/worker.pid")), log $DIR/worker.log"
+    say "worker for pool espnet3 (pid $(cat "$DIR/worker.pid")), log $DIR/worker.log; relative paths in runs resolve in $ESPNET3_FLOWS_WORKDIR"
     ;;
 stop)
-    stop_one worker
-    stop_one server
+    # The worker ignores a first SIGINT or SIGTERM for minutes and kills itself on the second;
+    # a flow run it was running (its own session) is killed with it. The server stops on SIGTERM.
+    stop_one worker 10 INT INT
+    stop_one server 100 TERM
     ;;
 status)
     for name in server worker; do

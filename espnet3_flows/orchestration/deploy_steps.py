@@ -1,15 +1,43 @@
-"""Prefect deployment steps of this project (``pull:`` in ``deployments/prefect.yaml``)."""
+"""A deployment's flow run on a worker: the pull step that picks its working directory (``pull:``
+in ``deployments/prefect.yaml``), the check that keeps a run from writing into a directory the
+worker deletes, and the one line a run ends with when its Prefect API server is gone.
+
+Prefect 3.8's process worker starts every flow run in a fresh ``tempfile.TemporaryDirectory``
+(``/tmp/tmp…prefect``) and removes it when the run ends; the run inherits the worker's environment,
+not its working directory. A relative ``output_dir`` taken there is gone after a run that reports
+Completed. So the pull step chooses a lasting directory and names it in the run's log, and the
+flow refuses relative paths when it still runs in such a temporary directory (a deployment made
+without this pull step, or a worker whose start directory cannot be read).
+
+One rule for relative paths in a run's ``manifests``, ``output_dir`` and ``config_file``: they
+resolve in the flow process's working directory, on the driver, when the run starts (the config
+file is read there, the planner makes manifests absolute, fsspec makes ``output_dir`` absolute).
+For the command line that is the current directory; for a deployment run it is the directory
+chosen here.
+"""
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any, Mapping
+from uuid import UUID
+
+import psutil
+
+from espnet3_flows.errors import clip
 
 log = logging.getLogger(__name__)
 
 #: The worker's environment variable naming the flow runs' working directory
 WORKDIR_ENV = "ESPNET3_FLOWS_WORKDIR"
+#: Names of the per-run directories Prefect's process worker makes under the temp root and
+#: removes after the run (``TemporaryDirectory(suffix="prefect")``, the workspace supervisor's)
+_TRANSIENT_NAMES = ("tmp*prefect", "prefect-workspace-attempt-*")
 
 
 def working_directory(directory: str | None = None) -> dict[str, str]:
@@ -17,11 +45,133 @@ def working_directory(directory: str | None = None) -> dict[str, str]:
     (``manifests``, ``output_dir``, ``config_file``) resolve.
 
     ``directory`` if given, else ``$ESPNET3_FLOWS_WORKDIR`` on the worker, else the directory the
-    worker was started in; created if missing. Prefect changes into the returned ``directory``
-    before it imports the flow, so a deployment does not depend on where ``prefect deploy`` ran.
+    worker was started in (a relative setting is taken in that one too); created if missing and
+    named in the run's log. Prefect changes into the returned ``directory`` before it imports the
+    flow, so a deployment does not depend on where ``prefect deploy`` ran. A directory the worker
+    deletes after the run is returned as is, with a warning: the flow then refuses relative
+    paths (:func:`refuse_transient`).
     """
-    chosen = directory or os.environ.get(WORKDIR_ENV) or os.getcwd()
-    path = Path(chosen).expanduser().resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    log.info("espnet3-flows: the flow run's working directory is %s", path)
+    start = worker_start_directory()
+    if directory:
+        chosen, source = directory, "the pull step's directory"
+    elif os.environ.get(WORKDIR_ENV):
+        chosen, source = os.environ[WORKDIR_ENV], f"${WORKDIR_ENV}"
+    elif start is not None:
+        chosen, source = str(start), "the directory the worker was started in"
+    else:
+        chosen, source = os.getcwd(), "the worker's start directory is unknown"
+    path = ((start or Path.cwd()) / Path(chosen).expanduser()).resolve()
+    logger = _run_logger()
+    if is_transient_directory(path):
+        logger.warning("espnet3-flows: the working directory %s (%s) is a temporary directory the Prefect "
+                       "worker deletes after the run; relative paths are refused: %s", path, source, _FIX)
+    else:
+        path.mkdir(parents=True, exist_ok=True)
+        logger.info("espnet3-flows: working directory %s (%s): relative paths in the run's parameters "
+                    "resolve there", path, source)
     return {"directory": str(path)}
+
+
+def worker_start_directory() -> Path | None:
+    """The directory the Prefect worker that runs this process was started in: the working
+    directory of the nearest ancestor process that is ``prefect worker start`` (a flow run
+    inherits the worker's environment, but starts in a temporary directory); ``None`` when no
+    ancestor is one (not a worker's run) or it cannot be read."""
+    try:
+        for proc in psutil.Process().parents():
+            try:
+                args = proc.cmdline()
+                if any(a == "worker" and b == "start" for a, b in zip(args, args[1:])):
+                    return Path(proc.cwd())
+            except psutil.Error:  # another user's process, or one that just exited
+                continue
+    except psutil.Error:
+        return None
+    return None
+
+
+def is_transient_directory(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is, or is inside, a directory a Prefect worker made for one flow run and
+    deletes when it ends."""
+    resolved = Path(path).expanduser().resolve()
+    try:
+        first = resolved.relative_to(Path(tempfile.gettempdir()).resolve()).parts[:1]
+    except ValueError:
+        return False
+    return bool(first) and any(fnmatch.fnmatchcase(first[0], name) for name in _TRANSIENT_NAMES)
+
+
+def run_paths(cfg: Any) -> dict[str, str]:
+    """A job config's paths that resolve in the run's working directory, by key: ``output_dir``
+    and each ``manifests.<split>``."""
+    paths = {f"manifests.{split}": str(path) for split, path in (getattr(cfg, "manifests", None) or {}).items()}
+    if getattr(cfg, "output_dir", None):
+        paths["output_dir"] = str(cfg.output_dir)
+    return paths
+
+
+def refuse_transient(paths: Mapping[str, str | None]) -> None:
+    """Raise :class:`~espnet3_flows.config.ConfigError` when this process works in a directory the
+    Prefect worker deletes after the run and any of ``paths`` (key → value) is a relative local
+    path: its outputs would be deleted, or its input looked for in an empty directory."""
+    cwd = Path.cwd()
+    relative = [f"{key}={value}" for key, value in paths.items() if value and _relative_local(value)]
+    if relative and is_transient_directory(cwd):
+        from espnet3_flows.config import ConfigError
+
+        raise ConfigError(f"{', '.join(relative)} would resolve in {cwd}, a temporary directory the Prefect "
+                          f"worker deletes when the run ends: {_FIX}")
+
+
+_FIX = (f"set {WORKDIR_ENV} in the worker's environment to a lasting directory "
+        f"(`{WORKDIR_ENV}=$PWD prefect worker start --pool espnet3`), or give absolute paths")
+
+
+def _relative_local(path: str) -> bool:
+    return "://" not in path and not os.path.isabs(os.path.expanduser(path))
+
+
+def _run_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    """The flow run's logger (its records reach the API: the run's logs in the UI) when this
+    process runs a deployment's flow run, else this module's."""
+    run_id = os.environ.get("PREFECT__FLOW_RUN_ID")
+    if not run_id:
+        return log
+    from prefect.logging.loggers import flow_run_logger
+
+    return flow_run_logger(flow_run_id=UUID(run_id))
+
+
+class PrefectApiLost(RuntimeError):
+    """The run's Prefect API server stopped answering (after the client's own retries)."""
+
+
+def api_lost(exc: BaseException) -> PrefectApiLost:
+    """The error a run ends with when its Prefect API server stopped answering (``exc``: the
+    client's connection error), naming the server and what to do. A deployment's flow run also
+    prints it as one ``error:`` line on stderr (the worker's log), the only place it can still reach."""
+    from prefect.context import FlowRunContext
+    from prefect.settings import get_current_settings
+
+    ctx = FlowRunContext.get()
+    run_id = str(ctx.flow_run.id) if ctx and ctx.flow_run else "<flow run id>"
+    message = (f"the Prefect API at {get_current_settings().api.url} stopped answering "
+               f"({type(exc).__name__}: {clip(str(exc))}); finished shards are kept: start the server again "
+               f"and rerun (only unfinished shards are computed); this flow run stays Running on the server "
+               f"until `prefect flow-run cancel {run_id}`")
+    if os.environ.get("PREFECT__FLOW_RUN_ID"):
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    return PrefectApiLost(message)
+
+
+def is_api_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is the Prefect client failing to reach its API."""
+    import httpx
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False

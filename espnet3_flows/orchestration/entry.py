@@ -15,18 +15,23 @@ import prefect.settings
 from omegaconf import OmegaConf
 from prefect import Flow, flow
 
-from espnet3_flows.config import ConfigError, describe_keys, split_cli_args, to_plain
+from espnet3_flows.config import ConfigError, describe_keys, split_cli_args
+from espnet3_flows.deadlines import is_outage
+from espnet3_flows.errors import clip_lines
+from espnet3_flows.credentials import find_secrets, mask_secrets, refuse_secrets, secrets_in_overrides
 from espnet3_flows.orchestration.console import print_summary, print_unchanged, quiet_console, quiet_workers_of
+from espnet3_flows.orchestration.deploy_steps import api_lost, is_api_lost, refuse_transient, run_paths
 from espnet3_flows.orchestration.early_start import CONSOLE_FLAGS, take_early_run
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
 from espnet3_flows.orchestration.jobs import get_job, preflight, resolve_config
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.parameters import dotted_values, form_fields
+from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work
 from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.orchestration.timeline import mark
 from espnet3_flows.parallel.cluster import describe_parallel
-from espnet3_flows.storage import StorageError, has_secrets, redact
+from espnet3_flows.storage import StorageError
 
 @functools.lru_cache(maxsize=None)
 def job_flow(job: str) -> Flow:
@@ -46,15 +51,24 @@ def job_flow(job: str) -> Flow:
     docs = [(f.name, f.doc) for f in fields]
     docs += [("config_file", "Optional YAML config (on the worker's file system); the other parameters override "
                              "it when they differ from their defaults."),
-             ("overrides", "Extra `key=value` overrides, e.g. `[\"parallel.options.queue=gpu\"]`; credentials are "
-                           "refused here (give them to the worker's environment).")]
+             ("overrides", "Extra `key=value` overrides, e.g. `[\"parallel.options.queue=gpu\"]`; a credential, here "
+                           "or in any parameter, is refused (give it to the worker's environment).")]
 
     def run(**values: Any) -> dict[str, Any]:
         overrides = values.pop("overrides", None)
         config_file = values.pop("config_file", None)
-        _refuse_secrets(overrides)
-        cfg = resolve_config(job, config_file, dotted_values(schema, values), overrides or [])
-        return run_job(job, cfg, progress=show_progress())  # validated once, above
+        _refuse_secrets(schema, values, overrides)
+        # a worker's run may still sit in the temporary directory the worker deletes afterwards
+        refuse_transient({"config_file": config_file})
+        cfg = resolve_config(job, config_file, dotted_values(schema, values), overrides or [],
+                             check=lambda merged: refuse_transient(run_paths(merged)))
+        try:
+            return run_job(job, cfg, progress=show_progress())  # validated once, above
+        except Exception as exc:  # noqa: BLE001 - only the API's loss is translated
+            if is_api_lost(exc):  # after the client's own retries
+                drop_undeliverable_api_work()
+                raise api_lost(exc) from exc
+            raise
 
     run.__signature__ = inspect.Signature(params, return_annotation=dict[str, Any])  # type: ignore[attr-defined]
     run.__doc__ = spec.description + "\n\nArgs:\n" + "".join(
@@ -79,15 +93,12 @@ def show_progress(flow_run: Any = None) -> bool:
     return sys.stderr.isatty() and getattr(flow_run, "deployment_id", None) is None
 
 
-def _refuse_secrets(overrides: Sequence[str] | None) -> None:
-    """Flow parameters are stored by the server in plain text and shown in the UI: a credential
-    there is refused (the run fails, naming the key), never used."""
-    for item in overrides or []:
-        key, _, value = item.partition("=")
-        if key.strip().startswith("storage_options") and has_secrets({key.strip(): value}):
-            raise ConfigError(f"override {key.strip()!r} holds a credential; flow parameters are stored and shown "
-                              "in plain text: give credentials to the worker's environment (AWS_ACCESS_KEY_ID, "
-                              "AWS_SECRET_ACCESS_KEY, an AWS profile) or a config file on the worker")
+def _refuse_secrets(schema: type, values: dict[str, Any], overrides: Sequence[str] | None) -> None:
+    """Flow parameters are stored by the server in plain text and shown in the UI: a credential in
+    any of them (a section's key such as ``parallel.options.env.AWS_SECRET_ACCESS_KEY``, or an
+    override) is refused before it is used (the run fails, naming the key path)."""
+    in_overrides = [f"{path} (in overrides)" for path in secrets_in_overrides(overrides or [], schema)]
+    refuse_secrets(find_secrets(values, schema) + in_overrides)
 
 
 def main(job: str, argv: Sequence[str] | None = None) -> int:
@@ -120,7 +131,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
             path, overrides = split_cli_args(args)
             cfg = resolve_config(job, path, {}, overrides)
         if print_config:  # the merged config as YAML (credentials redacted), usable as --config
-            print(OmegaConf.to_yaml(OmegaConf.create(_redacted(to_plain(cfg)))), end="")
+            print(OmegaConf.to_yaml(OmegaConf.create(mask_secrets(cfg))), end="")
             return 0
         if dry_run:
             return _dry_run(job, cfg)
@@ -161,7 +172,8 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         status = _report(exc, verbose)
         if status == 1 and not verbose:
             # not onto a store that is itself failing (its retries would only delay the exit)
-            saved = None if isinstance(exc, (OSError, StorageError)) else _save_traceback(job, cfg)
+            outage = isinstance(exc, (OSError, StorageError)) or is_outage(exc)
+            saved = None if outage else _save_traceback(job, cfg)
             where = f"the traceback is in {saved}; " if saved else ""
             print(f"       ({where}--verbose prints it and every log line)", file=sys.stderr)
         return status
@@ -195,16 +207,17 @@ def _report(exc: BaseException, verbose: bool) -> int:
     """Print the one ``error:`` line (with ``--verbose`` also the traceback); the exit status:
     2 for a config error, 1 for any other."""
     config = isinstance(exc, ConfigError)
-    print(f"error: {exc}" if config else f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    lost = is_api_lost(exc)
+    if lost:
+        drop_undeliverable_api_work()  # else the exit waits ~7 s per queued event for the dead server
+        exc = api_lost(exc)
+    line = f"error: {exc}" if config or lost else f"error: {type(exc).__name__}: {exc}"
+    if lost:  # that shipper ended its last failure without a newline
+        line = "\n" + line
+    print(clip_lines(line), file=sys.stderr)  # inputs are clipped where quoted; a library's text here
     if verbose:
         traceback.print_exc()
     return 2 if config else 1
-
-
-def _redacted(plain: dict[str, Any]) -> dict[str, Any]:
-    if plain.get("storage_options"):
-        plain = plain | {"storage_options": redact(plain["storage_options"])}
-    return plain
 
 
 def _save_traceback(job: str, cfg: Any) -> str | None:
@@ -219,7 +232,7 @@ def _save_traceback(job: str, cfg: Any) -> str | None:
     rel = f"logs/{job}-{stamp}.error.txt"
     try:
         store = Storage(cfg.output_dir, cfg.storage_options)
-        store.write_text(rel, traceback.format_exc())
+        store.write_text(rel, clip_lines(traceback.format_exc()))
         return store.uri(rel)
     except Exception:  # noqa: BLE001 - best effort: the error line was printed already
         return None

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from omegaconf import OmegaConf
 
@@ -14,19 +14,23 @@ from espnet3_flows.storage import Storage
 __all__ = ["JobSpec", "check_output_dir", "get_job", "preflight", "resolve_config"]
 
 
-def resolve_config(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str]) -> Any:
+def resolve_config(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str],
+                   check: Callable[[Any], None] | None = None) -> Any:
     """Defaults < ``config_file`` < typed parameters that differ from their defaults < ``overrides``.
 
     ``params`` are dotted keys (see :func:`~espnet3_flows.orchestration.parameters.dotted_values`).
 
     A config that names no input runs the job's demo (generated data; for x-vectors also a
-    random-weight model).
+    random-weight model). ``check``, if given, is called with the merged config before that
+    demo writes anything (a deployment's run refuses paths in a directory its worker deletes).
     """
     spec = get_job(job)
     schema = spec.config_class
     defaults = OmegaConf.to_container(OmegaConf.structured(schema))
     changed = {k: v for k, v in params.items() if _lookup(defaults, k) != v}
     cfg = load_config(schema, config_file, overrides, params=changed)
+    if check is not None:
+        check(cfg)
     demo = spec.demo_settings(cfg)
     if demo:
         cfg = load_config(schema, base=OmegaConf.to_container(OmegaConf.merge(to_plain(cfg), demo)))

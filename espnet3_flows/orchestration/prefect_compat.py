@@ -35,6 +35,9 @@ serialized afresh; the copies mean no caller can change what a later task receiv
 
 **Heartbeats that stop at once.** :func:`prompt_heartbeat_stop`: a flow run's heartbeat thread
 wakes when the run ends instead of finishing a one-second sleep (0–1 s at the end of every run).
+
+**No draining into a dead server.** :func:`drop_undeliverable_api_work`: after the API server is
+lost, Prefect's queued events and logs are dropped instead of drained at exit (~7 s each).
 """
 
 from __future__ import annotations
@@ -399,3 +402,38 @@ def prompt_heartbeat_stop() -> bool:
                 thread.join(timeout=2)
 
     return _patch(flow_engine, "_send_heartbeats", send_heartbeats, original)
+
+
+def drop_undeliverable_api_work() -> int:
+    """Discard the events and log records Prefect still queues for an API server that is gone, so
+    that the process exits at once instead of draining them (idempotent; the count discarded).
+
+    Prefect 3.8 drains its ``EventsWorker`` and ``APILogWorker`` queues at interpreter exit, one
+    item at a time; against a dead server each event waits ~7 s for a websocket that never
+    connects: a run that failed on a lost API then stayed alive ~7 s per task-run event (minutes
+    for dozens of shards, hours for thousands). Nothing queued can reach the server, so nothing is
+    lost by dropping it; the item a worker is handling now still finishes its own attempt, and
+    that failure is no longer printed after the run's error line.
+    """
+    # what is still in flight fails once more: not onto the console, after the run's error line
+    logging.raiseExceptions = False  # Prefect's log shipper writes its failures unless this is off
+    for name in ("prefect._internal.concurrency", "prefect.events.clients", "EventsWorker", "APILogWorker"):
+        logging.getLogger(name).disabled = True  # not a level: Prefect's internal loggers ignore levels
+    if not prefect_verified():
+        return 0
+    from prefect._internal.concurrency.services import _QueueServiceBase
+
+    dropped = 0
+    for service in list(getattr(_QueueServiceBase, "_instances", {}).values()):
+        pending = getattr(service, "_queue", None)
+        while pending is not None:
+            try:
+                item = pending.get_nowait()
+            except Exception:  # noqa: BLE001 - queue.Empty: nothing left
+                break
+            pending.task_done()
+            if item is None:  # the stop sentinel stays: the service must still end
+                pending.put_nowait(None)
+                break
+            dropped += 1
+    return dropped

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -72,6 +73,20 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
 
         status = sh(*make, "status")
         assert "server: running" in status.stdout and "worker: running" in status.stdout, status.stdout
+
+        # `make stop` during a run: the run's processes (a session of their own, outside the
+        # worker's process group) go with the worker, none is left behind
+        queued = sh(prefect, "deployment", "run", "collect-stats/collect-stats", "--params",
+                    json.dumps(params | {"output_dir": str(tmp_path / "stopped")}))
+        assert queued.returncode == 0, queued.stdout + queued.stderr
+        worker = psutil.Process(pids[-1])
+        for _ in range(600):
+            running = worker.children(recursive=True)
+            if running:
+                break
+            time.sleep(0.1)
+        assert running, "the worker started no flow-run process"
+        pids += [p.pid for p in running]
     finally:
         stopped = sh(*make, "stop")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -83,7 +98,6 @@ def _all_logs(api_url: str) -> list[dict]:
     """Every log record on the server (this test's own), read back through the REST API, once a
     record of this project's loggers is there or after 60 s. The shards run in a subflow with a
     flow run id of its own, so the records are not filtered by the deployment's run."""
-    import time
     import urllib.request
 
     deadline = time.monotonic() + 60
