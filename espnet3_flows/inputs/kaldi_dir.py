@@ -38,7 +38,9 @@ import fsspec
 from espnet3_flows.config import check_on_error
 from espnet3_flows.deadlines import with_deadlines
 from espnet3_flows.external_sort import sorted_rows
+from espnet3_flows.errors import clip
 from espnet3_flows.inputs.fingerprints import fingerprint_files
+from espnet3_flows.inputs.manifest import MAX_LINE_BYTES, OversizeLine, bounded_lines
 from espnet3_flows.inputs.records import ManifestError, SkippedItem, Utterance, entry_kind, validate_utt_id
 from espnet3_flows.hashing import token
 from espnet3_flows.storage import Storage
@@ -124,12 +126,17 @@ def _parse_lines(path: str, name: str, split: str, storage_options: Mapping[str,
     undecodable ones reported through ``bad``."""
     try:
         with fsspec.open(path, "rb", **with_deadlines(storage_options, path)) as f:
-            for lineno, raw in enumerate(f, start=1):
+            for lineno, raw in enumerate(bounded_lines(f), start=1):
+                if isinstance(raw, OversizeLine):  # never held whole: its head names it
+                    key = raw[:800].split(None, 1)[0].decode("utf-8", "backslashreplace") if raw.strip() else ""
+                    bad(name, lineno, clip(key), f"line is longer than {MAX_LINE_BYTES} bytes (1 MiB), the most a "
+                                                 "manifest line may have")
+                    continue
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
                     key = raw.split(None, 1)[0].decode("utf-8", "backslashreplace") if raw.strip() else ""
-                    bad(name, lineno, key, f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})")
+                    bad(name, lineno, clip(key), f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})")
                     continue
                 parts = text.split(None, 1)
                 if not parts:

@@ -131,3 +131,26 @@ def test_a_long_field_reaching_a_worker_is_clipped_everywhere(tmp_path, demo_cor
     messages = [r["state"]["message"] or "" for r in runs if r.get("state")]
     assert any("utt-long" in m for m in messages), messages
     assert max(len(m) for m in messages) < STDERR_BOUND, max(len(m) for m in messages)
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_a_kaldi_data_dir_line_over_the_bound_is_named_never_held(tmp_path, demo_corpus, on_error):
+    rows = [line.split("\t")[:2] for line in _lines(demo_corpus)]
+    data = tmp_path / "data"
+    data.mkdir()
+    with open(data / "wav.scp", "w") as f:  # sorted by id, as Kaldi keeps it; the huge line fourth
+        f.write("".join(f"{u} {p}\n" for u, p in rows[:3]) + "u3" + "x" * HUGE + " /a.wav\n"
+                + "".join(f"{u} {p}\n" for u, p in rows[3:]))
+    out = tmp_path / "out"
+    code, err, rss = _cli(tmp_path, f"manifests.train={data}", f"output_dir={out}", f"on_error={on_error}")
+    assert len(err.encode()) < STDERR_BOUND, err[:5000]
+    _assert_saved_small(out)
+    if on_error == "fail":
+        assert code == 1
+        line = _error_line(err)
+        assert "wav.scp" in line and ":4" in line and "1 MiB" in line and "more characters" in line, line
+        assert rss < PLAN_FAIL_RSS_BOUND, rss
+    else:
+        assert code == 0, err
+        skipped = (out / "train" / "skipped.tsv").read_text()
+        assert "1 MiB" in skipped and len(skipped) < 2000, skipped
