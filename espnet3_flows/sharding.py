@@ -8,9 +8,11 @@ that grows in the middle keeps every other shard and its outputs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from espnet3_flows.errors import clip
 from espnet3_flows.hashing import add_item, code_salt, config_digest, id_hash64, shard_hasher, shards_digest
 
 def shard_name(shard_hash: str) -> str:
@@ -201,3 +203,32 @@ def plan_shards(
                                 None if contiguous else idx[start:stop]))  # type: ignore[index]
             start = stop
     return ShardPlan(tuple(shards), shard_size, config_hash, salt)
+
+
+def plan_item(item: Any, pos: int) -> Any:
+    """An item of ``runner(indices)`` as the plan keeps it (``pos``: its position, for the error): as given when it is JSON data (an ``int``, a ``str``, or a
+    list, tuple or dict of them, as ESPnet3's collect-stats runner passes pre-batched index lists),
+    numpy integers as ``int``s."""
+    try:
+        return _json_item(item)
+    except TypeError as exc:
+        raise TypeError(f"item {pos} ({clip(repr(item))}) {exc}: items are hashed into shards and stored in the plan "
+                        "as JSON (ints, strs, finite floats, and lists, tuples or str-keyed dicts of them)") from None
+
+
+def _json_item(item: Any) -> Any:
+    if isinstance(item, (str, bool)) or item is None or (isinstance(item, int) and not isinstance(item, bool)):
+        return item
+    if isinstance(item, float):
+        if math.isfinite(item):
+            return item
+        raise TypeError("is not a finite number")
+    if hasattr(item, "__index__"):
+        return int(item.__index__())
+    if isinstance(item, (list, tuple)):
+        return type(item)(_json_item(i) for i in item)
+    if isinstance(item, Mapping):
+        if not all(isinstance(k, str) for k in item):
+            raise TypeError("has a key that is not a str")
+        return {k: _json_item(v) for k, v in item.items()}
+    raise TypeError(f"is a {type(item).__name__}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import posixpath
 import shutil
 import tempfile
@@ -31,7 +30,7 @@ from espnet3_flows.parallel.env_provider import ProviderError
 from espnet3_flows.parallel.results import RunOutcome, ShardResult, ShardStatus
 from espnet3_flows.parallel.shard_lifecycle import DONE, RECORDS, WHOLE_SHARD, run_shard
 from espnet3_flows.hashing import runner_item_key
-from espnet3_flows.sharding import Shard, ShardPlan, plan_shards, shard_name
+from espnet3_flows.sharding import Shard, ShardPlan, plan_item, plan_shards, shard_name
 from espnet3_flows.storage import Storage
 
 PLAN = "manifest.json"
@@ -323,7 +322,7 @@ class BaseRunner:
         """The shard plan for ``indices`` (content-addressed; see :func:`plan_shards`)."""
         if indices is None:
             raise TypeError(f"{type(self).__name__}.run() needs the item indices, e.g. runner(range(n))")
-        items = [_item(i, pos) for pos, i in enumerate(indices)]
+        items = [plan_item(i, pos) for pos, i in enumerate(indices)]
         return plan_shards(self.item_keys(items), self.shard_size, self.hash_config(), indices=items)
 
     def check_env_keys(self, keys: Sequence[str]) -> None:
@@ -391,35 +390,6 @@ class BaseRunner:
             with engine_executor(planned, client, parallel) as executor:
                 merged = run_planned([planned], executor, progress=progress)[0]
         return RunOutcome(planned.plan, planned.statuses, merged, time.perf_counter() - t0)
-
-
-def _item(item: Any, pos: int) -> Any:
-    """An item as the plan keeps it: as given when it is JSON data (an ``int``, a ``str``, or a
-    list, tuple or dict of them, as ESPnet3's collect-stats runner passes pre-batched index lists),
-    numpy integers as ``int``s."""
-    try:
-        return _json_item(item)
-    except TypeError as exc:
-        raise TypeError(f"item {pos} ({clip(repr(item))}) {exc}: items are hashed into shards and stored in the plan "
-                        "as JSON (ints, strs, finite floats, and lists, tuples or str-keyed dicts of them)") from None
-
-
-def _json_item(item: Any) -> Any:
-    if isinstance(item, (str, bool)) or item is None or (isinstance(item, int) and not isinstance(item, bool)):
-        return item
-    if isinstance(item, float):
-        if math.isfinite(item):
-            return item
-        raise TypeError("is not a finite number")
-    if hasattr(item, "__index__"):
-        return int(item.__index__())
-    if isinstance(item, (list, tuple)):
-        return type(item)(_json_item(i) for i in item)
-    if isinstance(item, Mapping):
-        if not all(isinstance(k, str) for k in item):
-            raise TypeError("has a key that is not a str")
-        return {k: _json_item(v) for k, v in item.items()}
-    raise TypeError(f"is a {type(item).__name__}")
 
 
 def concatenate_shard_files(shard_dirs: Sequence[Path | str], relative_name: str, out_path: Path | str) -> bool:
