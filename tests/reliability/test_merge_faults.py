@@ -199,14 +199,24 @@ def test_a_disk_that_fills_during_a_merge_leaves_a_set_the_rerun_repairs(version
 
 
 @pytest.mark.parametrize("damage", [b"", b'{"shard_hash": "', b"\xff\xfe not json"])
-def test_an_unreadable_done_record_is_computed_again_with_one_warning(versions, tmp_path, damage, caplog):
+def test_an_unreadable_done_record_is_computed_again_with_one_warning(versions, tmp_path, damage, caplog,
+                                                                     monkeypatch):
     out = tmp_path / "out"
     shutil.copytree(versions["base"], out)
     done = sorted((out / "train" / "shards").glob("split.*/done"))[0]
     done.write_bytes(damage)
+    # the record reaches this module's logger itself: an earlier test's in-process logging setup
+    # (dictConfig disables existing loggers by default) must not hide it here; the CLI test below
+    # shows the same line in a real process
+    logger = logging.getLogger("espnet3_flows.parallel.base_runner")
+    monkeypatch.setattr(logger, "disabled", False)
     with caplog.at_level(logging.WARNING, logger="espnet3_flows"):
-        run = plan_job("collect_stats", _cfg(versions["a"], out))
-    warned = [r.getMessage() for r in caplog.records if str(done) in r.getMessage()]
+        logger.addHandler(caplog.handler)
+        try:
+            run = plan_job("collect_stats", _cfg(versions["a"], out))
+        finally:
+            logger.removeHandler(caplog.handler)
+    warned = list(dict.fromkeys(r.getMessage() for r in caplog.records if str(done) in r.getMessage()))
     assert len(warned) == 1 and "unreadable" in warned[0] and "computed again" in warned[0], warned
     if run.pending_shards:  # a shard of plan A: computed again, then merged
         assert run.unchanged_summaries is None
