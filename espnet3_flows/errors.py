@@ -44,6 +44,12 @@ class ItemFailure(ShardFailure, ItemError):
     :class:`ShardFailure`): the message names the item."""
 
 
+class UnguardedMainError(Espnet3FlowsError, RuntimeError):
+    """The driver's script starts workers or a run when it is imported, and Dask's workers import
+    it (its run is not under ``if __name__ == "__main__":``); the message names the script and
+    the fix (:mod:`espnet3_flows.parallel.main_guard`)."""
+
+
 #: ``errno`` values that say something about one file, the same on every try: the item is bad
 #: (skipped under ``on_error: skip``). A path that does not exist or cannot exist (missing, a
 #: symlink loop, a name too long, a file used as a directory or a directory as a file, an invalid

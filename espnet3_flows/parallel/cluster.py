@@ -24,7 +24,14 @@ from espnet3_flows.parallel.backends import (
     check_options,
     get_backend,
 )
-from espnet3_flows.parallel.forkserver import DASK_TRIM_DEFAULT, local_worker_start, without_inherited_trim_threshold, worker_start_method
+from espnet3_flows.parallel.forkserver import (
+    DASK_TRIM_DEFAULT,
+    local_worker_start,
+    main_import_checked,
+    without_inherited_trim_threshold,
+    worker_start_method,
+)
+from espnet3_flows.parallel.main_guard import refuse_while_importing_main
 
 _LOG = logging.getLogger(__name__)
 
@@ -41,8 +48,9 @@ class ParallelConfig:
     """The ``parallel:`` section: where shards run.
 
     Attributes:
-        env: ``serial`` (in this process, no Dask: what ESPnet3's runner does with ``local``),
-            ``local`` (a process ``LocalCluster``, as ESPnet3's ``parallel_map`` reads ``local``),
+        env: ``serial`` (in this process, no Dask: ESPnet3's earlier ``local``, and its runner
+            with no parallel config), ``local`` (a process ``LocalCluster`` of ``n_workers``, as
+            ESPnet3's current runner and ``parallel_map`` read ``local``),
             ``local_gpu`` (``dask_cuda.LocalCUDACluster``, one GPU per worker; ``make install
             EXTRAS=dev,espnet,gpu CONSTRAINTS=constraints-gpu.txt``: dask-cuda needs dask
             2026.7.1), a batch scheduler of dask-jobqueue (``slurm``, ``pbs``, ``sge``, ``lsf``,
@@ -317,12 +325,19 @@ def worker_settings(cfg: ParallelConfig) -> Iterator[None]:
 def make_cluster(cfg: ParallelConfig) -> Any:
     """Start the cluster ``cfg`` describes (as its backend says: workers as a constructor argument,
     scaled, adaptive, or one per host). Also prefect-dask's ``cluster_class`` of the flows'
-    task runner, called with ``cfg``."""
+    task runner, called with ``cfg``.
+
+    Raises:
+        UnguardedMainError: when this script starts the cluster when it is imported (its workers,
+            or their forkserver, import it: :mod:`.main_guard`), in one line naming the fix.
+    """
+    refuse_while_importing_main("a Dask cluster")
     spec = cluster_spec(cfg)
     factory = spec.backend.load()
     with worker_settings(cfg):
         method, kwargs = local_worker_start(cfg, spec.kwargs) if spec.backend.forks else ("spawn", spec.kwargs)
-        with worker_start_method(method):
+        checked = main_import_checked(method) if spec.backend.forks else contextlib.nullcontext()
+        with worker_start_method(method), checked:
             cluster = factory(**kwargs)
             if spec.backend.on_this_machine:
                 keep_restarted_workers(cluster)

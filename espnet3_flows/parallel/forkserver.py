@@ -13,6 +13,9 @@ A forked worker inherits the server's environment, not the driver's. To keep spa
 ("workers see the driver's environment at cluster start"), the variables added or changed since
 the server started are passed to the workers (Dask's ``Nanny(env=...)``); if one was removed,
 the run falls back to ``spawn``.
+
+The server imports the driver's script (:mod:`.forkserver_main`); one that starts workers or a
+run when imported ends the run before any cluster, in one line naming the fix (:mod:`.main_guard`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import time
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from espnet3_flows.parallel import main_guard
 
 if TYPE_CHECKING:
     from espnet3_flows.parallel.cluster import ParallelConfig
@@ -45,6 +51,8 @@ _MP_METHOD_KEY = "distributed.worker.multiprocessing-method"
 #: The environment the running forkserver was started with (``None``: not started by us).
 _SERVER_ENV: dict[str, str] | None = None
 _SERVER_MODULES: tuple[str, ...] = ()
+#: Whether the running server of ours imports the driver's main module (:mod:`.forkserver_main`)
+_SERVER_MAIN = False
 
 
 @contextlib.contextmanager
@@ -112,24 +120,30 @@ def start_forkserver(modules: Sequence[str] = (), env: dict[str, str] | None = N
         env: Variables the server (and so every worker forked from it) sees on top of this
             process's environment, as if they were set here: e.g. the URL of an API server this
             process exports only later.
+
+    Raises:
+        UnguardedMainError: when called while a worker or the forkserver imports this script
+            (:mod:`.main_guard`).
     """
-    global _SERVER_ENV, _SERVER_MODULES
+    global _SERVER_ENV, _SERVER_MODULES, _SERVER_MAIN
+    main_guard.refuse_while_importing_main("Dask workers")
     if _server_alive():
         return _SERVER_ENV is not None
     preload = list(dict.fromkeys(["distributed", *modules]))
     main = main_module_ref()
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         [*([MAIN_PRELOAD] if main else []), *preload, READY_PRELOAD])
+    main_guard.reset_status()
     with without_inherited_trim_threshold():
-        _SERVER_ENV, _SERVER_MODULES = {**os.environ, **(env or {})}, tuple(preload)
-        with _variables({**(env or {}), **({MAIN_ENV: main} if main else {})}):
+        _SERVER_ENV, _SERVER_MODULES, _SERVER_MAIN = {**os.environ, **(env or {})}, tuple(preload), bool(main)
+        with environment_set({**(env or {}), **({MAIN_ENV: main, **main_guard.status_variables()} if main else {})}):
             multiprocessing.forkserver.ensure_running()
     _LOG.debug("forkserver started (preloading %s)", ", ".join(preload))
     return True
 
 
 @contextlib.contextmanager
-def _variables(values: dict[str, str]) -> Iterator[None]:
+def environment_set(values: dict[str, str]) -> Iterator[None]:
     """``values`` in this process's environment for the block (the previous values put back)."""
     before = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
@@ -141,6 +155,47 @@ def _variables(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def check_main_imported(timeout: float = 60.0) -> None:
+    """Wait (at most ``timeout`` seconds) until the forkserver of ours has imported this process's
+    main module, and raise the error it recorded if that script starts workers or a run when it is
+    imported: before a flow, whose cluster would otherwise fail inside it, in a page of logs. Nothing
+    without such a server (none running, or it imports no main module).
+
+    Raises:
+        UnguardedMainError: naming the script and the fix (:mod:`.main_guard`).
+    """
+    if not (_SERVER_MAIN and _SERVER_ENV is not None):
+        return
+    deadline = time.monotonic() + timeout
+    while not main_guard.read_status() and time.monotonic() < deadline and _server_alive():
+        time.sleep(0.01)
+    error = main_guard.recorded_error()
+    if error is not None:
+        raise error
+
+
+@contextlib.contextmanager
+def main_import_checked(method: str) -> Iterator[None]:
+    """For the block that starts local workers with ``method``: an unguarded main script (one that
+    starts workers or a run when imported) raised as its one-line error, not as the cascade of
+    workers dying while they import it (:mod:`.main_guard`).
+
+    With ``forkserver``, the server imports the script before it forks any worker, and its later
+    preloads take longer than a scheduler's start: the block is not entered for such a script.
+    ``spawn``: each worker imports it and records there; the block's failure becomes that error.
+    """
+    if method == "forkserver":
+        check_main_imported()
+    with environment_set(main_guard.status_variables() if method == "spawn" else {}):
+        try:
+            yield
+        except Exception:
+            error = main_guard.recorded_error()
+            if error is None:
+                raise
+            raise error from None  # the workers died importing this script: that, not Dask's cascade
 
 
 def keep_dask_preload() -> None:
@@ -157,11 +212,11 @@ def keep_dask_preload() -> None:
 def stop_forkserver() -> None:
     """Stop the forkserver (the next forked worker starts a new one): for benchmarks that
     measure a cold start, and tests."""
-    global _SERVER_ENV, _SERVER_MODULES
+    global _SERVER_ENV, _SERVER_MODULES, _SERVER_MAIN
     stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
     if stop is not None and getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None:
         stop()
-    _SERVER_ENV, _SERVER_MODULES = None, ()
+    _SERVER_ENV, _SERVER_MODULES, _SERVER_MAIN = None, (), False
 
 
 def preloaded_modules() -> tuple[str, ...]:

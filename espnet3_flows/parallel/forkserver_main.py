@@ -13,7 +13,10 @@ its fork, on the 2-core machine of ``benchmarks/`` (``startup``).
 :func:`~.forkserver.start_forkserver` names the main module in :data:`~.forkserver.MAIN_ENV`
 and preloads this module first; it takes the variable out of the server's environment (forked
 workers never see it). A main module that fails to import here is logged and left to the workers, which then import
-it themselves (and fail there, as a spawned worker would).
+it themselves (and fail there, as a spawned worker would). One that starts workers or a run when
+imported (not under ``if __name__ == "__main__":``) stops at that call, silently: the call recorded
+it for the driver, which reports it in one line (:mod:`.main_guard`); the workers stop there too.
+The outcome of the import is written to the driver's status file either way.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 import logging
 import os
 
+from espnet3_flows.errors import UnguardedMainError
+from espnet3_flows.parallel import main_guard
 from espnet3_flows.parallel.forkserver import MAIN_ENV
 
 
@@ -33,15 +38,22 @@ def _import_driver_main() -> None:
     kind, _, target = ref.partition(":")
     fixup = {"path": getattr(spawn, "_fixup_main_from_path", None),
              "name": getattr(spawn, "_fixup_main_from_name", None)}.get(kind)
+    main_guard.adopt_status_path()
     if fixup is None:
+        main_guard.record(main_guard.FAILED)
         return
     current = process.current_process()
     current._inheriting = True  # type: ignore[attr-defined]  # as a spawned child imports it
     try:
         fixup(target)
+    except UnguardedMainError:
+        pass  # recorded where it was raised; the driver says it
     except BaseException:  # noqa: BLE001 - the workers import it themselves, as without this
+        main_guard.record(main_guard.FAILED)
         logging.getLogger(__name__).warning("the forkserver could not import the main module %s; "
                                             "each worker imports it", target, exc_info=True)
+    else:
+        main_guard.record(main_guard.IMPORTED)
     finally:
         del current._inheriting  # type: ignore[attr-defined]
     from espnet3_flows.orchestration.console import apply_from_environment

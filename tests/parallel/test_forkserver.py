@@ -96,6 +96,8 @@ if __name__ == "__main__":
     with get_client(config=ParallelConfig(env="local", n_workers=2), wait_for_workers=2) as client:
         seen = client.run(lambda: (sys.modules["__main__"].__file__, "colorsys" in sys.modules, os.getppid()))
     print(multiprocessing.forkserver._forkserver._forkserver_pid, sorted(set(seen.values())))
+    from espnet3_flows.parallel import main_guard
+    print(main_guard.read_status())
 '''
 
 
@@ -112,7 +114,9 @@ def test_the_driver_script_is_imported_once_by_the_forkserver_not_by_each_worker
     env.pop("ESPNET3_FLOWS_FORKSERVER_MAIN", None)
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
-    server_pid, seen = out.stdout.split(" ", 1)
+    first, status = out.stdout.splitlines()
+    assert status == "imported"  # what the server wrote for this process (guarded: no error to raise)
+    server_pid, seen = first.split(" ", 1)
     imports = [line.split() for line in log.read_text().splitlines()]
     assert [name for name, _ in imports] == ["__main__", "__mp_main__"]  # the driver, then the forkserver only
     assert imports[1][1] == server_pid
@@ -133,3 +137,34 @@ def test_main_module_ref_names_a_script_by_path(monkeypatch, tmp_path):
     assert main_module_ref() is None
     fake.__spec__ = types.SimpleNamespace(name="mypkg.driver")
     assert main_module_ref() == "name:mypkg.driver"
+
+
+UNGUARDED = '''
+from espnet3_flows.parallel import ParallelConfig, get_client
+from espnet3_flows.parallel.forkserver import start_forkserver
+
+start_forkserver()  # at import: the forkserver, importing this script, stops here
+with get_client(config=ParallelConfig(env="local", n_workers=1)) as client:
+    pass
+'''
+
+
+@pytest.mark.dask
+def test_an_unguarded_driver_script_is_reported_by_the_forkserver_in_one_line(tmp_path):
+    """The forkserver's import of a script that starts workers at import is recorded for the
+    driver, which raises before it starts a cluster; nothing else is printed (the server's import,
+    and the workers', end silently)."""
+    import subprocess
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    for key in ("ESPNET3_FLOWS_FORKSERVER_MAIN", "ESPNET3_FLOWS_MAIN_STATUS"):
+        env.pop(key, None)
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1
+    assert (out.stdout + out.stderr).splitlines() == [
+        'error: unguarded.py starts Dask workers when it is imported, and each Dask worker imports it: put that '
+        'code under if __name__ == "__main__":']
