@@ -36,6 +36,31 @@ def shard_size_bounds(shard_size: int) -> tuple[int, int, int]:
     return lo, 2 * shard_size, shard_size - lo + 1
 
 
+#: The smallest shard a small split is cut into for busy workers: below it a shard's own costs (a
+#: task, its env lookup, a ``done`` record, the publish) outweigh what another worker gains, and a
+#: smoke test of a few items still runs as one shard, in this process (``parallel.inline_shards``)
+MIN_BUSY_SHARD = 4
+
+
+def split_shard_size(shard_size: int, num_items: int, workers: int) -> int:
+    """The mean shard size a split of ``num_items`` is cut with when ``workers`` shards run at once.
+
+    A large split (``num_items >= 2 * workers * shard_size``) keeps ``shard_size``: its shards are
+    the same whatever the cluster's size, so scaling a cluster up or down recomputes nothing. A
+    smaller one would leave workers idle (100 GPU-heavy items in one shard of 256 run on one of 8
+    GPUs), so it is cut finer: the largest power of two at most ``num_items / (2 * workers)``,
+    about 2 to 4 shards per worker, but no finer than :data:`MIN_BUSY_SHARD` items. Powers of
+    two keep a small split that grows by a few items on its old cut, so a nightly rerun still
+    reuses its shards. ``workers <= 1`` (a run in this process) keeps ``shard_size``.
+    """
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    if workers <= 1 or num_items >= 2 * workers * shard_size:
+        return shard_size
+    target = max(MIN_BUSY_SHARD, num_items // (2 * workers))
+    return min(shard_size, 1 << (target.bit_length() - 1))
+
+
 @dataclass(frozen=True)
 class Shard:
     """One chunk of a job's items: positions ``[start, stop)`` of the plan.

@@ -83,8 +83,11 @@ class EngineConfig:
             computed shard is one Prefect task: about 10 ms of wall time more than the engine
             without Prefect (``benchmarks/README.md``, scale: 1,000 shards in 42.8 s against
             31.8 s, medians of 3); 1000 utterances of 2-6 s are ~1 s of work per worker, and at
-            this size the flow's steady state equals the engine's without Prefect. Lower it when there are more workers than
-            shards.
+            this size the flow's steady state equals the engine's without Prefect. A split of fewer
+            than ``2 × workers × shard_size`` utterances is cut finer, into 2 to 4 shards per
+            worker (a power of two, at least 4 utterances each), so that every worker is busy on a
+            small split (a dev set on 8 GPUs); a larger split's shards do not depend on the number
+            of workers, so scaling a cluster recomputes nothing there.
         on_error: ``fail`` stops the run at the first bad item (never retried: it fails the same
             way every time); ``skip`` lists it in ``skipped.tsv`` and goes on.
         retries: Retries of a failed shard task (Prefect); for infrastructure errors only
@@ -192,7 +195,7 @@ class SplitRunner(Protocol):
     @property
     def storage(self) -> Storage | None: ...
 
-    def plan(self, indices: Sequence[int] | None = None) -> ShardPlan: ...
+    def plan(self, indices: Sequence[int] | None = None, workers: int = 1) -> ShardPlan: ...
 
     def manifest_skipped(self) -> list[SkippedItem]: ...
 
@@ -292,8 +295,9 @@ class UtteranceRunner(BaseRunner):
         """Where the split's merged outputs live, relative to ``output_dir``."""
         return self.split
 
-    def plan(self, indices: Sequence[int] | None = None) -> ShardPlan:
-        """The split's shard plan, streamed from its manifest (``indices`` must be ``None``).
+    def plan(self, indices: Sequence[int] | None = None, workers: int = 1) -> ShardPlan:
+        """The split's shard plan, streamed from its manifest (``indices`` must be ``None``), cut
+        finer for a split too small to keep ``workers`` concurrent workers busy.
 
         Lines left out under ``on_error: skip`` are kept for :meth:`manifest_skipped`.
         """
@@ -302,7 +306,8 @@ class UtteranceRunner(BaseRunner):
         store = self.storage
         planned = plan_manifest(self.manifest, self.split, self.shard_size, self.hash_config(), on_error=self.on_error,
                                 fingerprint=self.fingerprint_mode, storage_options=self.input_options, spool=store,
-                                spool_rel=posixpath.join(self.shard_subdir, "inputs"), allow_pipes=self.allow_pipes)
+                                spool_rel=posixpath.join(self.shard_subdir, "inputs"), allow_pipes=self.allow_pipes,
+                                workers=workers)
         self._manifest_skipped = planned.skipped
         return planned.plan
 

@@ -33,7 +33,7 @@ from espnet3_flows.inputs.formats import ManifestFormat, PreparedManifest, detec
 from espnet3_flows.inputs.manifest import OversizeLine, iter_manifest_lines, parse_manifest_line, planning_fields
 from espnet3_flows.inputs.records import ManifestError, ManifestLineError, SkippedItem, line_error
 from espnet3_flows.hashing import code_salt, config_digest, id_hash64, item_key, token
-from espnet3_flows.sharding import Shard, ShardCutter, ShardPlan
+from espnet3_flows.sharding import Shard, ShardCutter, ShardPlan, split_shard_size
 from espnet3_flows.storage import Storage
 
 #: Paths fingerprinted at a time while planning (one stat batch or one object-store listing)
@@ -78,8 +78,9 @@ def plan_manifest(
     spool_rel: str = "",
     salt: str | None = None,
     allow_pipes: bool = False,
+    workers: int = 1,
 ) -> SplitPlan:
-    """Plan one split from its manifest in a single streaming pass.
+    """Plan one split from its manifest in a streaming pass.
 
     A shard's hash covers each of its lines (id, path, text, ...) with the audio file's
     fingerprint, the job ``config`` and the code salt; boundaries follow the utterance ids
@@ -100,11 +101,27 @@ def plan_manifest(
         salt: Code-version salt (:func:`~espnet3_flows.hashing.code_salt` by default).
         allow_pipes: Whether commands (``cmd |``) may stand for audio; otherwise a data
             directory's first command entry is an error.
+        workers: Shards computed at once: a split of fewer than ``2 × workers × shard_size``
+            utterances is planned again, cut finer (:func:`~espnet3_flows.sharding.split_shard_size`);
+            that second pass reads at most that many lines.
 
     Raises:
         ManifestError: a bad line under ``fail``, a repeated id under ``fail``, an unreadable
             manifest, a refused command, or a manifest with no usable line.
     """
+    planned = _plan_split(manifest, split, shard_size, config, on_error, fingerprint, storage_options, spool, spool_rel,
+                          salt, allow_pipes)
+    size = split_shard_size(shard_size, planned.plan.num_items, workers)
+    if size == shard_size:
+        return planned
+    return _plan_split(manifest, split, size, config, on_error, fingerprint, storage_options, spool, spool_rel, salt,
+                       allow_pipes)
+
+
+def _plan_split(manifest: str, split: str, shard_size: int, config: Mapping[str, Any], on_error: str,
+                fingerprint: str, storage_options: Mapping[str, Any] | None, spool: Storage | None, spool_rel: str,
+                salt: str | None, allow_pipes: bool) -> SplitPlan:
+    """:func:`plan_manifest` with one shard size."""
     check_on_error(on_error)
     manifest = _local_abspath(manifest)
     fmt = detect_format(manifest, storage_options)

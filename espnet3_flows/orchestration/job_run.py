@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from espnet3_flows.orchestration.jobs import get_job
+from espnet3_flows.parallel.backends import worker_slots
 from espnet3_flows.parallel.cluster import ParallelConfig
 from espnet3_flows.parallel.scheduler import PlannedRunner, plan_runner
 from espnet3_flows.split_outputs import trusted_summary
@@ -104,7 +105,8 @@ def plan_job(job: str, cfg: Any, publish: bool = True) -> PlannedFlow:
     (unless ``publish`` is false: a dry run) and read the ``done`` records of its shards."""
     spec = get_job(job)
     t0 = time.perf_counter()
-    runners = [plan_runner(runner, None, publish) for runner in spec.build_runners(cfg)]
+    workers = worker_slots(cfg.parallel)
+    runners = [plan_runner(runner, None, publish, workers) for runner in spec.build_runners(cfg)]
     modules = dict.fromkeys([*spec.worker_modules, *(m for p in runners for m in runner_modules(p.runner))])
     return PlannedFlow(job, runners, cfg.parallel, cfg.retries, cfg.retry_delay_seconds, job, cfg,
                        tuple(modules), time.perf_counter() - t0, t0)

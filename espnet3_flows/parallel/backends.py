@@ -128,7 +128,7 @@ def get_backend(name: str) -> Backend:
     except KeyError:
         close = difflib.get_close_matches(name, list(_BACKENDS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"parallel.env: unknown env {name!r}{hint}; the envs are: {', '.join(_BACKENDS)}") from None
+        raise ConfigError(f"Unknown env {name!r}{hint}; parallel.env is one of: {', '.join(_BACKENDS)}") from None
 
 
 def backend_of(cfg: ParallelConfig) -> Backend:
@@ -263,3 +263,45 @@ BUILTIN_ENVS = backend_names()
 def builtin_defaults(cfg: ParallelConfig, backend: Backend) -> Mapping[str, Any]:
     """The options a backend fills where ``parallel.options`` has none."""
     return backend.defaults(cfg) if backend.defaults is not None else {}
+
+
+def visible_gpu_count() -> int:
+    """The CUDA GPUs this process sees (``torch.cuda.device_count()``, which honours
+    ``CUDA_VISIBLE_DEVICES``), as ESPnet3 counts them; without torch, the entries of
+    ``CUDA_VISIBLE_DEVICES`` (0 when it is unset)."""
+    try:
+        import torch
+    except ImportError:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    return int(torch.cuda.device_count())
+
+
+def worker_slots(cfg: ParallelConfig) -> int:
+    """How many shards ``cfg``'s cluster computes at once, as far as the config tells: its workers
+    (``n_workers``, or what 0 means for the env; ``adapt.maximum`` when larger) times the threads
+    of each (``threads_per_worker``; for a batch scheduler ``options.cores // options.processes``).
+    1 for ``serial`` and for ``address`` (a running cluster's size is not known before it is
+    reached). The shard plan of a small split is cut so that each of these slots gets shards
+    (:func:`~espnet3_flows.sharding.split_shard_size`)."""
+    backend = backend_of(cfg)
+    if backend.in_process or backend.connects:
+        return 1
+    options = cfg.options
+    if backend.jobqueue:
+        processes = max(1, int(options.get("processes") or 1))
+        threads = max(1, int(options.get("cores") or 1) // processes)
+        adapt = cfg.adapt
+        workers = max(cfg.n_workers, 1, int(adapt.get("maximum") or 0),
+                      int(adapt.get("maximum_jobs") or 0) * processes)
+        return workers * threads
+    if backend.workers == "hosts":
+        hosts = options.get("hosts") or []
+        return max(1, len(hosts) - 1) * max(1, cfg.n_workers)
+    threads = max(1, int(options.get("threads_per_worker") or cfg.threads_per_worker))
+    workers = int(options.get("n_workers") or cfg.n_workers or 0)
+    if workers == 0 and backend.name == "local":
+        workers = os.cpu_count() or 1
+    elif workers == 0 and backend.name == "local_gpu":
+        workers = visible_gpu_count()
+    return max(workers, 1, int(cfg.adapt.get("maximum") or 0)) * threads

@@ -27,10 +27,11 @@ from espnet3_flows.config import check_on_error
 from espnet3_flows.errors import BadItemError, ItemError, clip
 from espnet3_flows.parallel.env_injection import call_with_env, missing_keys
 from espnet3_flows.parallel.env_provider import ProviderError
+from espnet3_flows.parallel.main_guard import refuse_while_importing_main
 from espnet3_flows.parallel.results import RunOutcome, ShardResult, ShardStatus
 from espnet3_flows.parallel.shard_lifecycle import DONE, RECORDS, WHOLE_SHARD, run_shard
 from espnet3_flows.hashing import runner_item_key
-from espnet3_flows.sharding import Shard, ShardPlan, plan_item, plan_shards, shard_name
+from espnet3_flows.sharding import Shard, ShardPlan, plan_item, plan_shards, shard_name, split_shard_size
 from espnet3_flows.storage import Storage
 
 PLAN = "manifest.json"
@@ -78,7 +79,9 @@ class BaseRunner:
             recomputes every shard.
         fingerprint: ESPnet3's identity of the run's configuration and inputs (JSON-able):
             hashed into every shard, so a changed fingerprint recomputes (ESPnet3 refuses to resume).
-        shard_size: Mean items per shard (content-defined: between half and twice that).
+        shard_size: Mean items per shard (content-defined: between half and twice that). Fewer
+            items than ``2 × workers × shard_size`` on a cluster are cut finer, 2 to 4 shards per
+            worker (:func:`~espnet3_flows.sharding.split_shard_size`).
         storage_options: fsspec options for ``output_dir`` (credentials, endpoint).
         on_error: ``fail`` raises on the first bad item; ``skip`` records it and goes on.
         staging_dir: Local directory for shard staging (the system's temporary directory by default).
@@ -318,12 +321,15 @@ class BaseRunner:
         return json.loads(fs.cat_file(path).decode("utf-8")) if fs.exists(path) else []
 
     # ---- planning and checks ----------------------------------------------------------
-    def plan(self, indices: Sequence[Any] | None) -> ShardPlan:
-        """The shard plan for ``indices`` (content-addressed; see :func:`plan_shards`)."""
+    def plan(self, indices: Sequence[Any] | None, workers: int = 1) -> ShardPlan:
+        """The shard plan for ``indices`` (content-addressed; see :func:`plan_shards`), cut finer
+        than ``shard_size`` when the items are too few to keep ``workers`` concurrent workers busy
+        (:func:`~espnet3_flows.sharding.split_shard_size`)."""
         if indices is None:
             raise TypeError(f"{type(self).__name__}.run() needs the item indices, e.g. runner(range(n))")
         items = [plan_item(i, pos) for pos, i in enumerate(indices)]
-        return plan_shards(self.item_keys(items), self.shard_size, self.hash_config(), indices=items)
+        size = split_shard_size(self.shard_size, len(items), workers)
+        return plan_shards(self.item_keys(items), size, self.hash_config(), indices=items)
 
     def check_env_keys(self, keys: Sequence[str]) -> None:
         """Raise :class:`ProviderError` if ``forward`` needs a key the env lacks."""
@@ -382,11 +388,12 @@ class BaseRunner:
                 ``set_parallel``'s config by default; ``serial``, or none set, runs in this process.
             progress: Show a progress bar.
         """
-        from espnet3_flows.parallel.scheduler import engine_executor, plan_runner, run_planned
+        from espnet3_flows.parallel.scheduler import engine_executor, plan_runner, planning_workers, run_planned
 
+        refuse_while_importing_main("a run")  # an unguarded script, imported by Dask's workers: one error line
         t0 = time.perf_counter()
         with self.output_scope():
-            planned = plan_runner(self, indices)
+            planned = plan_runner(self, indices, workers=planning_workers(client, parallel))
             with engine_executor(planned, client, parallel) as executor:
                 merged = run_planned([planned], executor, progress=progress)[0]
         return RunOutcome(planned.plan, planned.statuses, merged, time.perf_counter() - t0)

@@ -82,11 +82,13 @@ class PlannedRunner:
         return out
 
 
-def plan_runner(runner: Any, indices: Sequence[Any] | None = None, publish: bool = True) -> PlannedRunner:
-    """Plan ``runner`` over ``indices`` (``None``: a runner that plans from its own input), publish
-    the plan's ``manifest.json`` (unless ``publish`` is false: a dry run) and read the ``done``
+def plan_runner(runner: Any, indices: Sequence[Any] | None = None, publish: bool = True,
+                workers: int = 1) -> PlannedRunner:
+    """Plan ``runner`` over ``indices`` (``None``: a runner that plans from its own input) for
+    ``workers`` concurrent workers (a small split is cut finer for more of them), publish the
+    plan's ``manifest.json`` (unless ``publish`` is false: a dry run) and read the ``done``
     records of its shards."""
-    plan = runner.plan(indices)
+    plan = runner.plan(indices, workers=workers)
     if publish:
         runner.write_plan(plan)
     return PlannedRunner(runner, plan, runner.collect_done(plan), runner_key(runner))
@@ -233,6 +235,21 @@ class DaskExecutor:
             from espnet3_flows.parallel.dask_plugins import uninstall_runners
 
             uninstall_runners(self.client, [p.key for p in planned])
+
+
+def planning_workers(client: Any = None, parallel: Any = None) -> int:
+    """How many shards the run of ``runner.run(client=..., parallel=...)`` computes at once: the
+    threads of ``client``'s workers, else those ``parallel`` (or ``set_parallel``'s config) asks
+    for (:func:`~espnet3_flows.parallel.backends.worker_slots`); 1 in this process."""
+    from espnet3_flows.parallel.backends import worker_slots
+    from espnet3_flows.parallel.cluster import as_parallel_config
+    from espnet3_flows.parallel.parallel import get_parallel_config, parallel_is_set
+
+    if client is not None:
+        return max(1, sum(client.nthreads().values()))
+    cfg = as_parallel_config(parallel) if parallel is not None else (
+        get_parallel_config() if parallel_is_set() else None)
+    return 1 if cfg is None else worker_slots(cfg)
 
 
 @contextlib.contextmanager

@@ -80,3 +80,15 @@ class PidRunner(ScaleSumRunner):
 
     def merge(self, shard_dirs):
         return {float(line.split()[1]) for d in shard_dirs for line in (Path(d) / "values.txt").read_text().splitlines()}
+
+
+class SlowPidRunner(PidRunner):
+    """:class:`PidRunner` whose items take 20 ms each (a model's work), so that idle workers take shards."""
+
+    @staticmethod
+    def forward(idx, pid):  # type: ignore[override]
+        import time
+
+        ids = idx if isinstance(idx, list) else [idx]
+        time.sleep(0.02 * len(ids))
+        return [(i, float(pid)) for i in ids]

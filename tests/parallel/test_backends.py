@@ -46,7 +46,7 @@ def test_every_builtin_env_is_one_declaration_and_an_unknown_one_names_them():
     assert set(BUILTIN_ENVS) == {"serial", "local", "local_gpu", "slurm", "pbs", "sge", "lsf", "htcondor", "oar",
                                  "moab", "ssh", "kube", "address"}
     assert [get_backend(e).jobqueue for e in ("slurm", "local", "ssh")] == [True, False, False]
-    with pytest.raises(ConfigError, match="unknown env 'kubernetes'") as err:
+    with pytest.raises(ConfigError, match="Unknown env 'kubernetes'") as err:
         ParallelConfig(env="kubernetes")
     assert all(e in str(err.value) for e in BUILTIN_ENVS)
 

@@ -88,7 +88,11 @@ def test_only_forward_returns_records_in_order_without_an_output_dir(parallel):
     """The x-vector page's skeleton: ``MyRunner(provider)`` with a forward only, then ``runner(range(n))``."""
     assert RecordsRunner(ListProvider({"n": N}))(range(N)) == [{"idx": i, "y": 2 * i} for i in range(N)]
     batched = RecordsRunner(ListProvider({"n": 10}), batch_size=3)(range(10))
-    assert batched == [[{"idx": i, "y": 2 * i} for i in chunk] for chunk in ([0, 1, 2], [3, 4, 5], [6, 7, 8], [9])]
+    if parallel == "serial":  # one shard: batches of 3 from its start
+        assert batched == [[{"idx": i, "y": 2 * i} for i in chunk] for chunk in ([0, 1, 2], [3, 4, 5], [6, 7, 8], [9])]
+    else:  # 10 items on 2 workers are cut into several shards (every worker busy); a batch never spans two
+        assert [r for batch in batched for r in batch] == [{"idx": i, "y": 2 * i} for i in range(10)]
+        assert all(1 <= len(batch) <= 3 for batch in batched)
 
 
 def test_items_need_not_be_positions(tmp_path):
