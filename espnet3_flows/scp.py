@@ -20,7 +20,8 @@ _ARK_REF = re.compile(r"^(?P<path>.+):(?P<offset>\d+)(?P<range>\[[^\]]*\])?$")
 
 def point_scps_at_published(staged: Sequence[tuple[Path, str]], uri: Callable[[str], str], staging: Path) -> int:
     """Rewrite, in place, each staged ``*.scp`` so that lines naming a staged file name its
-    published URI instead (keys, offsets and ranges kept).
+    published URI instead: ``key path:offset[range]`` (a Kaldi ark; keys, offsets and ranges
+    kept) and ``key path`` (a whole file, as ESPnet2's ``NpyScpWriter`` writes ``.npy`` files).
 
     Args:
         staged: ``(local path, published name)`` of every file about to be published.
@@ -49,15 +50,20 @@ def point_scps_at_published(staged: Sequence[tuple[Path, str]], uri: Callable[[s
         lines, changed = [], False
         for lineno, line in enumerate(text.splitlines(keepends=True), start=1):
             key, sep, value = line.rstrip("\n").partition(" ")
-            m = _ARK_REF.match(value.strip())
-            if m:
-                ark = m["path"]
-                published = targets.get(ark) or targets.get(os.path.realpath(ark))
+            whole = value.strip()
+            m = _ARK_REF.match(whole)
+            # a plain path (ESPnet2's NpyScpWriter: ``key /dir/key.npy``) names the file whole;
+            # else ``ark:offset[range]``; a plain path ending in ``:<digits>`` is looked up whole first
+            for target, tail in ((whole, ""), *(((m["path"], f":{m['offset']}{m['range'] or ''}"),) if m else ())):
+                published = targets.get(target) or targets.get(os.path.realpath(target))
                 if published is not None:
-                    line = f"{key}{sep}{published}:{m['offset']}{m['range'] or ''}\n"
+                    line = f"{key}{sep}{published}{tail}\n"
                     changed, rewritten = True, rewritten + 1
-                elif any(ark == r or ark.startswith(r + os.sep) for r in roots):
-                    raise RuntimeError(f"{path.name}:{lineno}: {ark} is in the staging directory but is "
+                    break
+            else:
+                named = m["path"] if m else whole
+                if any(named == r or named.startswith(r + os.sep) for r in roots):
+                    raise RuntimeError(f"{path.name}:{lineno}: {named} is in the staging directory but is "
                                        "not published; an scp must name files that are published with it")
             lines.append(line)
         if changed:

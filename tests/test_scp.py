@@ -49,3 +49,20 @@ def test_an_scp_naming_an_unpublished_staged_file_is_an_error(tmp_path):
 def test_scp_offsets_names_a_line_that_is_no_ark_reference():
     with pytest.raises(RuntimeError, match="split.x: feats.scp line 2"):
         scp_offsets("u1 a.ark:3\nu2 a.wav\n", "split.x")
+
+
+def test_whole_file_lines_point_at_the_published_file(tmp_path):
+    """ESPnet2's ``NpyScpWriter`` (ESPnet3's collect-stats with ``write_collected_feats``) names
+    one ``.npy`` per line, no offset."""
+    staging = tmp_path / "staging"
+    (staging / "feats").mkdir(parents=True)
+    npy, scp = staging / "feats" / "u1.npy", staging / "feats.scp"
+    np.save(npy, np.arange(4.0))
+    unpublished = staging / "feats" / "u2.npy"
+    scp.write_text(f"u1 {npy}\nu0 /elsewhere/u0.npy\n")
+    out = tmp_path / "out"
+    assert point_scps_at_published([(npy, "feats/u1.npy"), (scp, "feats.scp")], lambda rel: str(out / rel), staging) == 1
+    assert scp.read_text().splitlines() == [f"u1 {out / 'feats' / 'u1.npy'}", "u0 /elsewhere/u0.npy"]
+    scp.write_text(f"u2 {unpublished}\n")
+    with pytest.raises(RuntimeError, match="feats.scp:1: .*u2.npy is in the staging directory but is not published"):
+        point_scps_at_published([(scp, "feats.scp")], lambda rel: str(out / rel), staging)

@@ -1,7 +1,9 @@
-"""EnvironmentProvider: builds a job's environment (model, dataset) once per process or worker."""
+"""EnvironmentProvider: builds a job's environment (model, dataset) once per process or worker;
+InferenceProvider: ESPnet3's provider of a ``dataset`` and a ``model`` built from one config."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import uuid
 from abc import ABC, abstractmethod
@@ -55,6 +57,52 @@ class EnvironmentProvider(ABC):
     def checked_setup_fn(self) -> Callable[[], dict[str, Any]]:
         """``build_worker_setup_fn()``, checked to be a zero-argument callable (ESPnet3's common mistake)."""
         return checked_setup_fn(self)
+
+
+class InferenceProvider(EnvironmentProvider):
+    """ESPnet3's ``InferenceProvider``: the env is ``{"dataset": ..., "model": ..., **params}``, built
+    by the static ``build_dataset(config)`` and ``build_model(config)`` a subclass defines.
+
+    ``build_env_local()`` builds it once per provider and returns a fresh dict each time (changing
+    the dict returned changes nothing kept); ``build_worker_setup_fn()`` returns a function that
+    builds a new one per call from the config and a snapshot of ``params`` taken when it was
+    made. The function does not capture the provider, and a provider travels to workers without
+    its locally built env.
+
+    What differs from ESPnet3 on purpose: the local env is built on the first ``build_env_local()``
+    call, not in the constructor, so a run on Dask workers never builds the model on the driver.
+    """
+
+    def __init__(self, config: Any, params: Mapping[str, Any] | None = None):
+        super().__init__(config, params)
+        self._local_env: dict[str, Any] | None = None
+
+    @staticmethod
+    @abstractmethod
+    def build_dataset(config: Any) -> Any:
+        """The dataset, from the provider's config."""
+
+    @staticmethod
+    @abstractmethod
+    def build_model(config: Any) -> Any:
+        """The model, from the provider's config."""
+
+    def build_env_local(self) -> dict[str, Any]:
+        if self._local_env is None:
+            self._local_env = self.build_worker_setup_fn()()
+        return dict(self._local_env)
+
+    def build_worker_setup_fn(self) -> Callable[[], dict[str, Any]]:
+        return functools.partial(_build_inference_env, type(self), self.config, dict(self.params))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_local_env"] = None  # a model built here is never shipped to a worker
+        return state
+
+
+def _build_inference_env(cls: type[InferenceProvider], config: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    return {"dataset": cls.build_dataset(config), "model": cls.build_model(config), **params}
 
 
 def _config_token(provider: Any) -> str:

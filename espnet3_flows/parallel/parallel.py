@@ -4,8 +4,10 @@ with a worker env built once per worker by a ``setup_fn`` and injected into the 
 parameter name (the same injection a runner's ``forward`` gets).
 
 Code written for ``espnet3.parallel`` runs here with its imports changed to
-``espnet3_flows.parallel``. What differs on purpose: ``parallel.env: serial`` runs in this process
-(no client: ``parallel_map`` and ``parallel_for`` then call the function here, ``setup_fn`` once).
+``espnet3_flows.parallel``, ``build_local_gpu_cluster`` and ``DictReturnWorkerPlugin`` included. What
+differs on purpose: ``parallel.env: serial`` runs in this process (no client: ``parallel_map`` and
+``parallel_for`` then call the function here, ``setup_fn`` once); ``set_parallel(None)`` clears the
+config (ESPnet3 keeps the previous one); see ``docs/espnet3-conformance.md``.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
+import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from espnet3_flows.config import ConfigError
+from espnet3_flows.parallel.backends import visible_gpu_count
 from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, make_cluster, prepare_client, scheduler_address
 from espnet3_flows.parallel.env_injection import conflicting_keys, injected
 from espnet3_flows.parallel.worker_env import build_setup_env, lookup_env
@@ -26,8 +31,15 @@ _CURRENT: ParallelConfig | None = None
 #: client → the token of the env its ``setup_fn`` built on the workers (see :func:`get_client`)
 _SETUP_ENVS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
-__all__ = ["WorkerEnvPlugin", "build_client", "get_client", "get_parallel_config", "parallel_for", "parallel_is_set",
-           "parallel_map", "set_parallel"]
+__all__ = ["DictReturnWorkerPlugin", "GpuClusterError", "WorkerEnvPlugin", "build_client", "build_local_gpu_cluster",
+           "get_client", "get_parallel_config", "parallel_for", "parallel_is_set", "parallel_map", "set_parallel",
+           "visible_gpu_count"]
+
+
+class GpuClusterError(ConfigError, RuntimeError):
+    """:func:`build_local_gpu_cluster` cannot start a GPU cluster here: dask-cuda is not installed.
+    A ``RuntimeError``, as ESPnet3 raises it, and a :class:`ConfigError` (a ``ValueError``), as
+    every other "this env cannot run here" error of this package."""
 
 
 def set_parallel(config: ParallelConfig | Any | None) -> None:
@@ -83,6 +95,40 @@ def build_client(config: ParallelConfig | Any | None = None) -> Any:
     except BaseException:
         cluster.close()
         raise
+
+
+def build_local_gpu_cluster(n_workers: int, options: Mapping[str, Any] | None = None) -> Any:
+    """A ``distributed.Client`` on a new ``dask_cuda.LocalCUDACluster`` of this machine, one worker
+    per GPU (ESPnet3's ``build_local_gpu_cluster``); the same cluster ``parallel.env: local_gpu``
+    starts (:func:`build_client`). Close both when done: ``client.close(); client.cluster.close()``.
+
+    Args:
+        n_workers: Workers, one GPU each: at most the visible GPUs (fewer leaves GPUs idle, with a
+            warning); 0 starts one per visible GPU.
+        options: Keyword arguments for ``LocalCUDACluster`` (``parallel.options``), checked by name
+            before the cluster starts.
+
+    Raises:
+        GpuClusterError: (a ``RuntimeError``) dask-cuda is not installed; the message names the install.
+        ValueError: ``n_workers`` is negative, not an int, or more than the visible GPUs.
+    """
+    from espnet3_flows.parallel.backends import get_backend
+
+    try:
+        get_backend("local_gpu").check_installed()
+    except ConfigError as exc:
+        raise GpuClusterError(f"build_local_gpu_cluster: {exc}; in a checkout of this project: make install "
+                              "EXTRAS=dev,gpu CONSTRAINTS=constraints-gpu.txt") from None
+    if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 0:
+        raise ValueError(f"build_local_gpu_cluster: n_workers must be an int >= 0 (0: one per GPU), got {n_workers!r}")
+    gpus = visible_gpu_count()
+    if n_workers > gpus:
+        raise ValueError(f"build_local_gpu_cluster: n_workers={n_workers} > num_gpus={gpus} visible to this process "
+                         "(each worker takes one GPU)")
+    if 0 < n_workers < gpus:
+        warnings.warn(f"build_local_gpu_cluster: n_workers={n_workers} < num_gpus={gpus}, some GPUs may be idle",
+                      UserWarning, stacklevel=2)
+    return build_client(ParallelConfig(env="local_gpu", n_workers=n_workers, options=dict(options or {})))
 
 
 @contextlib.contextmanager
@@ -263,9 +309,10 @@ def parallel_for(func: Callable[..., Any], data: Iterable[Any], client: Any = No
 
 
 def __getattr__(name: str) -> Any:
-    """:class:`~.dask_plugins.WorkerEnvPlugin` where ESPnet3's code finds it, imported on first use
-    (it imports ``distributed``)."""
-    if name == "WorkerEnvPlugin":
+    """:class:`~.dask_plugins.WorkerEnvPlugin` where ESPnet3's code finds it, also under ESPnet3's name
+    ``DictReturnWorkerPlugin`` (runs a ``setup_fn`` once per worker; a ``ValueError`` when it does
+    not return a dict), imported on first use (it imports ``distributed``)."""
+    if name in ("WorkerEnvPlugin", "DictReturnWorkerPlugin"):
         from espnet3_flows.parallel.dask_plugins import WorkerEnvPlugin
 
         return WorkerEnvPlugin
