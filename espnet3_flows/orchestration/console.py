@@ -24,12 +24,13 @@ machine: jobs on a scheduler (SLURM) keep full logs in their own log files.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 QUIET_ENV = "ESPNET3_FLOWS_QUIET"
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
@@ -108,6 +109,30 @@ def quiet_console(run_links: bool = False) -> None:
             handler.addFilter(_QuietFilter(run_links))
         if not isinstance(handler.formatter, _OneLineFormatter):
             handler.setFormatter(_OneLineFormatter(handler.formatter))
+
+
+@contextlib.contextmanager
+def quiet_during(run_links: bool = False) -> Iterator[None]:
+    """:func:`quiet_console` for the duration of a block (a user's script calling ``runner_flow``),
+    and the local workers started meanwhile quiet too (:func:`quiet_local_workers`); afterwards
+    every console handler has its own filters and formatter back, and the environment its own
+    :data:`QUIET_ENV`. Handlers configured during the block (Dask's, when it is imported) are
+    quieted by calling :func:`quiet_console` again inside it, and restored here as well."""
+    previous = os.environ.get(QUIET_ENV)
+    quiet_local_workers(True)
+    quiet_console(run_links)
+    try:
+        yield
+    finally:
+        for handler in _console_handlers():
+            for f in [f for f in handler.filters if isinstance(f, _QuietFilter)]:
+                handler.removeFilter(f)
+            if isinstance(handler.formatter, _OneLineFormatter):
+                handler.setFormatter(handler.formatter.inner)
+        if previous is None:
+            os.environ.pop(QUIET_ENV, None)
+        else:
+            os.environ[QUIET_ENV] = previous
 
 
 def plain_console(verbose: bool = False) -> None:

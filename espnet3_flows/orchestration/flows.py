@@ -39,9 +39,18 @@ from espnet3_flows.orchestration.prefect_compat import (
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import make_task_runner, prestart_workers
 from espnet3_flows.orchestration.timeline import mark
+from espnet3_flows.parallel.backends import worker_slots
 from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, prepare_client, with_worker_env
+from espnet3_flows.parallel.forkserver import check_main_imported
+from espnet3_flows.parallel.main_guard import refuse_while_importing_main
 from espnet3_flows.parallel.parallel import get_parallel_config, parallel_is_set
-from espnet3_flows.parallel.scheduler import SUBMIT_WINDOW, PlannedRunner, plan_runner, run_planned
+from espnet3_flows.parallel.scheduler import (
+    SUBMIT_WINDOW,
+    InProcessExecutor,
+    PlannedRunner,
+    plan_runner,
+    run_planned,
+)
 from espnet3_flows.parallel.worker_env import get_env, register_runner
 from espnet3_flows.sharding import Shard
 
@@ -94,7 +103,7 @@ def run_job(job: str, config: Any = None, progress: bool = True, planned: Planne
 
 def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: ParallelConfig | Any = None,
                 retries: int = 2, retry_delay_seconds: float = 2.0, progress: bool | None = None,
-                name: str | None = None) -> Any:
+                name: str | None = None, verbose: bool = False) -> Any:
     """Run any :class:`~espnet3_flows.parallel.base_runner.BaseRunner` as a Prefect flow and return
     what its ``merge`` returns.
 
@@ -102,6 +111,13 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
     retries for infrastructure errors, never for a bad item) and one for the merge, a progress
     artifact and a report artifact. Shards done earlier are counted and never submitted. Called
     inside a ``@flow`` of your own, it runs there as a subflow.
+
+    Called at top level (a script), it behaves as the command line does: the plan is made while
+    a private API server starts (when one is needed); when every shard was done earlier, no
+    server, cluster or flow starts and ``merge`` runs in this process, as ``runner(indices)``
+    would; the console shows this package's lines, warnings and errors, one line each, not
+    Dask's or Prefect's INFO chatter, and Prefect's ``View at`` link only for a server that
+    outlives the run (``PREFECT_API_URL`` set). Inside a flow of yours the console is yours.
 
     Args:
         runner: The runner (ESPnet3's contract; see :mod:`espnet3_flows.parallel.base_runner`).
@@ -114,23 +130,64 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
         retry_delay_seconds: First retry delay (doubling, jittered by up to 50 %).
         progress: Show a terminal progress bar (default: when stderr is a terminal).
         name: The flow's name (default: the runner's class name in kebab case).
+        verbose: At top level, leave the console as it is (every Dask and Prefect line).
 
     Returns:
         What ``runner.merge(shard_dirs)`` returned.
     """
+    refuse_while_importing_main("a flow")  # an unguarded script, imported by Dask's workers: one error line
     cfg = as_parallel_config(parallel) if parallel is not None else (
         get_parallel_config() if parallel_is_set() else ParallelConfig(env="serial"))
     title = name or _kebab(type(runner).__name__)
     shown = {"runner": f"{type(runner).__module__}.{type(runner).__qualname__}", "parallel": mask_secrets(cfg)}
-    api = contextlib.nullcontext() if _in_flow() else prefect_api(needs_server=not cfg.backend.in_process)
-    with runner.output_scope(), api:
-        t0 = time.perf_counter()
-        planned = plan_runner(runner, indices)
-        run = PlannedFlow(title, [planned], cfg, retries, retry_delay_seconds, worker_modules=runner_modules(runner),
-                          plan_seconds=time.perf_counter() - t0, started=t0)
-        shown |= {"output_dir": str(runner.output_dir), "shard_subdir": runner.shard_subdir,
-                  "items": planned.plan.num_items, "shards": run.total_shards}
-        return _run_flow(run, title, shown, sys.stderr.isatty() if progress is None else progress)
+    show_progress = sys.stderr.isatty() if progress is None else progress
+
+    def flow_of(run: PlannedFlow) -> Any:
+        p = run.runners[0]
+        shown.update({"output_dir": str(runner.output_dir), "shard_subdir": runner.shard_subdir,
+                      "items": p.plan.num_items, "shards": run.total_shards})
+        return _run_flow(run, title, shown, show_progress)
+
+    if _in_flow():  # a subflow of the user's flow: their console, their server
+        with runner.output_scope():
+            return flow_of(_plan_runner_flow(runner, indices, cfg, title, retries, retry_delay_seconds))
+    # a configured server outlives the run: its UI links are worth printing; a private one's are dead
+    run_links = bool(os.environ.get("PREFECT_API_URL") or _configured_api_url())
+    with contextlib.nullcontext() if verbose else console.quiet_during(run_links), runner.output_scope():
+        # planned first, before any server: items in memory plan in milliseconds (a job's manifest
+        # is what the command line overlaps with the server's start)
+        run = _plan_runner_flow(runner, indices, cfg, title, retries, retry_delay_seconds)
+        if not run.pending_shards:  # every shard done earlier: no server, cluster or flow; merged here
+            log.info("%s: nothing to compute: all %d shard(s) were done earlier (planned in %.2f s)", title,
+                     run.total_shards, run.plan_seconds)
+            return run_planned(run.runners, InProcessExecutor(), progress=False)[0]
+        if not verbose and not cfg.runs_here(run.pending_shards):
+            import distributed  # noqa: F401 - Dask configures its console handlers on import: quiet them too
+
+            console.quiet_console(run_links)
+
+        def start_workers() -> bool:  # while a private API server starts (its URL is in the environment)
+            prestart_workers(cfg, run.worker_modules, run.pending_shards)
+            check_main_imported()  # an unguarded script ends here, while the server starts, not once it is up
+            return True
+
+        with prefect_api(needs_server=not cfg.backend.in_process, while_starting=start_workers):
+            return flow_of(run)
+
+
+def _plan_runner_flow(runner: Any, indices: Sequence[Any] | None, cfg: ParallelConfig, title: str, retries: int,
+                      retry_delay_seconds: float) -> PlannedFlow:
+    """:func:`runner_flow`'s plan: the runner's shards cut for ``cfg``'s workers, and which are done."""
+    t0 = time.perf_counter()
+    p = plan_runner(runner, indices, workers=worker_slots(cfg))
+    return PlannedFlow(title, [p], cfg, retries, retry_delay_seconds, worker_modules=runner_modules(runner),
+                       plan_seconds=time.perf_counter() - t0, started=t0)
+
+
+def _configured_api_url() -> str:
+    from prefect.settings import get_current_settings
+
+    return str(get_current_settings().api.url or "")
 
 
 def _kebab(name: str) -> str:
@@ -154,6 +211,7 @@ def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool
         # workers that do not inherit this process's environment (ssh, kube) are given the API's URL
         api_url = {"PREFECT_API_URL": os.environ["PREFECT_API_URL"]} if os.environ.get("PREFECT_API_URL") else {}
         task_runner = make_task_runner(with_worker_env(run.parallel, api_url))  # its cluster starts inside the flow
+        check_main_imported()  # a script that starts a run when imported fails here, not inside the flow
     else:  # shards that run here (serial, or few enough), or only merges: in this process
         if run.pending_shards:
             prestart_workers(run.parallel, run.worker_modules, run.pending_shards)
@@ -298,8 +356,10 @@ def shard_flow(title: str, config: dict[str, Any], progress: bool = True) -> Any
     t0 = time.perf_counter()
     output = run.cfg.output_dir if run.cfg is not None else config.get("output_dir")
     options = redact(run.cfg.storage_options) if run.cfg is not None else {}
-    logger.info("%s: %d runner(s), %d shard(s): %d done earlier (cached), %d to compute; output %s (options %s)",
-                title, len(run.runners), run.total_shards, run.done_shards, run.pending_shards, output, options)
+    splits = f"{len(run.runners)} split(s), " if run.job is not None else ""
+    logger.info("%s: %s%d shard(s): %d done earlier (cached), %d to compute; output %s%s", title, splits,
+                run.total_shards, run.done_shards, run.pending_shards, output,
+                f" (storage options {options})" if options else "")
     meter = ProgressArtifact(title, run.total_shards, done=run.done_shards)
     executor = PrefectExecutor(run)
     first: list[float] = []
