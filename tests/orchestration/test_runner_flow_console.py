@@ -14,27 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.support.servers import cli_env
+from tests.support.user_scripts import USER_RUNNERS
 
 pytestmark = [pytest.mark.prefect, pytest.mark.dask]
 
-RUNNERS = '''
-from espnet3_flows.parallel import BaseRunner, EnvironmentProvider
-
-
-class Numbers(EnvironmentProvider):
-    def build_env_local(self):
-        return {"dataset": list(range(self.config["n"]))}
-
-    def build_worker_setup_fn(self):
-        n = self.config["n"]
-        return lambda: {"dataset": list(range(n))}
-
-
-class Double(BaseRunner):
-    @staticmethod
-    def forward(idx, dataset, **env):
-        return 2 * dataset[idx]
-'''
+RUNNERS = USER_RUNNERS
 
 SCRIPT = '''
 import sys
