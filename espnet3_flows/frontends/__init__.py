@@ -5,7 +5,9 @@ statistics and shapes, extract-features' arks).
   ``build_frontend``, the callable a worker builds once; ``extract_features`` runs it over
   loaded utterances with the checks every job applies;
 - :mod:`~espnet3_flows.frontends.fbank`: lhotse's fbank, batched and exact (``FastFbank``);
-- :mod:`~espnet3_flows.frontends.espnet2_frontend`: ESPnet2's own frontends (``frontend.type: espnet2``).
+- :mod:`~espnet3_flows.frontends.espnet2_frontend`: ESPnet2's own frontends (``frontend.type: espnet2``);
+- :mod:`~espnet3_flows.frontends.espnet2_default`: ESPnet2's ``default`` frontend, exact and faster
+  (``FastDefaultFrontend``).
 
 The names below are imported on first use (importing the package imports no numpy or torch).
 """

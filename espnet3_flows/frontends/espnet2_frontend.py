@@ -4,7 +4,9 @@
 (paste yours), or ``frontend.espnet_config`` names a trained model's ``config.yaml`` to read them
 from. The frontend is ESPnet2's own class, so the features are the ones the model was trained on
 (``tests/frontends/test_espnet2_frontend.py`` checks the statistics against ESPnet2's
-``collect_stats``).
+``collect_stats``); ``default``'s features are computed by
+:mod:`~espnet3_flows.frontends.espnet2_default` unless ``frontend.espnet2_class`` (the same
+features to float32 rounding, faster).
 
 ESPnet is an optional dependency: ``pip install 'espnet3-flows[espnet]'`` installs what its
 frontends import, and ``pip install --no-deps espnet==202511`` ESPnet itself (pip cannot resolve
@@ -14,6 +16,7 @@ index). ``make install EXTRAS=dev,espnet`` does both.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from typing import Any, Mapping
@@ -35,6 +38,7 @@ INSTALL_HINT = ("pip install 'espnet3-flows[espnet]' && pip install --no-deps es
                 "(or: make install EXTRAS=dev,espnet)")
 
 
+@functools.lru_cache(maxsize=None)
 def espnet_version() -> str:
     """The installed ESPnet's version (part of shard hashes: another ESPnet may compute other features)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -58,6 +62,8 @@ def parse_fs(fs: Any) -> int:
         value = float(text[:-1]) * 1000 if text.endswith("k") else float(text)
     except ValueError:
         raise ConfigError(f"frontend fs {fs!r} is not a sampling rate (16000 or 16k)") from None
+    if abs(value - round(value)) < 1e-6:  # "22.05k": 22050.000000000004 in binary floating point
+        value = float(round(value))
     if value <= 0 or value != int(value):
         raise ConfigError(f"frontend fs {fs!r} is not a sampling rate (16000 or 16k)")
     return int(value)
@@ -123,6 +129,10 @@ def build_espnet2_frontend(name: str, conf: Mapping[str, Any]) -> Any:
                           f"for 'default': {INSTALL_HINT}") from exc
     try:
         frontend = cls(**dict(conf))
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"frontend.conf does not fit ESPnet2's {cls_name}: {exc}") from None
+    except Exception as exc:
+        if type(exc).__name__ != "TypeCheckError":  # typeguard's (its classes' @typechecked), not a TypeError
+            raise
         raise ConfigError(f"frontend.conf does not fit ESPnet2's {cls_name}: {exc}") from None
     return frontend.eval()

@@ -60,7 +60,7 @@ class FastFbank:
         self._preemph = float(win.preemph_coeff)
         self._dither = float(win.dither)
         self._window = win._window.detach().to(torch.float32)
-        self._bands = _mel_bands(module._fb.detach().to(torch.float32))
+        self._bands = mel_bands(module._fb.detach().to(torch.float32))
         self._num_mel_bins = int(module._fb.shape[1])
         self._eps = module._eps.detach().to(torch.float32)
         #: fewest samples lhotse's framing takes (with fewer it reads past the waveform's end)
@@ -157,7 +157,7 @@ def _min_samples(length: int, shift: int, snip_edges: bool) -> int:
         n += 1
 
 
-def _mel_bands(fb: Any, filters_per_band: int = 10) -> list[tuple[int, int, int, int, Any]]:
+def mel_bands(fb: Any, filters_per_band: int = 10) -> list[tuple[int, int, int, int, Any]]:
     """The mel matrix ``[bins, filters]`` cut into bands of filters with their nonzero bin ranges.
 
     Each triangular filter covers a few FFT bins, so ~87 % of lhotse's 257x80 matrix is zero;

@@ -134,30 +134,37 @@ def test_parity_with_espnet2_collect_stats(data_dir, tmp_path):
     from espnet2.layers.global_mvn import GlobalMVN
 
     mvn = GlobalMVN(stats_file=str(out / "train/feats_stats.npz"))
-    normed = [mvn(torch.from_numpy(f)[None], torch.tensor([len(f)]))[0][0].numpy() for f in feats.values()]
+    normed = [mvn(torch.from_numpy(np.array(f))[None], torch.tensor([len(f)]))[0][0].numpy() for f in feats.values()]
     allf = np.concatenate(normed).astype(np.float64)
     assert np.abs(allf.mean(0)).max() < 1e-3 and np.abs(allf.std(0) - 1).max() < 1e-3
 
 
 def test_features_do_not_depend_on_batch_padding(data_dir, tmp_path):
     """ESPnet2's padded batches change the last frames of shorter utterances (center=True STFT);
-    ours equal ESPnet2's frontend on each utterance alone, whatever the batch size."""
+    ours equal ESPnet2's frontend on each utterance alone, whatever the batch size: to the bit
+    with ESPnet2's class (``frontend.espnet2_class``), to float32 rounding with the fast path."""
     from espnet2.asr.frontend.default import DefaultFrontend
 
-    out = tmp_path / "ours"
+    out, out_class = tmp_path / "ours", tmp_path / "class"
     _ours(data_dir, out, "batch_size=8")
+    _ours(data_dir, out_class, "batch_size=8", "frontend.espnet2_class=true")
     feats = dict(kaldiio.load_scp(str(out / "train/collect_feats/feats.scp")))
+    feats_class = dict(kaldiio.load_scp(str(out_class / "train/collect_feats/feats.scp")))
     frontend = DefaultFrontend(**FRONTEND_CONF).eval()
     for line in (data_dir / "wav.scp").read_text().splitlines()[:10]:
         utt, wav = line.split()
         x = torch.from_numpy(sf.read(wav, dtype="float32")[0])[None]
         with torch.inference_mode():
             alone = frontend(x, torch.tensor([x.shape[1]]))[0][0].numpy()
-        np.testing.assert_array_equal(feats[utt], alone)
+        np.testing.assert_array_equal(feats_class[utt], alone)
+        np.testing.assert_allclose(feats[utt], alone, rtol=0, atol=5e-6)  # tests/frontends/test_espnet2_default.py
     # what ESPnet2's own padded batch of 8 does to them: the std of the statistics moves
     padded = _mean_std(_npz(_espnet2_collect_stats(data_dir, tmp_path / "padded", batch_size=8) / "feats_stats.npz"))
     exact = _mean_std(_npz(out / "train/feats_stats.npz"))
     assert np.max(np.abs(padded[1] - exact[1]) / exact[1]) > 1e-4
+    exact_class = _mean_std(_npz(out_class / "train/feats_stats.npz"))
+    np.testing.assert_allclose(exact[0], exact_class[0], rtol=1e-7)
+    np.testing.assert_allclose(exact[1], exact_class[1], rtol=1e-6)
 
 
 def test_espnet_config_gives_the_same_shards(data_dir, tmp_path):
@@ -193,10 +200,12 @@ def test_espnet2_config_errors(tmp_path, monkeypatch):
     nofe.write_text("frontend: null\nnormalize: global_mvn\n")
     with pytest.raises(ConfigError, match="has no frontend"):
         cfg("frontend.type=espnet2", f"frontend.espnet_config={nofe}")
-    with pytest.raises(ConfigError, match="frontend.conf does not fit ESPnet2's DefaultFrontend"):
-        from espnet3_flows.frontends.espnet2_frontend import build_espnet2_frontend
+    from espnet3_flows.frontends.espnet2_frontend import build_espnet2_frontend
 
+    with pytest.raises(ConfigError, match="frontend.conf does not fit ESPnet2's DefaultFrontend"):
         build_espnet2_frontend("default", {"n_ffft": 512})
+    with pytest.raises(ConfigError, match=r"does not fit ESPnet2's DefaultFrontend: .*n_fft.* is not an instance"):
+        build_espnet2_frontend("default", {"n_fft": 512.0})  # typeguard's TypeCheckError is no TypeError
     with pytest.raises(ConfigError, match="are for type=espnet2, not type=fbank"):
         cfg("frontend.name=default")
     with pytest.raises(ConfigError, match="frontend.device=cuda is for type=model or espnet2"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from lhotse import Fbank, FbankConfig
 
-from espnet3_flows.frontends.fbank import FastFbank, FbankTooShortError, _mel_bands
+from espnet3_flows.frontends.fbank import FastFbank, FbankTooShortError, mel_bands
 
 # measured 9.5e-7: float32 rounding of re²+im² (lhotse: |X|² through hypot) and of the banded mel sums
 ATOL = 1e-5
@@ -117,10 +117,10 @@ def test_rejects_multichannel_input():
 def test_mel_bands_cover_every_nonzero_weight():
     fb = Fbank(FbankConfig()).extractor._fb.detach()
     rebuilt = torch.zeros_like(fb)
-    for first, last, low, high, weights in _mel_bands(fb):
+    for first, last, low, high, weights in mel_bands(fb):
         rebuilt[low:high, first:last] = weights.T
     assert torch.equal(rebuilt, fb)
-    work = sum(w.numel() for *_, w in _mel_bands(fb))
+    work = sum(w.numel() for *_, w in mel_bands(fb))
     assert work < fb.numel() / 4
 
 

@@ -38,8 +38,9 @@ def test_a_run_on_local_workers_is_planned_and_its_forkserver_started(no_forkser
     early = start_early("collect_stats", argv)
     assert early is not None and early.error is None and early.planned.pending_shards >= 2
     preloaded = preloaded_modules()
-    for module in ("prefect.task_engine", "espnet3_flows.stats.job", "espnet2.asr.frontend.default", "librosa.filters"):
+    for module in ("prefect.task_engine", "espnet3_flows.stats.job", "espnet3_flows.frontends.espnet2_default"):
         assert module in preloaded
+    assert "espnet2.asr.frontend.default" not in preloaded and "librosa.filters" not in preloaded  # the fast path's
     assert take_early_run("collect_stats", argv[:-1]) is None  # another command line: not this plan
     assert take_early_run("collect_stats", argv) is early
     assert take_early_run("collect_stats", argv) is None  # taken once
@@ -94,7 +95,9 @@ def test_what_forked_workers_preload_for_a_runner_and_a_frontend(tmp_path):
     runner.worker_modules = ("colorsys",)  # a runner's own list (e.g. its model's package)
     assert runner_modules(runner) == ("tests.parallel.espnet3_runners", "colorsys")
     assert frontend_modules(FrontendConfig()) == ()  # fbank: lhotse, every stats worker's
-    assert frontend_modules(FrontendConfig(type="espnet2")) == ("espnet2.asr.frontend.default", "librosa.filters")
+    assert frontend_modules(FrontendConfig(type="espnet2")) == ("torch", "espnet3_flows.frontends.espnet2_default")
+    assert frontend_modules(FrontendConfig(type="espnet2", espnet2_class=True)) == ("espnet2.asr.frontend.default",
+                                                                                     "librosa.filters")
     assert frontend_modules(FrontendConfig(type="espnet2", name="s3prl")) == ("espnet2.asr.frontend.s3prl",)
     (tmp_path / "config.yaml").write_text("frontend: s3prl\n")
     from_model = FrontendConfig(type="espnet2", espnet_config=str(tmp_path / "config.yaml"))  # the model's config names it
