@@ -48,9 +48,11 @@ BENCHMARKS = {b.name: b for b in [
     Benchmark("xvector", "bench_xvector", False),
     Benchmark("batching", "bench_batching", False),
     Benchmark("espnet2", "bench_espnet2", False),
+    Benchmark("frontend_espnet2", "bench_frontend_espnet2", False),
     Benchmark("spk_embed", "bench_spk_embed", False),
     Benchmark("s3", "bench_s3", False),
     Benchmark("startup", "bench_startup", False),
+    Benchmark("runners", "bench_runners", False),
 ]}
 
 

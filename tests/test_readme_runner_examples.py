@@ -24,13 +24,16 @@ def examples() -> dict[str, str]:
 
 
 def _definitions() -> str:
-    """The provider-runner example without its last lines (the run itself)."""
+    """The provider-runner example without its run (the block under its main guard)."""
     code = examples()["provider-runner"]
-    return code[:code.index("runner = MyTextRunner(")]
+    return code[:code.index('if __name__ == "__main__":')]
 
 
 def _run_example(name: str, namespace: dict) -> dict:
-    # a namespace that is no importable module: Dask ships its classes by value, as it does a notebook's
+    """Run an example as the script it is (``__name__`` is ``"__main__"``, so its guarded run
+    runs) in a namespace that is no importable module: Dask ships its classes by value, as it
+    does a script's or a notebook's."""
+    namespace["__name__"] = "__main__"
     exec(compile(examples()[name], f"README.md:{name}", "exec"), namespace)
     return namespace
 
@@ -42,7 +45,7 @@ def test_the_examples_are_there():
 
 def test_provider_runner_example(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    ns = _run_example("provider-runner", {"__name__": "readme_provider_runner"})
+    ns = _run_example("provider-runner", {})
     text = (tmp_path / "exp/my_text/text").read_text().splitlines()
     assert len(text) == 1000 and text[0] == "utt00000 UTTERANCE NUMBER 0" and text[-1] == "utt00999 UTTERANCE NUMBER 999"
     printed = capsys.readouterr().out
@@ -57,8 +60,7 @@ def test_provider_runner_example(tmp_path, monkeypatch, capsys):
 def test_runner_flow_example(prefect_harness, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ns = {"__name__": "readme_runner_flow"}
-    exec(compile(_definitions() + 'runner = MyTextRunner(MyProvider({"n": 1000}), output_dir="exp/my_text")\n',
-                 "README.md", "exec"), ns)
+    exec(compile(_definitions(), "README.md", "exec"), ns)  # the provider and runner, then the example
     _run_example("runner-flow", ns)
     shards = len(list((tmp_path / "exp/my_text").glob("split.*/done")))
     assert ns["result"] == {"shards": shards} and shards > 1
@@ -120,7 +122,7 @@ def test_hubert_plugin_example(demo_corpus):
     paths = _wav_paths(demo_corpus)
     torch.manual_seed(0)
     try:
-        ns = _run_example("hubert-plugin", {"__name__": "readme_hubert_plugin", "wav_paths": paths})
+        ns = _run_example("hubert-plugin", {"wav_paths": paths})
     finally:
         set_parallel(None)
     dim = ns["mean"].shape
@@ -141,7 +143,7 @@ def test_setup_fn_example(demo_corpus, capsys):
 
     paths = _wav_paths(demo_corpus)
     try:
-        ns = _run_example("setup-fn", {"__name__": "readme_setup_fn", "wav_paths": paths})
+        ns = _run_example("setup-fn", {"wav_paths": paths})
     finally:
         set_parallel(None)
     assert len(ns["frames"]) == len(paths) and all(n > 0 for n in ns["frames"])

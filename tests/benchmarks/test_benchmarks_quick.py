@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ("collect_stats", "overhead", "memory", "xvector", "batching", "espnet2", "spk_embed", "startup")
+NAMES = ("collect_stats", "overhead", "memory", "xvector", "batching", "espnet2", "frontend_espnet2", "spk_embed",
+         "startup", "runners")
 KEYS = {"name", "machine", "command", "quick", "rows", "targets", "notes"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.dask, pytest.mark.prefect]
@@ -26,7 +27,7 @@ def quick_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpr
     env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(tmp / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                HF_HUB_OFFLINE="1")
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--results-dir",
-                           str(tmp / "results")], cwd=REPO, env=env, capture_output=True, text=True, timeout=540)
+                           str(tmp / "results")], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     return tmp / "results", proc
 
 
