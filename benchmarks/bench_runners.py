@@ -139,7 +139,16 @@ def run(quick: bool = False) -> dict[str, Any]:
              "the cold runner_flow starts a private one (its start overlaps the planning and the workers' start).",
              "'one shard' is the same runner planned as for one worker: the cut every run made before small splits "
              "were cut for their workers (2–4 shards per worker; see README, 'Shards')."]
-    return common.write_result(NAME, quick, rows, targets, notes)
+    return common.write_result(NAME, quick, rows, targets, notes, plot=lambda path: _plot(rows, path))
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 2.6))
+    names = [r["case"] for r in rows][::-1]
+    ax.barh(names, [r["call_s"]["median"] for r in rows][::-1])
+    ax.set_xlabel("call, s (median)")
+    common.save_figure(fig, path)
 
 
 def table(result: dict[str, Any]) -> str:
