@@ -128,7 +128,7 @@ def get_backend(name: str) -> Backend:
     except KeyError:
         close = difflib.get_close_matches(name, list(_BACKENDS), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"Unknown env {name!r}{hint}; parallel.env is one of: {', '.join(_BACKENDS)}") from None
+        raise ConfigError(f"parallel.env: Unknown env {name!r}{hint}; the envs are: {', '.join(_BACKENDS)}") from None
 
 
 def backend_of(cfg: ParallelConfig) -> Backend:
