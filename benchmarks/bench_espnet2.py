@@ -240,12 +240,8 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 2.8))
-    ax.barh([r["method"] for r in rows][::-1], [r["wall_s"] for r in rows][::-1], color="#4c72b0")
-    ax.set_xlabel("wall seconds (lower is better)")
-    ax.set_title("collect-stats with ESPnet2's default frontend")
-    common.save_figure(fig, path)
+    common.bar_chart(path, [r["method"] for r in rows], [r["wall_s"] for r in rows], "wall seconds (lower is better)",
+                     "collect-stats with ESPnet2's default frontend", height=2.8)
 
 
 def table(result: dict[str, Any]) -> str:

@@ -153,13 +153,9 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3))
-    labels = [f"{r['implementation']}\n{r['config'].split(' (')[0]}" for r in rows][::-1]
-    ax.barh(labels, [r["utt_per_core_s"]["median"] for r in rows][::-1], color="#4c72b0")
-    ax.set_xlabel("utterances per CPU second (higher is better)")
-    ax.set_title("ESPnet2's DefaultFrontend, one core")
-    common.save_figure(fig, path)
+    common.bar_chart(path, [f"{r['implementation']}\n{r['config'].split(' (')[0]}" for r in rows],
+                     [r["utt_per_core_s"]["median"] for r in rows], "utterances per CPU second (higher is better)",
+                     "ESPnet2's DefaultFrontend, one core")
 
 
 def table(result: dict[str, Any]) -> str:

@@ -136,19 +136,15 @@ def run(quick: bool = False) -> dict[str, Any]:
     ]
     notes = [f"{repeats} repetition(s), cases interleaved; cells are median [min–max] seconds of the call inside "
              "a fresh process (imports not counted: the same in every case); no Prefect server configured, so "
-             "the cold runner_flow starts a private one (its start overlaps the planning and the workers' start).",
+             "the cold runner_flow starts a private one (its start overlaps the workers' start).",
              "'one shard' is the same runner planned as for one worker: the cut every run made before small splits "
              "were cut for their workers (2–4 shards per worker; see README, 'Shards')."]
     return common.write_result(NAME, quick, rows, targets, notes, plot=lambda path: _plot(rows, path))
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 2.6))
-    names = [r["case"] for r in rows][::-1]
-    ax.barh(names, [r["call_s"]["median"] for r in rows][::-1])
-    ax.set_xlabel("call, s (median)")
-    common.save_figure(fig, path)
+    common.bar_chart(path, [r["case"] for r in rows], [r["call_s"]["median"] for r in rows], "call, s (median)",
+                     height=2.6)
 
 
 def table(result: dict[str, Any]) -> str:

@@ -178,12 +178,9 @@ def run(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.barh([r["method"] for r in rows][::-1], [r["utt_per_s"] for r in rows][::-1], color="#55a868")
-    ax.set_xlabel("utterances / s (wall, median; higher is better)")
-    ax.set_title("speaker embeddings: ESPnet's extractor logic vs ours")
-    common.save_figure(fig, path)
+    common.bar_chart(path, [r["method"] for r in rows], [r["utt_per_s"] for r in rows],
+                     "utterances / s (wall, median; higher is better)",
+                     "speaker embeddings: ESPnet's extractor logic vs ours", color="#55a868", height=3.2)
 
 
 def table(result: dict[str, Any]) -> str:

@@ -413,6 +413,18 @@ def save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
     pyplot().close(fig)
 
 
+def bar_chart(path: Path, labels: Sequence[str], values: Sequence[float], xlabel: str, title: str = "",
+              color: str = "#4c72b0", height: float = 3.0) -> None:
+    """A horizontal bar per row (the first row on top), written to ``path``."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, height))
+    ax.barh(list(labels)[::-1], list(values)[::-1], color=color)
+    ax.set_xlabel(xlabel)
+    if title:
+        ax.set_title(title)
+    save_figure(fig, path)
+
+
 def write_lines(path: Path, lines: Iterable[str]) -> Path:
     """Write text lines atomically (a temporary file, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
