@@ -40,15 +40,15 @@ from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad
 from espnet3_flows.orchestration.task_runner import make_task_runner, prestart_workers
 from espnet3_flows.orchestration.timeline import mark
 from espnet3_flows.parallel.backends import worker_slots
-from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, prepare_client, with_worker_env
+from espnet3_flows.parallel.cluster import ParallelConfig, prepare_client, with_worker_env
 from espnet3_flows.parallel.forkserver import check_main_imported
 from espnet3_flows.parallel.main_guard import refuse_while_importing_main
-from espnet3_flows.parallel.parallel import get_parallel_config, parallel_is_set
 from espnet3_flows.parallel.scheduler import (
     SUBMIT_WINDOW,
     InProcessExecutor,
     PlannedRunner,
     plan_runner,
+    run_parallel_config,
     run_planned,
 )
 from espnet3_flows.parallel.worker_env import get_env, register_runner
@@ -112,10 +112,11 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
     artifact and a report artifact. Shards done earlier are counted and never submitted. Called
     inside a ``@flow`` of your own, it runs there as a subflow.
 
-    Called at top level (a script), it behaves as the command line does: the plan is made while
-    a private API server starts (when one is needed); when every shard was done earlier, no
-    server, cluster or flow starts and ``merge`` runs in this process, as ``runner(indices)``
-    would; the console shows this package's lines, warnings and errors, one line each, not
+    Called at top level (a script), it behaves as the command line does: the plan is made first
+    (items in memory plan in milliseconds), then, when something is due, a private API server
+    starts if none is configured, while the local workers start; when every shard was done
+    earlier, no server, cluster or flow starts and ``merge`` runs in this process, as
+    ``runner(indices)`` would; the console shows this package's lines, warnings and errors, one line each, not
     Dask's or Prefect's INFO chatter, and Prefect's ``View at`` link only for a server that
     outlives the run (``PREFECT_API_URL`` set). Inside a flow of yours the console is yours.
 
@@ -136,8 +137,7 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
         What ``runner.merge(shard_dirs)`` returned.
     """
     refuse_while_importing_main("a flow")  # an unguarded script, imported by Dask's workers: one error line
-    cfg = as_parallel_config(parallel) if parallel is not None else (
-        get_parallel_config() if parallel_is_set() else ParallelConfig(env="serial"))
+    cfg = run_parallel_config(parallel) or ParallelConfig(env="serial")
     title = name or _kebab(type(runner).__name__)
     shown = {"runner": f"{type(runner).__module__}.{type(runner).__qualname__}", "parallel": mask_secrets(cfg)}
     show_progress = sys.stderr.isatty() if progress is None else progress

@@ -388,13 +388,20 @@ class BaseRunner:
                 ``set_parallel``'s config by default; ``serial``, or none set, runs in this process.
             progress: Show a progress bar.
         """
-        from espnet3_flows.parallel.scheduler import engine_executor, plan_runner, planning_workers, run_planned
+        from espnet3_flows.parallel.scheduler import (
+            engine_executor,
+            plan_runner,
+            planning_workers,
+            run_parallel_config,
+            run_planned,
+        )
 
         refuse_while_importing_main("a run")  # an unguarded script, imported by Dask's workers: one error line
         t0 = time.perf_counter()
         with self.output_scope():
-            planned = plan_runner(self, indices, workers=planning_workers(client, parallel))
-            with engine_executor(planned, client, parallel) as executor:
+            cfg = None if client is not None else run_parallel_config(parallel)  # read once, for both
+            planned = plan_runner(self, indices, workers=planning_workers(client, cfg))
+            with engine_executor(planned, client, cfg) as executor:
                 merged = run_planned([planned], executor, progress=progress)[0]
         return RunOutcome(planned.plan, planned.statuses, merged, time.perf_counter() - t0)
 

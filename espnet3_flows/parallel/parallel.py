@@ -15,13 +15,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from espnet3_flows.config import ConfigError
-from espnet3_flows.parallel.backends import visible_gpu_count
+from espnet3_flows.parallel.backends import get_backend, visible_gpu_count
 from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, make_cluster, prepare_client, scheduler_address
 from espnet3_flows.parallel.env_injection import conflicting_keys, injected
 from espnet3_flows.parallel.worker_env import build_setup_env, lookup_env
@@ -112,8 +111,6 @@ def build_local_gpu_cluster(n_workers: int, options: Mapping[str, Any] | None = 
         GpuClusterError: (a ``RuntimeError``) dask-cuda is not installed; the message names the install.
         ValueError: ``n_workers`` is negative, not an int, or more than the visible GPUs.
     """
-    from espnet3_flows.parallel.backends import get_backend
-
     try:
         get_backend("local_gpu").check_installed()
     except ConfigError as exc:

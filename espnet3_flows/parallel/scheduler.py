@@ -237,18 +237,25 @@ class DaskExecutor:
             uninstall_runners(self.client, [p.key for p in planned])
 
 
-def planning_workers(client: Any = None, parallel: Any = None) -> int:
-    """How many shards the run of ``runner.run(client=..., parallel=...)`` computes at once: the
-    threads of ``client``'s workers, else those ``parallel`` (or ``set_parallel``'s config) asks
-    for (:func:`~espnet3_flows.parallel.backends.worker_slots`); 1 in this process."""
-    from espnet3_flows.parallel.backends import worker_slots
+def run_parallel_config(parallel: Any = None) -> Any:
+    """The ``parallel`` config a run without a client uses: ``parallel`` (a mapping or
+    :class:`~espnet3_flows.parallel.cluster.ParallelConfig`), else ``set_parallel``'s, else
+    ``None`` (this process)."""
     from espnet3_flows.parallel.cluster import as_parallel_config
     from espnet3_flows.parallel.parallel import get_parallel_config, parallel_is_set
 
+    return as_parallel_config(parallel) if parallel is not None else (
+        get_parallel_config() if parallel_is_set() else None)
+
+
+def planning_workers(client: Any = None, cfg: Any = None) -> int:
+    """How many shards a run computes at once: the threads of ``client``'s workers, else those
+    ``cfg`` (:func:`run_parallel_config`) asks for
+    (:func:`~espnet3_flows.parallel.backends.worker_slots`); 1 in this process."""
+    from espnet3_flows.parallel.backends import worker_slots
+
     if client is not None:
         return max(1, sum(client.nthreads().values()))
-    cfg = as_parallel_config(parallel) if parallel is not None else (
-        get_parallel_config() if parallel_is_set() else None)
     return 1 if cfg is None else worker_slots(cfg)
 
 
@@ -258,8 +265,7 @@ def engine_executor(planned: PlannedRunner, client: Any = None, parallel: Any = 
     from ``parallel`` (or ``set_parallel``'s config), closed afterwards; else, for ``serial``,
     no config, nothing pending, or few enough shards to run here
     (:meth:`~espnet3_flows.parallel.cluster.ParallelConfig.runs_here`), this process."""
-    from espnet3_flows.parallel.cluster import as_parallel_config
-    from espnet3_flows.parallel.parallel import get_client, get_parallel_config, parallel_is_set
+    from espnet3_flows.parallel.parallel import get_client
 
     if not planned.pending:
         yield InProcessExecutor()
@@ -267,8 +273,7 @@ def engine_executor(planned: PlannedRunner, client: Any = None, parallel: Any = 
     if client is not None:
         yield DaskExecutor(client)
         return
-    cfg = as_parallel_config(parallel) if parallel is not None else (
-        get_parallel_config() if parallel_is_set() else None)
+    cfg = run_parallel_config(parallel)
     if cfg is None or cfg.runs_here(len(planned.pending)):
         yield InProcessExecutor(fail_fast=cfg is None or cfg.backend.in_process)
         return
