@@ -18,6 +18,17 @@ def _double(x):
     return 2 * x
 
 
+
+def _write_shapes(writers, key, uid2shape):
+    """ESPnet3's collect-stats shape rows: ``<uid> <shape>`` per utterance into the shard's
+    ``{key}_shape`` file, opened on first use."""
+    handle = writers["shape_handles"].get(key)
+    if handle is None:
+        handle = writers["shape_handles"][key] = (writers["_shard_dir"] / f"{key}_shape").open("w")
+    for uid, shape in uid2shape.items():
+        handle.write(f"{uid} {shape}\n")
+
+
 class ListProvider(EnvironmentProvider):
     """``dataset``: ``config["n"]`` numbers; ``model``: doubles them (the provider/runner page's example)."""
 
@@ -207,11 +218,7 @@ class Espnet3CollectStatsRunner(BaseRunner):
             squares[key] += agg["sq"]
             counts[key] += agg["count"]
         for key, uid2shape in shapes.items():
-            handle = writers["shape_handles"].get(key)
-            if handle is None:
-                handle = writers["shape_handles"][key] = (writers["_shard_dir"] / f"{key}_shape").open("w")
-            for uid, shape in uid2shape.items():
-                handle.write(f"{uid} {shape}\n")
+            _write_shapes(writers, key, uid2shape)
 
     @staticmethod
     def close_writers(writers, state, **env):
@@ -462,11 +469,7 @@ class Espnet3SourceCollectStatsRunner(BaseRunner):
             for key, agg in stats.items():
                 acc[key] = acc[key] + agg[name] if key in acc else agg[name]
         for key, uid2shape in shapes.items():
-            handle = writers["shape_handles"].get(key)
-            if handle is None:
-                handle = writers["shape_handles"][key] = (writers["_shard_dir"] / f"{key}_shape").open("w")
-            for uid, shape in uid2shape.items():
-                handle.write(f"{uid} {shape}\n")
+            _write_shapes(writers, key, uid2shape)
             if feats is not None and key in feats:
                 writer = writers["feat_writers"].get(key)
                 if writer is None:
