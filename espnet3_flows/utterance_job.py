@@ -112,6 +112,11 @@ class EngineConfig:
             its file and line.
         pipe_timeout: Seconds one audio command may run before it is killed with its children
             (the shard then fails and is retried).
+        decode_threads: Threads in each worker that decode (and resample) a ``forward`` call's
+            audio files together, ahead of the model (soundfile and scipy release the GIL). 0
+            picks 4 where the job's model runs on a GPU (``frontend.device`` / ``xvector.device``
+            not ``cpu``: one GPU consumes audio faster than one core decodes it) and 1 elsewhere
+            (the workers are the CPU parallelism). Results never depend on it.
     """
 
     storage_options: dict[str, Any] = field(default_factory=dict)
@@ -123,8 +128,11 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     allow_pipes: bool = False
     pipe_timeout: float = 600.0
+    decode_threads: int = 0
 
     def __post_init__(self) -> None:
+        if self.decode_threads < 0:
+            raise ConfigError(f"decode_threads must be >= 0 (0: automatic), got {self.decode_threads}")
         if not self.pipe_timeout > 0:
             raise ConfigError(f"pipe_timeout must be a positive number of seconds, got {self.pipe_timeout}")
         check_choices(self)  # on_error, fingerprint and a job's own keys with choices (its sections check theirs)
@@ -135,16 +143,23 @@ class EngineConfig:
             after()
 
 
+#: ``decode_threads: 0`` where the job's model runs on a GPU
+GPU_DECODE_THREADS = 4
+
+
 def audio_env(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration: float | None,
-              resampler: str = "") -> dict[str, Any]:
+              resampler: str = "", device: str = "cpu") -> dict[str, Any]:
     """The env keys every audio job's workers share: ``audio`` (how to load and check an
-    utterance's audio) and ``storage_options``. Torch runs one thread per worker process: the
-    workers are the parallelism, and more threads per worker only contend for the same cores."""
+    utterance's audio, on ``decode_threads`` threads: see :class:`EngineConfig`; ``device`` is
+    where the job's model runs) and ``storage_options``. Torch runs one thread per worker
+    process: the workers are the parallelism, and more threads per worker only contend for the
+    same cores."""
     import torch
 
     torch.set_num_threads(1)
+    threads = cfg.decode_threads or (GPU_DECODE_THREADS if device != "cpu" else 1)
     audio = AudioConfig(sampling_rate, channel, max_duration, cfg.allow_pipes, cfg.pipe_timeout,
-                        **({"resampler": resampler} if resampler else {}))
+                        **({"resampler": resampler} if resampler else {}), decode_threads=threads)
     return {"audio": audio, "storage_options": dict(cfg.storage_options)}
 
 

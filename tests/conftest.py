@@ -18,22 +18,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run tests marked 'gpu'; each FAILS (never skips) without a CUDA GPU and dask-cuda")
 
 
-def gpu_missing() -> str | None:
-    """Why this machine cannot run the GPU tests, or None when it can."""
+def gpu_missing(dask_cuda: bool = True) -> str | None:
+    """Why this machine cannot run the GPU tests, or None when it can (``dask_cuda``: those that
+    start a ``local_gpu`` cluster also need dask-cuda)."""
     import torch
 
     if not torch.cuda.is_available():
         return f"no CUDA GPU visible to torch {torch.__version__} (torch.cuda.is_available() is False)"
-    try:
-        import dask_cuda  # noqa: F401
-    except ImportError as exc:
-        return f"dask-cuda is not installed ({exc}): make install EXTRAS=dev,gpu CONSTRAINTS=constraints-gpu.txt"
+    if dask_cuda:
+        try:
+            import dask_cuda  # noqa: F401
+        except ImportError as exc:
+            return f"dask-cuda is not installed ({exc}): make install EXTRAS=dev,gpu CONSTRAINTS=constraints-gpu.txt"
     return None
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if "gpu" in item.keywords and item.config.getoption("--run-gpu"):
-        missing = gpu_missing()
+        missing = gpu_missing(dask_cuda="dask" in item.keywords)
         if missing:
             pytest.fail(f"--run-gpu was given but {missing}", pytrace=False)
     # speechbrain puts lazy modules (its k2 integration, deprecated redirects) in sys.modules

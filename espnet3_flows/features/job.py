@@ -50,7 +50,7 @@ class ExtractFeaturesConfig(EngineConfig, InputsConfig):
 def build_env(cfg: ExtractFeaturesConfig) -> dict[str, Any]:
     """The env of ``forward``: ``frontend``, ``audio`` and ``storage_options``, once per worker."""
     fe = cfg.frontend
-    return {**audio_env(cfg, fe.sampling_rate, fe.channel, fe.max_duration), "frontend": build_frontend(fe)}
+    return {**audio_env(cfg, fe.sampling_rate, fe.channel, fe.max_duration, device=fe.device), "frontend": build_frontend(fe)}
 
 
 class FeatureRunner(UtteranceRunner):

@@ -13,11 +13,15 @@ Configurations it does not cover (energy features, magnitude spectra) run lhotse
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from espnet3_flows.errors import BadItemError
+
+
+#: Samples per batch of :meth:`FastFbank.batch` (~17 min of 16 kHz audio: ~0.7 GB of frames on a GPU)
+DEFAULT_BATCH_SAMPLES = 1 << 24
 
 
 class FbankTooShortError(BadItemError):
@@ -37,6 +41,8 @@ class FastFbank:
         self.sampling_rate = int(extractor.config.sampling_rate)
         #: whether the fast path covers this config; otherwise lhotse's ``extract`` runs
         self.fast = False
+        self._device_tensors: dict[str, Any] = {}
+        self._staging: Any = None
         try:
             self._read_layout(extractor)
         except (AttributeError, ImportError, TypeError, ValueError, IndexError) as exc:
@@ -142,6 +148,105 @@ class FastFbank:
         for first, last, low, high, weights in self._bands:
             torch.matmul(weights, power[:, low:high].T, out=mel[first:last])
         return mel.clamp_min_(self._eps).log_().T.contiguous()
+
+
+    def batch(self, waves: Sequence[np.ndarray], device: str = "cpu",
+              max_batch_samples: int = DEFAULT_BATCH_SAMPLES, gather: bool | None = None) -> list[np.ndarray]:
+        """Features of many waveforms, computed on ``device`` in batches of concatenated frames.
+
+        Every utterance's frames (lhotse's framing, edges reflected within that utterance) are
+        gathered into one ``[frames, frame_length]`` matrix per batch, so no utterance is padded
+        and each one's features equal what :meth:`__call__` gives it alone (float32 rounding of
+        the device's FFT and matrix products aside: within 1e-5 on a CUDA GPU). Batches hold at
+        most ``max_batch_samples`` samples (one longer utterance goes alone). ``gather`` (default:
+        on a GPU only) takes that path; without it each waveform runs through :meth:`__call__`,
+        which is ~15x faster on a CPU core than gathering frames into one matrix.
+
+        Raises:
+            FbankTooShortError: a waveform has fewer than ``min_samples`` samples.
+        """
+        import torch
+
+        arrays = [np.ascontiguousarray(w, dtype=np.float32) for w in waves]
+        for w in arrays:
+            if w.ndim != 1:
+                raise ValueError(f"expected mono waveforms, got shape {w.shape}")
+            if w.size < self.min_samples:
+                raise FbankTooShortError(f"audio of {w.size} samples is shorter than one fbank frame needs "
+                                         f"({self.min_samples} samples at {self.sampling_rate} Hz)")
+        dev = torch.device(device)
+        if gather is None:
+            gather = dev.type != "cpu"
+        if not gather or not self.fast or self._dither != 0.0:  # (dither draws per call: keep __call__'s)
+            return [self(w) for w in arrays]
+        out: list[np.ndarray] = []
+        start = 0
+        while start < len(arrays):
+            end, total = start + 1, arrays[start].size
+            while end < len(arrays) and total + arrays[end].size <= max_batch_samples:
+                total += arrays[end].size
+                end += 1
+            with torch.inference_mode():
+                feats, counts = self._batch_features(arrays[start:end], dev)
+                host = feats.cpu().numpy()
+            out.extend(np.split(host, np.cumsum(counts)[:-1]))
+            start = end
+        return out
+
+    def _frame_positions(self, lengths: Sequence[int], dev: Any) -> tuple[Any, list[int]]:
+        """Index of every frame sample in the concatenated waveforms ``[frames, length]`` (lhotse's
+        ``_get_strided_batch`` per utterance: with ``snip_edges`` off, edges are mirrored with the
+        edge sample repeated), and the frame count of each utterance."""
+        import torch
+
+        length, shift = self._length, self._shift
+        counts = [1 + (n - length) // shift if self._snip_edges else (n + shift // 2) // shift for n in lengths]
+        left = 0 if self._snip_edges else (length - shift) // 2
+        n = torch.tensor(lengths, dtype=torch.int64, device=dev)
+        c = torch.tensor(counts, dtype=torch.int64, device=dev)
+        offsets = torch.cumsum(n, 0) - n
+        utt = torch.repeat_interleave(torch.arange(len(lengths), device=dev), c)
+        frame = torch.arange(int(c.sum()), device=dev) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
+        pos = (frame * shift - left)[:, None] + torch.arange(length, device=dev)[None, :]
+        size = n[utt][:, None]
+        pos = torch.where(pos < 0, -pos - 1, pos)
+        pos = torch.where(pos >= size, 2 * size - 1 - pos, pos)
+        return pos + offsets[utt][:, None], counts
+
+    def _batch_features(self, arrays: Sequence[np.ndarray], dev: Any) -> tuple[Any, list[int]]:
+        """``([frames of all arrays, num_mel_bins], frame counts)`` on ``dev``."""
+        import torch
+
+        total = sum(a.size for a in arrays)
+        if dev.type == "cuda":  # one pinned buffer, reused: pinning per batch costs more than the copy
+            if self._staging is None or self._staging.numel() < total:
+                self._staging = torch.empty(max(total, 1 << 20), dtype=torch.float32, pin_memory=True)
+            host = self._staging[:total]
+            np.concatenate(arrays, out=host.numpy())
+        else:
+            host = torch.from_numpy(np.concatenate(arrays))
+        # (batch() copies the features back before the next batch: the buffer is free by then)
+        wave = host.to(dev, non_blocking=True)
+        positions, counts = self._frame_positions([a.size for a in arrays], dev)
+        frames = wave[positions]
+        if self._remove_dc:
+            frames -= frames.mean(dim=1, keepdim=True)
+        if self._preemph != 0.0:
+            frames[:, 1:] -= self._preemph * frames[:, :-1]  # (the product is a new tensor)
+            frames[:, :1] -= self._preemph * frames[:, :1]
+        window, fb = self._on(dev)
+        padded = torch.nn.functional.pad(frames * window, (0, self._pad - self._length))
+        spectrum = torch.view_as_real(torch.fft.rfft(padded, dim=-1))
+        power = spectrum.square_().sum(-1)
+        return torch.matmul(power, fb).clamp_min_(float(self._eps)).log_(), counts
+
+    def _on(self, dev: Any) -> tuple[Any, Any]:
+        """The window and the dense mel matrix ``[bins, filters]`` on ``dev`` (kept per device)."""
+        cached = self._device_tensors.get(str(dev))
+        if cached is None:
+            fb = self.extractor.extractor._fb.detach().float()
+            cached = self._device_tensors[str(dev)] = (self._window.to(dev), fb.to(dev))
+        return cached
 
 
 def _min_samples(length: int, shift: int, snip_edges: bool) -> int:

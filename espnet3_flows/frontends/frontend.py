@@ -14,6 +14,7 @@ from espnet3_flows.config import ConfigError, check_choices, check_device, check
 from espnet3_flows.frontends.espnet2_frontend import ESPNET2_FRONTENDS
 
 FRONTEND_TYPES = ("fbank", "none", "model", "espnet2")
+from espnet3_flows.frontends.precision import PRECISIONS, check_precision, precision_scope
 #: Version of the fbank computation, hashed into collect-stats shards: features that differ even
 #: in float32 rounding are recomputed rather than merged with older shards. These identifiers are
 #: not module paths (the modules moved from stats/): changing one recomputes every user's shards
@@ -70,17 +71,26 @@ class FrontendConfig:
             false``, ``onesided: false``, WPE or a beamformer in ``frontend_conf``, options of
             other ESPnet releases), the latter with one warning naming the option. Its shards
             have other hashes than the class's (the features differ in float32 rounding).
-        device: For ``model`` and ``espnet2``: ``cpu``, ``cuda`` or ``cuda:N`` (with
-            ``parallel.env: local_gpu``, or SLURM with a GPU per job such as ``--gres=gpu:1``,
-            ``cuda`` is the worker's own GPU: ``conf/stats_slurm_gpu.yaml``). The model is loaded
-            once per worker onto it.
+        device: ``cpu``, ``cuda`` or ``cuda:N`` (with ``parallel.env: local_gpu``, or SLURM with
+            a GPU per job such as ``--gres=gpu:1``, ``cuda`` is the worker's own GPU:
+            ``conf/stats_slurm_gpu.yaml``). For ``model`` and ``espnet2`` the model is loaded once
+            per worker onto it. For ``fbank``, each ``forward`` call's utterances are computed on
+            it together, their frames gathered into one matrix (no padding, so each utterance's
+            features are its own: equal to the CPU's within float32 rounding, 1e-5).
         max_batch_samples: For ``model`` and ``espnet2``: 0 runs the model on one utterance at
             a time, so features never depend on padding (ESPnet2's padded batches shift the last
             frames of ``center=True`` STFTs); above 0, utterances are length-sorted within each
             ``forward`` call and padded into batches of at most this many samples (batch x
             longest): faster on a GPU, features of the shorter utterances of a batch may differ
             in their last frames. Not used by ``default``'s fast path (always one utterance at a
-            time on one CPU thread: padding would only add work).
+            time on one CPU thread: padding would only add work). For ``fbank`` on a GPU: the most
+            samples computed together (0: 16M, ~17 min of 16 kHz audio); batching never changes
+            fbank features.
+        precision: For ``model`` and ``espnet2``: ``float32`` (the default; exact float32, TF32
+            off also on a GPU), ``tf32`` (float32 with a GPU's TF32 tensor cores), or ``bf16`` /
+            ``fp16`` (the model under ``torch.autocast`` to that dtype): faster on a GPU, features
+            that differ from float32's by the error the ``gpu`` benchmark states
+            (``espnet3_flows.frontends.precision``). Its shards have other hashes than float32's.
     """
 
     type: str = field(default="fbank", metadata={"choices": FRONTEND_TYPES})
@@ -98,6 +108,7 @@ class FrontendConfig:
     espnet2_class: bool = False
     device: str = "cpu"
     max_batch_samples: int = 0
+    precision: str = field(default="float32", metadata={"choices": PRECISIONS})
 
     def __post_init__(self) -> None:
         check_choices(self, "frontend.")
@@ -111,9 +122,12 @@ class FrontendConfig:
             raise ConfigError(f"frontend.name, frontend.conf, frontend.espnet_config and frontend.espnet2_class are "
                               f"for type=espnet2, not type={self.type}")
         check_device(self.device, "frontend.device")
-        if self.device != "cpu" and self.type not in ("model", "espnet2"):
-            raise ConfigError(f"frontend.device={self.device} is for type=model or espnet2 (type={self.type} "
-                              "runs on the CPU)")
+        if self.device != "cpu" and self.type not in ("model", "espnet2", "fbank"):
+            raise ConfigError(f"frontend.device={self.device} is for type=fbank, model or espnet2 (type={self.type} "
+                              "reads audio headers only)")
+        if self.precision != "float32" and self.type not in ("model", "espnet2"):
+            raise ConfigError(f"frontend.precision={self.precision} is for type=model or espnet2 (type={self.type} "
+                              "computes in float32)")
         if self.max_batch_samples < 0:
             raise ConfigError(f"frontend.max_batch_samples must be >= 0, got {self.max_batch_samples}")
         if self.num_mel_bins <= 0:
@@ -148,7 +162,8 @@ class FrontendConfig:
         """Whether ESPnet2's ``default`` frontend runs as
         :class:`~espnet3_flows.frontends.espnet2_default.FastDefaultFrontend` (``espnet2_class``
         off, on the CPU, every ``conf`` option covered)."""
-        if self.type != "espnet2" or self.name != "default" or self.espnet2_class or self.device != "cpu":
+        if (self.type != "espnet2" or self.name != "default" or self.espnet2_class or self.device != "cpu"
+                or self.precision != "float32"):
             return False
         from espnet3_flows.frontends.espnet2_default import read_default_conf
 
@@ -165,7 +180,9 @@ class FrontendConfig:
             return {**base, "num_mel_bins": self.num_mel_bins, "frame_shift": self.frame_shift,
                     "frame_length": self.frame_length, "dither": self.dither, "model": to_plain(self.model),
                     "implementation": FBANK_IMPLEMENTATION}
-        batching = {"max_batch_samples": self.max_batch_samples, "implementation": TORCH_FRONTEND_IMPLEMENTATION}
+        batching = {"max_batch_samples": self.max_batch_samples, "implementation": TORCH_FRONTEND_IMPLEMENTATION,
+                    # (only when set: float32 shards keep the hashes they had before precision existed)
+                    **({"precision": self.precision} if self.precision != "float32" else {})}
         if self.type == "model":
             return {**base, "model": to_plain(self.model), **batching}
         from espnet3_flows.frontends.espnet2_frontend import espnet_version
@@ -198,10 +215,14 @@ class FbankFrontend(PerUtterance):
     """lhotse's ``Fbank`` (Kaldi-compatible log-mel filterbank) on each waveform.
 
     Computed by :class:`~espnet3_flows.frontends.fbank.FastFbank` from lhotse's own extractor:
-    the same features to float32 rounding, about 2x faster on one core.
+    the same features to float32 rounding, about 2x faster on one core. With ``device`` a GPU,
+    each call's waveforms are computed there together (:meth:`FastFbank.batch`).
     """
 
     def __init__(self, cfg: FrontendConfig):
+        self.device, self.max_batch_samples = cfg.device, cfg.max_batch_samples
+        if cfg.device != "cpu":
+            check_cuda(cfg.device)
         from lhotse import Fbank, FbankConfig
 
         from espnet3_flows.frontends.fbank import FastFbank
@@ -210,6 +231,22 @@ class FbankFrontend(PerUtterance):
                                                  frame_shift=cfg.frame_shift, frame_length=cfg.frame_length,
                                                  dither=cfg.dither)))
         super().__init__(self.fbank)
+
+    def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
+        if self.device == "cpu":
+            return super().__call__(waves, kwargs)
+        from espnet3_flows.frontends.fbank import DEFAULT_BATCH_SAMPLES
+
+        return self.fbank.batch(waves, self.device, self.max_batch_samples or DEFAULT_BATCH_SAMPLES)
+
+
+def check_cuda(device: str) -> None:
+    """Fail with the fix when ``device`` names a CUDA GPU this process cannot see."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"frontend.device={device} but this worker sees no CUDA GPU (run it with "
+                           "parallel.env=local_gpu, or SLURM with a GPU per job)")
 
 
 class TorchFrontend:
@@ -221,16 +258,18 @@ class TorchFrontend:
         device: ``cpu``, ``cuda`` or ``cuda:N``.
         max_batch_samples: 0: one utterance per call (features independent of padding);
             otherwise the most ``batch x longest`` samples per padded call.
+        precision: What ``extract`` computes in (:data:`~espnet3_flows.frontends.precision.PRECISIONS`).
     """
 
     def __init__(self, extract: Callable[[Any, Any, Mapping[str, Any]], tuple[Any, Any]], module: Any,
-                 device: str = "cpu", max_batch_samples: int = 0):
+                 device: str = "cpu", max_batch_samples: int = 0, precision: str = "float32"):
         import torch
 
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(f"frontend.device={device} but this worker sees no CUDA GPU (run it with "
-                               "parallel.env=local_gpu, or SLURM with a GPU per job)")
+        check_cuda(device)
+        check_precision(precision)
         self.extract, self.device, self.max_batch_samples = extract, torch.device(device), max_batch_samples
+        self.precision = precision
+        self._staging: Any = None  # pinned host memory the padded batches are assembled in (on a GPU)
         if hasattr(module, "to"):
             module.to(self.device)
         if hasattr(module, "eval"):
@@ -254,11 +293,13 @@ class TorchFrontend:
         out: list[np.ndarray] = [np.empty(0)] * len(waves)
         for group in self.batches([len(w) for w in waves]):
             lengths = torch.tensor([len(waves[i]) for i in group], dtype=torch.long)
-            speech = torch.zeros(len(group), int(lengths.max()), dtype=torch.float32)
+            speech = self._padded(len(group), int(lengths.max()))
             for row, i in enumerate(group):
                 speech[row, : len(waves[i])] = torch.from_numpy(np.asarray(waves[i], dtype=np.float32))
-            with torch.inference_mode():
-                feats, flens = self.extract(speech.to(self.device), lengths.to(self.device), kwargs)
+            with torch.inference_mode(), precision_scope(self.device, self.precision):
+                feats, flens = self.extract(speech.to(self.device, non_blocking=True), lengths.to(self.device),
+                                            kwargs)
+            # (the copy to the host waits for the model: the staging memory is free again after it)
             feats = feats.detach().float().cpu().numpy()
             flens_list = None if flens is None else flens.detach().cpu().tolist()
             for row, i in enumerate(group):
@@ -266,7 +307,21 @@ class TorchFrontend:
         return out
 
 
-def model_frontend(model: Any, device: str = "cpu", max_batch_samples: int = 0) -> TorchFrontend:
+    def _padded(self, rows: int, samples: int) -> Any:
+        """A zeroed ``[rows, samples]`` float32 batch: in reused pinned memory on a GPU (allocating
+        pinned memory per batch costs more than the copy it speeds up), else a new tensor."""
+        import torch
+
+        if self.device.type != "cuda":
+            return torch.zeros(rows, samples, dtype=torch.float32)
+        n = rows * samples
+        if self._staging is None or self._staging.numel() < n:
+            self._staging = torch.empty(max(n, 1 << 20), dtype=torch.float32, pin_memory=True)
+        return self._staging[:n].view(rows, samples).zero_()
+
+
+def model_frontend(model: Any, device: str = "cpu", max_batch_samples: int = 0,
+                   precision: str = "float32") -> TorchFrontend:
     """A frontend from any torch module with ESPnet's ``collect_feats(speech, speech_lengths, **kwargs)``."""
     if not hasattr(model, "collect_feats"):
         raise ConfigError(f"{type(model).__name__} has no collect_feats(speech, speech_lengths, **kwargs)")
@@ -275,17 +330,18 @@ def model_frontend(model: Any, device: str = "cpu", max_batch_samples: int = 0) 
         out = model.collect_feats(speech=speech, speech_lengths=lengths, **dict(kwargs))
         return out["feats"], out.get("feats_lengths")
 
-    return TorchFrontend(extract, model, device, max_batch_samples)
+    return TorchFrontend(extract, model, device, max_batch_samples, precision)
 
 
-def espnet2_frontend(frontend: Any, device: str = "cpu", max_batch_samples: int = 0) -> TorchFrontend:
+def espnet2_frontend(frontend: Any, device: str = "cpu", max_batch_samples: int = 0,
+                     precision: str = "float32") -> TorchFrontend:
     """A frontend from an ESPnet2 frontend module (``forward(speech, lengths) -> (feats, lengths)``),
     run as ESPnet2's ``collect_feats`` runs it."""
 
     def extract(speech: Any, lengths: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Any]:
         return frontend(speech, lengths)
 
-    return TorchFrontend(extract, frontend, device, max_batch_samples)
+    return TorchFrontend(extract, frontend, device, max_batch_samples, precision)
 
 
 def frontend_modules(cfg: FrontendConfig) -> tuple[str, ...]:
@@ -319,7 +375,8 @@ def build_frontend(cfg: FrontendConfig) -> Frontend | None:
     if cfg.type == "fbank":
         return FbankFrontend(cfg)
     if cfg.type == "model":
-        return model_frontend(instantiate(cfg.model, "frontend.model"), cfg.device, cfg.max_batch_samples)
+        return model_frontend(instantiate(cfg.model, "frontend.model"), cfg.device, cfg.max_batch_samples,
+                              cfg.precision)
     if cfg.type == "espnet2":
         from espnet3_flows.frontends.espnet2_frontend import build_espnet2_frontend
 
@@ -329,7 +386,8 @@ def build_frontend(cfg: FrontendConfig) -> Frontend | None:
             fast = build_fast_default(cfg.conf)
             if fast is not None:
                 return PerUtterance(fast)
-        return espnet2_frontend(build_espnet2_frontend(cfg.name, cfg.conf), cfg.device, cfg.max_batch_samples)
+        return espnet2_frontend(build_espnet2_frontend(cfg.name, cfg.conf), cfg.device, cfg.max_batch_samples,
+                                cfg.precision)
     return None
 
 
@@ -352,10 +410,10 @@ def extract_features(utts: Sequence[Any], frontend: Callable[..., Sequence[np.nd
     Raises:
         BadItemError: unreadable audio, or features that are empty, not 2-D, NaN or Inf.
     """
-    from espnet3_flows.inputs.audio import load_audio
+    from espnet3_flows.inputs.audio import load_many
     from espnet3_flows.errors import BadItemError
 
-    loaded = [load_audio(u, audio, storage_options, cache) for u in utts]
+    loaded = load_many(utts, audio, storage_options, cache)
     feats = frontend([w for w, _ in loaded], dict(kwargs or {}))
     out = []
     for u, (w, rate), f in zip(utts, loaded, feats):

@@ -12,9 +12,11 @@ import signal
 import stat
 import struct
 import subprocess
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Mapping, Sequence
 
 import fsspec
 import numpy as np
@@ -55,6 +57,7 @@ class AudioConfig:
         pipe_timeout: Seconds a command may run before it is killed (the shard then fails and
             is retried).
         resampler: How other rates are resampled (one of `RESAMPLERS`, see :func:`resample`).
+        decode_threads: Threads :func:`load_many` decodes whole files on (1: in the caller).
     """
 
     sampling_rate: int = 16000
@@ -63,6 +66,7 @@ class AudioConfig:
     allow_pipes: bool = False
     pipe_timeout: float = 600.0
     resampler: str = "poly"
+    decode_threads: int = 1
 
 
 #: How far a segment may end past its recording before it is a bad item (Kaldi's
@@ -125,6 +129,43 @@ class RecordingCache:
 def recording_key(utt: Utterance) -> str:
     """The key of an utterance's recording in a :class:`RecordingCache`."""
     return f"{utt.recording}\0{utt.path}"
+
+
+def load_many(utts: Sequence[Utterance], config: AudioConfig, storage_options: Mapping[str, Any] | None = None,
+              cache: RecordingCache | None = None) -> list[tuple[np.ndarray, int]]:
+    """:func:`load_audio` of each of ``utts``, in order, with whole files decoded (and resampled)
+    on ``config.decode_threads`` threads of this process, all of them ahead of the caller's model:
+    soundfile and scipy release the GIL, so a worker feeding a GPU decodes on several cores.
+    Segments (their recordings are shared through ``cache``), commands (``cmd |``) and entries of
+    a registered format are read in the calling thread. The first failing utterance's error is raised, as serially.
+    """
+    if config.decode_threads <= 1 or len(utts) < 2:
+        return [load_audio(u, config, storage_options, cache) for u in utts]
+    pool = _decode_pool(config.decode_threads)
+    futures = {i: pool.submit(load_audio, u, config, storage_options, cache)  # (only cache.cwd is read)
+               for i, u in enumerate(utts) if not u.recording and not u.format and entry_kind(u.path) != "pipe"}
+    try:
+        return [futures[i].result() if i in futures else load_audio(u, config, storage_options, cache)
+                for i, u in enumerate(utts)]
+    finally:
+        for future in futures.values():
+            future.cancel()
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _decode_pool(threads: int) -> ThreadPoolExecutor:
+    """This process's pool of ``threads`` decoding threads (made once, kept for its life)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="espnet3-decode")
+        return pool
+
+
+os.register_at_fork(after_in_child=_POOLS.clear)  # a forked child has no threads: its own pools
 
 
 def read_audio(utt: Utterance, config: AudioConfig, storage_options: Mapping[str, Any] | None = None,

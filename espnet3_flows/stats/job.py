@@ -63,7 +63,7 @@ def build_env(cfg: CollectStatsConfig) -> dict[str, Any]:
     or ``None``), built once per worker (``dataset``, a shard's utterances, comes with each shard)."""
     fe = cfg.frontend
     return {
-        **audio_env(cfg, fe.sampling_rate, fe.channel, fe.max_duration),
+        **audio_env(cfg, fe.sampling_rate, fe.channel, fe.max_duration, device=fe.device),
         "frontend": build_frontend(fe),
         "collect_stats_kwargs": dict(cfg.collect_stats_kwargs),
         "tokens": _token_counter(cfg.tokens),

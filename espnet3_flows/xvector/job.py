@@ -11,9 +11,10 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from espnet3_flows.inputs.audio import RESAMPLERS, AudioConfig, check_audio_settings, read_audio
+from espnet3_flows.inputs.audio import RESAMPLERS, AudioConfig, check_audio_settings, load_many
 from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.errors import BadItemError
+from espnet3_flows.frontends.precision import PRECISIONS
 from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner
 from espnet3_flows.utterance_job import (EngineConfig, JobEnvProvider, ShardDataset, SplitsConfig, UtteranceRunner,
                                          audio_env)
@@ -50,6 +51,10 @@ class XVectorConfig:
             ``(wavs [B,T] float32, wav_lens [B] relative) -> [B, D]`` embeddings.
         device: ``cpu``, ``cuda`` or ``cuda:N``. On ``parallel.env: local_gpu`` each worker
             sees only its own GPU, so ``cuda`` is that worker's GPU.
+        precision: ``float32`` (the default: exact float32, TF32 off also on a GPU), ``tf32``,
+            ``bf16`` or ``fp16``: the model runs in that arithmetic
+            (``espnet3_flows.frontends.precision``); faster on a GPU, embeddings that differ from
+            float32's by the cosine the ``gpu`` benchmark states. Its shards have other hashes.
         spk_embed_tag: Names the outputs as ESPnet2's ``extract_xvectors.py`` /
             ``extract_spk_embed.py`` do: they go to ``{output_dir}/{tag}/{split}/`` as
             ``{tag}.{ark,scp}`` and ``spk_{tag}.{ark,scp}``. Empty: ``espnet_spk`` (``tts.sh``'s
@@ -76,6 +81,7 @@ class XVectorConfig:
     pretrained_model: str = ""
     model: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
+    precision: str = field(default="float32", metadata={"choices": PRECISIONS})
     spk_embed_tag: str = ""
     save_path: str = ""
     batch_size: int = 0
@@ -257,7 +263,28 @@ def _model_files(xv: XVectorConfig) -> tuple[Path, list[Path], bool]:
 
 
 def build_embedder(xv: XVectorConfig) -> Any:
-    """The embedding callable of the configured toolkit, built once per worker."""
+    """The embedding callable of the configured toolkit, built once per worker, run in
+    ``xv.precision``."""
+    return with_precision(_toolkit_embedder(xv), xv.device, xv.precision)
+
+
+def with_precision(embed: Any, device: str, precision: str) -> Any:
+    """``embed`` (an `~espnet3_flows.xvector.model.EmbeddingModel`) called in ``precision`` on
+    ``device``, its embeddings float32; its attributes (``encoder``, ``model``) kept."""
+    import torch
+
+    from espnet3_flows.frontends.precision import precision_scope
+
+    def run(wavs: Any, wav_lens: Any) -> Any:
+        with precision_scope(device, precision):
+            out = embed(wavs, wav_lens)
+        return out.float() if isinstance(out, torch.Tensor) else out
+
+    run.__dict__.update(getattr(embed, "__dict__", {}))
+    return run
+
+
+def _toolkit_embedder(xv: XVectorConfig) -> Any:
     if xv.toolkit == "custom":
         return instantiate(xv.model, "xvector.model")
     if xv.toolkit == "espnet":
@@ -279,7 +306,7 @@ def build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
     ``audio``, ``storage_options`` and ``model_batch`` (``dataset`` comes with each shard)."""
     xv = cfg.xvector
     batch = xv.batch_size or (16 if xv.device.startswith("cuda") else 1)
-    return {**audio_env(cfg, xv.sampling_rate, xv.channel, xv.max_duration, xv.resampler),
+    return {**audio_env(cfg, xv.sampling_rate, xv.channel, xv.max_duration, xv.resampler, xv.device),
             "embedder": build_embedder(xv), "model_batch": (batch, xv.max_padded_samples)}
 
 
@@ -313,6 +340,8 @@ class XVectorRunner(UtteranceRunner):
             model["espnet"] = espnet_version()
         if xv.resampler != "poly":  # only then: the shards of existing speechbrain runs keep their hashes
             model["resampler"] = xv.resampler
+        if xv.precision != "float32":  # likewise
+            model["precision"] = xv.precision
         return {"job": "xvector/1", "split": self.split, **model, "sampling_rate": xv.sampling_rate,
                 "channel": xv.channel, "max_duration": xv.max_duration, "on_error": self.cfg.on_error}
 
@@ -324,7 +353,7 @@ class XVectorRunner(UtteranceRunner):
 
         ids = idx if isinstance(idx, list) else [idx]
         utts = [dataset[i] for i in ids]
-        waves = [read_audio(u, audio, storage_options, dataset.audio_cache) for u in utts]
+        waves = [w for w, _ in load_many(utts, audio, storage_options, dataset.audio_cache)]
         emb = embed_waveforms(embedder, waves, model_batch[0], model_batch[1], ids=[u.utt_id for u in utts])
         if not np.isfinite(emb).all():
             bad = [u.utt_id for u, e in zip(utts, emb) if not np.isfinite(e).all()]

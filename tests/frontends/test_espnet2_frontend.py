@@ -208,8 +208,8 @@ def test_espnet2_config_errors(tmp_path, monkeypatch):
         build_espnet2_frontend("default", {"n_fft": 512.0})  # typeguard's TypeCheckError is no TypeError
     with pytest.raises(ConfigError, match="are for type=espnet2, not type=fbank"):
         cfg("frontend.name=default")
-    with pytest.raises(ConfigError, match="frontend.device=cuda is for type=model or espnet2"):
-        cfg("frontend.device=cuda")
+    with pytest.raises(ConfigError, match="frontend.device=cuda is for type=fbank, model or espnet2"):
+        cfg("frontend.type=none", "frontend.device=cuda")
     import importlib.util
 
     from espnet3_flows.frontends import espnet2_frontend as espnet_frontend

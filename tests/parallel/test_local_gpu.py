@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from tests.conftest import gpu_missing
-from tests.support.servers import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,6 +61,8 @@ def test_collect_stats_flow_on_local_gpu_equals_a_cpu_cluster(prefect_harness, d
 def test_run_gpu_fails_rather_than_skips_without_a_gpu(tmp_path):
     """The option's contract on whatever machine this runs: no GPU → every GPU test FAILS with
     the reason; a GPU → they pass."""
+    from tests.support.servers import cli_env
+
     env = cli_env(tmp_path / "home")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--run-gpu", "-m", "gpu",
                            "-rA", str(Path(__file__))], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -1,0 +1,45 @@
+"""The arithmetic a model runs in: ``float32``, ``tf32``, ``bf16`` or ``fp16`` (``frontend.precision``
+and ``xvector.precision``), as one context manager around each model call.
+
+``float32`` is exact float32, also on a GPU: TF32 tensor cores are switched off for matrix products
+and cuDNN convolutions (torch leaves cuDNN's on by default, which rounds convolution inputs to 10
+mantissa bits). ``tf32`` switches them on: float32 storage, products on tensor cores. ``bf16`` and
+``fp16`` run the model under ``torch.autocast`` to that dtype (and TF32 for what autocast keeps in
+float32). The ``gpu`` benchmark measures each one's speed and its error against float32.
+
+The TF32 switches are torch's process-wide flags: set for the call and restored after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+#: The precisions, fastest last
+PRECISIONS = ("float32", "tf32", "bf16", "fp16")
+#: ``precision`` -> the dtype torch autocasts to (None: no autocast)
+AUTOCAST_DTYPES = {"float32": None, "tf32": None, "bf16": "bfloat16", "fp16": "float16"}
+
+
+def check_precision(precision: str, name: str = "precision") -> None:
+    """ValueError naming ``name`` unless ``precision`` is one of :data:`PRECISIONS`."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"{name} must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+
+
+@contextlib.contextmanager
+def precision_scope(device: Any, precision: str) -> Iterator[None]:
+    """Run the block's torch calls on ``device`` (a ``torch.device`` or its name) in ``precision``."""
+    import torch
+
+    check_precision(precision)
+    device_type = torch.device(device).type
+    dtype = AUTOCAST_DTYPES[precision]
+    tf32 = precision != "float32"
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        with torch.autocast(device_type, dtype=getattr(torch, dtype) if dtype else None, enabled=dtype is not None):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -1,0 +1,77 @@
+"""``load_many`` on decoding threads (``decode_threads``): the same audio, in order, as one at a
+time, for every kind of entry; the first bad utterance's error; the threads the config picks."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from espnet3_flows.config import ConfigError
+from espnet3_flows.inputs.audio import AudioConfig, AudioError, RecordingCache, load_audio, load_many, recording_key
+from espnet3_flows.inputs.records import Utterance
+from espnet3_flows.stats.job import CollectStatsConfig
+from espnet3_flows.utterance_job import GPU_DECODE_THREADS, audio_env
+
+SR = 16000
+
+
+@pytest.fixture
+def utterances(tmp_path) -> list[Utterance]:
+    """Whole files (WAV and FLAC at two rates), segments of one recording, and a command."""
+    rng = np.random.default_rng(0)
+    utts = []
+    for i in range(12):
+        rate = 22050 if i % 4 == 3 else SR
+        path = tmp_path / f"u{i}.{'flac' if i % 2 else 'wav'}"
+        sf.write(path, (0.2 * rng.standard_normal(int(rate * rng.uniform(0.5, 2)))).astype(np.float32), rate)
+        utts.append(Utterance(f"u{i}", str(path), line=i + 1))
+    long = tmp_path / "rec.wav"
+    sf.write(long, (0.2 * rng.standard_normal(5 * SR)).astype(np.float32), SR)
+    utts += [Utterance(f"s{k}", str(long), line=20 + k, start=k * 1.0, end=k * 1.0 + 0.8, recording="rec")
+             for k in range(3)]
+    utts.append(Utterance("p0", f"cat {tmp_path / 'u0.wav'} |", line=30))
+    return utts
+
+
+def _cache(utts: list[Utterance], cwd: str = "") -> RecordingCache:
+    uses: dict[str, int] = {}
+    for u in utts:
+        if u.recording:
+            uses[recording_key(u)] = uses.get(recording_key(u), 0) + 1
+    return RecordingCache(uses, cwd)
+
+
+def test_threads_give_the_serial_result_in_order(utterances, tmp_path):
+    serial_cfg = AudioConfig(allow_pipes=True)
+    serial = [load_audio(u, serial_cfg, None, c) for c in [_cache(utterances, str(tmp_path))] for u in utterances]
+    for threads in (2, 4):
+        cache = _cache(utterances, str(tmp_path))
+        got = load_many(utterances, AudioConfig(allow_pipes=True, decode_threads=threads), None, cache)
+        assert len(got) == len(serial)
+        for (a, ra), (b, rb) in zip(got, serial):
+            assert ra == rb
+            np.testing.assert_array_equal(a, b)
+        assert cache.decodes == 1  # the segments' recording, decoded once
+    assert any(t.name.startswith("espnet3-decode") for t in threading.enumerate())
+
+
+def test_the_first_bad_utterance_is_the_error(utterances, tmp_path):
+    (tmp_path / "u3.flac").write_bytes(b"not audio")
+    (tmp_path / "u7.flac").unlink()
+    with pytest.raises(AudioError, match="u3"):
+        load_many(utterances[:10], AudioConfig(decode_threads=4), None, _cache(utterances))
+
+
+def test_decode_threads_config(tmp_path):
+    manifest = tmp_path / "m.tsv"
+    manifest.write_text("")
+    base = {"manifests": {"train": str(manifest)}, "output_dir": str(tmp_path / "out")}
+    with pytest.raises(ConfigError, match="decode_threads must be >= 0"):
+        CollectStatsConfig(**base, decode_threads=-1)
+    auto = CollectStatsConfig(**base)
+    assert audio_env(auto, SR, None, None)["audio"].decode_threads == 1
+    assert audio_env(auto, SR, None, None, device="cuda:0")["audio"].decode_threads == GPU_DECODE_THREADS
+    assert audio_env(CollectStatsConfig(**base, decode_threads=3), SR, None, None)["audio"].decode_threads == 3
