@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: python install python-venv system-deps test test-fast demo bench bench-quick clean distclean \
+.PHONY: python install python-venv system-deps test test-fast demo bench bench-quick clean distclean gpu-wheels \
 	serve deploy worker stop status
 
 # The interpreter must be >= 3.11 and able to make a venv with pip (Debian splits `venv` and
@@ -72,6 +72,11 @@ test: install system-deps
 # Everything but the SLURM tests (no root needed).
 test-fast: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The wheels benchmarks/gpu_check.sh installs on a lent GPU machine (Python 3.12, no registry there),
+# into .whl/ (git-ignored); it checks that they and the tree stay under the 60 MiB that travel.
+gpu-wheels: install  ## wheels for the GPU check on a lent device: .whl/ (benchmarks/gpu_wheels.sh)
+	PYTHON=$(PY) benchmarks/gpu_wheels.sh
 
 demo: install  ## the main job on generated demo data, no server, local Dask
 	$(PY) flows/collect_stats.py

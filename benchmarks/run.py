@@ -29,8 +29,11 @@ class Benchmark:
     """A benchmark module (``run(quick)`` writes and returns its result, ``table(result)`` renders it)
     and whether it needs a Prefect API server for the session."""
 
-    def __init__(self, name: str, module: str, needs_prefect: bool):
+    def __init__(self, name: str, module: str, needs_prefect: bool, device_only: bool = False):
         self.name, self.module, self.needs_prefect = name, module, needs_prefect
+        #: measured on a lent GPU machine (benchmarks/gpu_check.sh): run here only when named with
+        #: --only, and then only in --quick mode or where a CUDA GPU is visible
+        self.device_only = device_only
 
     def run(self, quick: bool) -> dict[str, Any]:
         return importlib.import_module(self.module).run(quick=quick)
@@ -53,6 +56,7 @@ BENCHMARKS = {b.name: b for b in [
     Benchmark("s3", "bench_s3", False),
     Benchmark("startup", "bench_startup", False),
     Benchmark("runners", "bench_runners", False),
+    Benchmark("gpu", "bench_gpu", False, device_only=True),
 ]}
 
 
@@ -91,14 +95,30 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"run only these ({', '.join(BENCHMARKS)})")
     parser.add_argument("--results-dir", help="where <name>.json/.png go (default benchmarks/results)")
     parser.add_argument("--no-readme", action="store_true", help="do not rewrite benchmarks/README.md")
+    parser.add_argument("--readme", action="store_true",
+                        help="only rewrite benchmarks/README.md's results from the JSONs in benchmarks/results "
+                             "(after copying in a device run's gpu.json)")
     args = parser.parse_args(argv)
+    if args.readme:
+        update_readme(HERE / "results")
+        print(f"[bench] updated {README}")
+        return 0
     sys.path.insert(0, str(HERE))
     import common
 
     if args.results_dir:  # common may be imported already (a benchmark run as its own script)
         common.RESULTS = Path(args.results_dir).resolve()
 
-    chosen = [BENCHMARKS[n] for n in (args.only or BENCHMARKS)]
+    chosen = [BENCHMARKS[n] for n in args.only] if args.only else [b for b in BENCHMARKS.values()
+                                                                   if not b.device_only]
+    if not args.quick and any(b.device_only for b in chosen):
+        import torch
+
+        if not torch.cuda.is_available():
+            print("error: gpu is measured on a CUDA GPU (benchmarks/gpu_check.sh on the lent device); this "
+                  "machine has none, and its CPU numbers would replace the device's. Use --quick for a smoke "
+                  "test.", file=sys.stderr)
+            return 2
     print(f"[bench] {common.describe_machine()}")
     failures: list[str] = []
     done: list[tuple[Benchmark, dict[str, Any], float]] = []

@@ -1,0 +1,489 @@
+"""Benchmark: every GPU path of the product, measured in one call (issue "GPU, measured whenever a
+device is lent").
+
+Parts (``--only``), each timed through the product's own code on ``--device``:
+
+- ``hubert``: collect-stats features of a HuBERT-base-sized model (``torchaudio.models.hubert_base``
+  built from its config, random weights: ``espnet3_flows.frontends.ssl.SSLFeatures``) through
+  ``frontend.type: model``: one utterance at a time vs padded batches (``max_batch_samples``),
+  float32 vs ``bf16`` / ``fp16`` autocast; audio-seconds per second, peak GPU memory, and the
+  error of each against float32 one at a time (max |Δ| / max |ref| and relative RMS).
+- ``fbank``: 80-dim lhotse fbank through ``frontend.device`` (frames of a call's utterances
+  gathered into one matrix: ``FastFbank.batch``) vs the CPU path on one core; the collect-stats
+  sums (float64) of both.
+- ``ecapa``: a full-size ECAPA-TDNN (speechbrain's spkrec-ecapa-voxceleb layout, random weights)
+  through ``embed_waveforms`` with exact padding at batch 1 / 32 / 128; utt/s and the worst cosine
+  of a batched embedding against the same utterance alone.
+- ``rawnet3``: the recipe's RawNet3 (full size, random weights) likewise at batch 1 / 16 / 64.
+- ``datapath``: what feeds a GPU: ``load_many`` decoding FLAC files (16 kHz, as LibriSpeech's) on
+  1, 2, 4, ... threads of one process (``decode_threads``), as decoded audio-seconds per second and
+  per core used; on the CPU wherever it runs.
+- ``local_gpu``: collect-stats of a generated corpus by the engine (``runner.run``) on
+  ``parallel.env: local_gpu`` (dask-cuda, one worker per GPU) with ``frontend.device: cuda``, against
+  the same run on the CPU in this process; the stats must agree.
+
+``--device cpu --quick`` runs every part at toy sizes: CI runs it (``tests/benchmarks``) so that
+every step the device takes has run on the CPU first. On the device machine run it through
+``benchmarks/gpu_check.sh`` (installs the carried wheels, runs the ``gpu`` tests, then this).
+
+Run ``python benchmarks/bench_gpu.py --device cuda [--quick] [--only hubert fbank ...]``; results go to
+``$ESPNET3_BENCH_RESULTS/gpu.json`` (one row per measurement) and ``gpu/<part>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402  (puts the checkout on sys.path and sets HF_HUB_OFFLINE)
+
+NAME = "gpu"
+SR = common.SAMPLE_RATE
+PARTS = ("hubert", "fbank", "ecapa", "rawnet3", "local_gpu", "datapath")
+
+
+# ---- helpers -----------------------------------------------------------------------------
+def waves(count: int, low: float, high: float, seed: int) -> list[np.ndarray]:
+    """``count`` noise-like utterances of ``low``-``high`` s (speech-level amplitude)."""
+    rng = np.random.default_rng(seed)
+    return [(0.05 * rng.standard_normal(int(SR * rng.uniform(low, high)), dtype=np.float32)) for _ in range(count)]
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(device: str, fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Seconds of ``fn()`` with the device drained before and after, and its value."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t0, out
+
+
+def peak_memory_mb(device: str) -> float | None:
+    return common.mb(torch.cuda.max_memory_allocated()) if device.startswith("cuda") else None
+
+
+def reset_peak(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def seconds(ws: Sequence[np.ndarray]) -> float:
+    return float(sum(len(w) for w in ws)) / SR
+
+
+def feature_error(ours: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> dict[str, float]:
+    """Worst max |Δ| / max |ref| and worst relative RMS over utterances."""
+    worst_max = worst_rms = 0.0
+    for a, b in zip(ours, ref):
+        if a.shape != b.shape:
+            return {"max_rel": float("inf"), "rel_rms": float("inf")}
+        d = a.astype(np.float64) - b
+        worst_max = max(worst_max, float(np.abs(d).max() / max(np.abs(b).max(), 1e-30)))
+        worst_rms = max(worst_rms, float(np.sqrt((d ** 2).mean() / max((b.astype(np.float64) ** 2).mean(), 1e-30))))
+    return {"max_rel": worst_max, "rel_rms": worst_rms}
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    cos = (a64 * b64).sum(1) / (np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1))
+    return float(cos.min())
+
+
+# ---- parts -------------------------------------------------------------------------------
+def profile_table(device: str, fn: Callable[[], Any], rows: int = 12) -> str:
+    """torch.profiler's busiest operators of ``fn()`` on ``device`` (by device time on a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        fn()
+        sync(device)
+    for key in (("self_device_time_total", "self_cuda_time_total") if device.startswith("cuda") else ()) + (
+            "self_cpu_time_total",):
+        try:
+            return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
+        except (AttributeError, KeyError, ValueError):
+            continue
+    return ""
+
+
+def part_hubert(device: str, quick: bool) -> dict[str, Any]:
+    from espnet3_flows.frontends.frontend import model_frontend
+    from espnet3_flows.frontends.precision import precision_scope
+    from espnet3_flows.frontends.ssl import SSLFeatures
+
+    torch.manual_seed(0)
+    model = SSLFeatures("hubert_base")
+    # (quick: bf16 on a CPU without bf16 matrix units runs at ~0.1x real time)
+    data = waves(2 if quick else 384, 0.5 if quick else 2, 1 if quick else 16, seed=1)
+    subset = data if quick else data[:48]
+    batch_sizes = [64_000] if quick else [4_000_000, 16_000_000]
+    precisions = ["float32", "tf32", "bf16", "fp16"] if device.startswith("cuda") else ["float32", "bf16"]
+    rows: list[dict[str, Any]] = []
+    alone = model_frontend(model, device)
+    alone(subset[:1], {})  # warm-up: kernels, cuDNN plans
+    elapsed, ref = timed(device, lambda: alone(subset, {}))
+    rows.append({"part": "hubert", "mode": "one at a time", "precision": "float32", "max_batch_samples": 0,
+                 "utts": len(subset), "audio_s": seconds(subset), "wall_s": elapsed,
+                 "x_realtime": seconds(subset) / elapsed, "peak_mb": peak_memory_mb(device), "max_rel": 0.0,
+                 "rel_rms": 0.0})
+    for precision in precisions:
+        for mbs in batch_sizes:
+            frontend = model_frontend(model, device, mbs, precision)
+            frontend(data[:2], {})  # warm-up at this precision
+            reset_peak(device)
+            elapsed, _ = timed(device, lambda: frontend(data, {}))
+            peak = peak_memory_mb(device)
+            err = feature_error(frontend(subset, {}), ref)
+            rows.append({"part": "hubert", "mode": "batched", "precision": precision, "max_batch_samples": mbs,
+                         "utts": len(data), "audio_s": seconds(data), "wall_s": elapsed,
+                         "x_realtime": seconds(data) / elapsed, "peak_mb": peak, **err})
+    # the model alone on padded batches already on the device: what the frontend's host work costs
+    frontend = model_frontend(model, device, batch_sizes[-1])
+    groups = frontend.batches([len(w) for w in data])
+    batches = []
+    for group in groups:
+        lengths = torch.tensor([len(data[i]) for i in group])
+        speech = torch.zeros(len(group), int(lengths.max()))
+        for row, i in enumerate(group):
+            speech[row, : len(data[i])] = torch.from_numpy(data[i])
+        batches.append((speech.to(device), lengths.to(device)))
+
+    def model_only(precision: str) -> None:
+        with torch.inference_mode(), precision_scope(device, precision):
+            for speech, lengths in batches:
+                model.collect_feats(speech, lengths)
+
+    for precision in precisions:
+        model_only(precision)
+        elapsed, _ = timed(device, lambda: model_only(precision))
+        rows.append({"part": "hubert", "mode": "model only (batches on the device)", "precision": precision,
+                     "max_batch_samples": batch_sizes[-1], "utts": len(data), "audio_s": seconds(data),
+                     "wall_s": elapsed, "x_realtime": seconds(data) / elapsed, "peak_mb": None, "max_rel": None,
+                     "rel_rms": None})
+    low = precisions[-2]  # bf16
+    profile = profile_table(device, lambda: model_only(low))
+    print(f"[gpu] hubert: busiest operators, {low}, model only:\n{profile}", flush=True)
+    del batches
+    return {"rows": rows, "model_parameters": sum(p.numel() for p in model.parameters()), "profile": profile}
+
+
+def part_fbank(device: str, quick: bool) -> dict[str, Any]:
+    from espnet3_flows.frontends.fbank import DEFAULT_BATCH_SAMPLES
+    from espnet3_flows.frontends.frontend import FbankFrontend, FrontendConfig
+
+    data = waves(16 if quick else 2000, 1 if quick else 2, 3 if quick else 16, seed=2)
+    subset = data if quick else data[:100]
+    cpu = FbankFrontend(FrontendConfig())
+    torch.set_num_threads(1)
+    try:
+        cpu_s, cpu_feats = timed("cpu", lambda: cpu(subset, {}))
+    finally:
+        torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
+    ours = FbankFrontend(FrontendConfig(device=device))
+    # on the CPU the product computes one utterance at a time; the gathered path is forced here so
+    # that the rehearsal runs every step the GPU takes
+    run = (lambda ws: ours.fbank.batch(ws, device, DEFAULT_BATCH_SAMPLES, gather=True))
+    run(data[:2])  # warm-up
+    reset_peak(device)
+    elapsed, _ = timed(device, lambda: run(data))
+    peak = peak_memory_mb(device)
+    dev = torch.device(device)
+
+    def no_copy_back() -> None:  # the features stay on the device (what collect-stats could sum there)
+        for start in range(0, len(data), 200):
+            ours.fbank._batch_features(data[start:start + 200], dev)
+
+    no_copy_back()
+    kernel_s, _ = timed(device, no_copy_back)
+    sub = run(subset)
+    feats_err = max(float(np.abs(a - b).max()) for a, b in zip(sub, cpu_feats))
+
+    def sums(fs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        cat = np.concatenate(fs).astype(np.float64)
+        return cat.sum(0), (cat ** 2).sum(0)
+
+    (s_gpu, q_gpu), (s_cpu, q_cpu) = sums(sub), sums(cpu_feats)
+    stats_rel = float(max(np.abs(s_gpu - s_cpu).max() / np.abs(s_cpu).max(),
+                          np.abs(q_gpu - q_cpu).max() / np.abs(q_cpu).max()))
+    rows = [{"part": "fbank", "mode": "CPU, one core, one at a time", "utts": len(subset), "audio_s": seconds(subset),
+             "wall_s": cpu_s, "x_realtime": seconds(subset) / cpu_s},
+            {"part": "fbank", "mode": f"{device}, gathered batches", "utts": len(data), "audio_s": seconds(data),
+             "wall_s": elapsed, "x_realtime": seconds(data) / elapsed, "peak_mb": peak,
+             "max_abs_feature_diff": feats_err, "stats_rel_diff": stats_rel},
+            {"part": "fbank", "mode": f"{device}, features left on the device", "utts": len(data),
+             "audio_s": seconds(data), "wall_s": kernel_s, "x_realtime": seconds(data) / kernel_s}]
+    return {"rows": rows}
+
+
+def _embed_rows(part: str, device: str, embed: Any, data: list[np.ndarray], subset: list[np.ndarray],
+                runs: Sequence[tuple[int, str]]) -> list[dict[str, Any]]:
+    """Batch 1 in float32 on ``subset`` (the reference), then each ``(batch, precision)`` of ``runs``
+    on ``data``, with the worst cosine of its embeddings of ``subset`` against the reference."""
+    from espnet3_flows.xvector import embed_waveforms
+    from espnet3_flows.xvector.job import with_precision
+
+    exact = with_precision(embed, device, "float32")
+    embed_waveforms(exact, data[:2], 2)  # warm-up
+    elapsed, alone = timed(device, lambda: embed_waveforms(exact, subset, 1))
+    rows = [{"part": part, "batch": 1, "precision": "float32", "utts": len(subset), "audio_s": seconds(subset),
+             "wall_s": elapsed, "utt_per_s": len(subset) / elapsed, "min_cosine_vs_alone": 1.0, "peak_mb": None}]
+    for b, precision in runs:
+        model = with_precision(embed, device, precision)
+        embed_waveforms(model, data[:b], b)  # warm-up
+        reset_peak(device)
+        elapsed, _ = timed(device, lambda: embed_waveforms(model, data, b))
+        peak = peak_memory_mb(device)
+        batched = embed_waveforms(model, subset, b)
+        rows.append({"part": part, "batch": b, "precision": precision, "utts": len(data), "audio_s": seconds(data),
+                     "wall_s": elapsed, "utt_per_s": len(data) / elapsed,
+                     "min_cosine_vs_alone": min_cosine(batched, alone), "peak_mb": peak})
+    return rows
+
+
+def part_ecapa(device: str, quick: bool) -> dict[str, Any]:
+    from espnet3_flows.xvector import load_speechbrain_encoder, speechbrain_embedder
+    from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_random_ecapa_dir(Path(tmp) / "ecapa", full_size=not quick)
+        encoder = load_speechbrain_encoder(model_dir, Path(tmp) / "save", device=device)
+        embed = speechbrain_embedder(encoder, exact_padding=True)
+        data = waves(8 if quick else 1024, 1 if quick else 3, 2 if quick else 8, seed=3)
+        subset = data if quick else data[:64]
+        runs = [(4, "float32"), (4, "bf16")] if quick else [
+            (32, "float32"), (128, "float32"), (128, "tf32"), (128, "bf16"), (128, "fp16"), (256, "fp16")]
+        rows = _embed_rows("ecapa", device, embed, data, subset, runs)
+        from espnet3_flows.xvector import embed_waveforms
+        from espnet3_flows.xvector.job import with_precision
+
+        b, precision = runs[-1]
+        model = with_precision(embed, device, precision)
+        profile = profile_table(device, lambda: embed_waveforms(model, data[: 2 * b], b))
+        print(f"[gpu] ecapa: busiest operators, batch {b}, {precision}:\n{profile}", flush=True)
+        return {"rows": rows, "profile": profile}
+
+
+def part_rawnet3(device: str, quick: bool) -> dict[str, Any]:
+    from espnet3_flows.xvector.random_spk import build_random_rawnet3
+    from espnet3_flows.xvector.rawnet3 import load_recipe_rawnet3, rawnet_embedder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = build_random_rawnet3(Path(tmp) / "model.pt", full_size=not quick)
+        embed = rawnet_embedder(load_recipe_rawnet3(weights, device))
+        data = waves(4 if quick else 512, 1 if quick else 3, 2 if quick else 8, seed=4)
+        subset = data if quick else data[:32]
+        runs = [(4, "float32"), (4, "fp16")] if quick else [(16, "float32"), (16, "tf32"), (16, "bf16"), (32, "fp16")]
+        return {"rows": _embed_rows("rawnet3", device, embed, data, subset, runs)}
+
+
+def part_local_gpu(device: str, quick: bool) -> dict[str, Any]:
+    from espnet3_flows.inputs.demo import make_demo_corpus
+    from espnet3_flows.parallel.cluster import ParallelConfig
+    from espnet3_flows.stats.job import CollectStatsConfig, CollectStatsRunner
+    from espnet3_flows.frontends.frontend import FrontendConfig
+
+    gpu = device.startswith("cuda")
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = make_demo_corpus(Path(tmp) / "corpus", n_utts=40 if quick else 400, splits={"train": 1.0})["train"]
+        rows, stats = [], {}
+        for label, env, dev in (("CPU, serial", "serial", "cpu"),
+                                (f"{'local_gpu' if gpu else 'local'}, frontend on {device}",
+                                 "local_gpu" if gpu else "local", device)):
+            out = Path(tmp) / env
+            parallel = ParallelConfig(env=env, **({} if env in ("serial", "local_gpu") else {"n_workers": 1}))
+            cfg = CollectStatsConfig(manifests={"train": str(manifest)}, output_dir=str(out), shard_size=16,
+                                     frontend=FrontendConfig(device=dev), parallel=parallel)
+            t0 = time.perf_counter()
+            outcome = CollectStatsRunner(cfg, "train").run(parallel=cfg.parallel, progress=False)
+            wall = time.perf_counter() - t0
+            with np.load(out / "train" / "feats_stats.npz") as z:
+                stats[env] = {k: z[k].astype(np.float64) for k in z.files}
+            rows.append({"part": "local_gpu", "mode": label, "shards": len(outcome.shards),
+                         "computed": outcome.computed, "wall_s": wall})
+        (cpu_stats, dev_stats) = stats.values()
+        rel = max(float(np.abs(dev_stats[k] - cpu_stats[k]).max() / max(np.abs(cpu_stats[k]).max(), 1e-30))
+                  for k in cpu_stats if cpu_stats[k].size)
+        rows[-1]["stats_rel_diff"] = rel
+        return {"rows": rows}
+
+
+def part_datapath(device: str, quick: bool) -> dict[str, Any]:
+    import os
+
+    import soundfile as sf
+
+    from espnet3_flows.inputs.audio import AudioConfig, load_many
+    from espnet3_flows.inputs.records import Utterance
+
+    cores = len(os.sched_getaffinity(0))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        utts = []
+        for i, wave in enumerate(waves(16 if quick else 400, 1 if quick else 2, 2 if quick else 16, seed=5)):
+            path = Path(tmp) / f"{i}.flac"
+            sf.write(path, wave, SR, subtype="PCM_16")
+            utts.append(Utterance(f"u{i}", str(path), line=i + 1))
+        load_many(utts, AudioConfig())  # into the page cache: decoding is measured, not the disk
+        audio_s = None
+        for threads in [t for t in (1, 2, 4, 8, 16) if t <= max(2, cores)]:
+            elapsed, loaded = timed("cpu", lambda: load_many(utts, AudioConfig(decode_threads=threads)))
+            audio_s = sum(len(w) for w, _ in loaded) / SR
+            rows.append({"part": "datapath", "threads": threads, "cores": cores, "utts": len(utts),
+                         "audio_s": audio_s, "wall_s": elapsed, "audio_s_per_s": audio_s / elapsed,
+                         "per_core": audio_s / elapsed / min(threads, cores)})
+    return {"rows": rows}
+
+
+PART_FUNCTIONS: dict[str, Callable[[str, bool], dict[str, Any]]] = {
+    "hubert": part_hubert, "fbank": part_fbank, "ecapa": part_ecapa, "rawnet3": part_rawnet3,
+    "local_gpu": part_local_gpu, "datapath": part_datapath}
+
+
+# ---- result ------------------------------------------------------------------------------
+def device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.device(device))
+        return f"{props.name} ({props.total_memory / 1024 ** 3:.0f} GiB), torch {torch.__version__}"
+    return f"CPU ({common.machine()['cpu']}), torch {torch.__version__}"
+
+
+def targets(rows: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:
+    """The issue's targets, from the rows measured (GPU runs only)."""
+    if not device.startswith("cuda"):
+        return []
+
+    def best(part: str, key: str, pred: Callable[[dict[str, Any]], bool] = lambda r: True) -> float:
+        vals = [r[key] for r in rows if r["part"] == part and pred(r) and r.get(key) is not None]
+        return max(vals) if vals else 0.0
+
+    out = []
+    if any(r["part"] == "hubert" for r in rows):
+        low = max(best("hubert", "x_realtime", lambda r: r["precision"] == p and r["mode"] == "batched")
+                  for p in ("bf16", "fp16"))
+        f32 = best("hubert", "x_realtime", lambda r: r["precision"] == "float32" and r["mode"] == "batched")
+        out += [common.target("HuBERT-base, reduced precision", ">= 10,000x real time per GPU", low, low >= 10_000),
+                common.target("HuBERT-base, float32", ">= 3,000x real time per GPU", f32, f32 >= 3_000)]
+    if any(r["part"] == "fbank" for r in rows):
+        fb = best("fbank", "x_realtime", lambda r: "gathered" in r["mode"])
+        rel = best("fbank", "stats_rel_diff")
+        out += [common.target("fbank (80-dim) on the GPU", ">= 50,000x real time", fb, fb >= 50_000),
+                common.target("fbank stats vs the CPU run", "rel. <= 1e-5", rel, rel <= 1e-5)]
+    for part, goal in (("ecapa", 5_000), ("rawnet3", None)):
+        if any(r["part"] == part for r in rows):
+            ups = best(part, "utt_per_s")
+            cos = min(r["min_cosine_vs_alone"] for r in rows if r["part"] == part and r["precision"] == "float32")
+            if goal:
+                out.append(common.target(f"{part} x-vectors", f">= {goal:,} utt/s per GPU", ups, ups >= goal))
+            out.append(common.target(f"{part}: batched vs alone", "worst cosine >= 0.99999", cos, cos >= 0.99999))
+    if any(r["part"] == "local_gpu" for r in rows):
+        rel = best("local_gpu", "stats_rel_diff")
+        out.append(common.target("local_gpu collect-stats vs the CPU", "rel. <= 1e-5", rel, rel <= 1e-5))
+    return out
+
+
+def run(quick: bool = False, device: str | None = None, parts: Sequence[str] = PARTS) -> dict[str, Any]:
+    """Run ``parts`` on ``device`` (a CUDA GPU when one is visible, else the CPU); a part that fails
+    is recorded with its error and the others still run."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rows: list[dict[str, Any]] = []
+    failures: dict[str, str] = {}
+    for part in parts:
+        print(f"[gpu] {part} on {device}{' (quick)' if quick else ''} ...", flush=True)
+        t0 = time.perf_counter()
+        try:
+            out = PART_FUNCTIONS[part](device, quick)
+        except Exception as exc:  # noqa: BLE001 - one broken part must not lose the others' numbers
+            failures[part] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            out = {"rows": [], "error": failures[part]}
+        print(f"[gpu] {part}: {time.perf_counter() - t0:.1f} s", flush=True)
+        rows += out["rows"]
+        (common.RESULTS / "gpu").mkdir(parents=True, exist_ok=True)
+        (common.RESULTS / "gpu" / f"{part}.json").write_text(
+            json.dumps({"part": part, "device": device_name(device), **out}, indent=2, default=common._json_default))
+    notes = [f"Device: {device_name(device)}."]
+    notes += [f"{part} FAILED: {why}" for part, why in failures.items()]
+    return common.write_result(NAME, quick, rows, targets(rows, device), notes, device=device_name(device),
+                               failures=failures, command=f"benchmarks/gpu_check.sh{' --quick' if quick else ''}")
+
+
+def sci(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1e}"
+
+
+def table(result: dict[str, Any]) -> str:
+    """One table per part."""
+    rows = result["rows"]
+    out = [f"Device: {result.get('device')}"]
+    hub = [r for r in rows if r["part"] == "hubert"]
+    if hub:
+        out.append(common.markdown_table(
+            ["HuBERT-base", "precision", "max_batch_samples", "audio s", "x real time", "peak MB", "max |Δ|/max", "rel RMS"],
+            [[r["mode"], r["precision"], r["max_batch_samples"], f"{r['audio_s']:.0f}", f"{r['x_realtime']:,.0f}",
+              common.fmt(r["peak_mb"], 0), sci(r["max_rel"]), sci(r["rel_rms"])] for r in hub]))
+    fb = [r for r in rows if r["part"] == "fbank"]
+    if fb:
+        out.append(common.markdown_table(
+            ["fbank", "audio s", "x real time", "peak MB", "max |Δ| vs CPU", "stats rel. diff"],
+            [[r["mode"], f"{r['audio_s']:.0f}", f"{r['x_realtime']:,.0f}", common.fmt(r.get("peak_mb"), 0),
+              common.fmt(r.get("max_abs_feature_diff"), 7), common.fmt(r.get("stats_rel_diff"), 9)] for r in fb]))
+    for part in ("ecapa", "rawnet3"):
+        xs = [r for r in rows if r["part"] == part]
+        if xs:
+            out.append(common.markdown_table(
+                [part, "precision", "utts", "utt/s", "audio s/s", "worst cosine vs float32 alone", "peak MB"],
+                [[f"batch {r['batch']}", r["precision"], r["utts"], f"{r['utt_per_s']:,.0f}", f"{r['audio_s'] / r['wall_s']:,.0f}",
+                  f"{r['min_cosine_vs_alone']:.7f}", common.fmt(r["peak_mb"], 0)] for r in xs]))
+    lg = [r for r in rows if r["part"] == "local_gpu"]
+    if lg:
+        out.append(common.markdown_table(
+            ["collect-stats (engine)", "shards", "computed", "wall s", "stats rel. diff vs CPU"],
+            [[r["mode"], r["shards"], r["computed"], f"{r['wall_s']:.1f}", common.fmt(r.get("stats_rel_diff"), 9)]
+             for r in lg]))
+    dp = [r for r in rows if r["part"] == "datapath"]
+    if dp:
+        out.append(common.markdown_table(
+            ["decoding FLAC (load_many)", "utts", "audio s", "audio s/s", "per core used"],
+            [[f"{r['threads']} thread(s) of {r['cores']} cores", r["utts"], f"{r['audio_s']:.0f}",
+              f"{r['audio_s_per_s']:,.0f}", f"{r['per_core']:,.0f}"] for r in dp]))
+    if result.get("targets"):
+        out.append(common.targets_table(result["targets"]))
+    out += [f"FAILED {part}: {why}" for part, why in (result.get("failures") or {}).items()]
+    return "\n\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when visible)")
+    parser.add_argument("--quick", action="store_true", help="toy sizes (the CPU rehearsal CI runs)")
+    parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), metavar="PART",
+                        help=f"parts to run ({', '.join(PARTS)}; default: all)")
+    parser.add_argument("--table", type=Path, metavar="GPU_JSON", help="only print the tables of a gpu.json")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return 0
+    result = run(args.quick, args.device, args.only)
+    print(table(result), flush=True)
+    return 1 if result["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
