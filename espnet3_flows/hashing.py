@@ -3,8 +3,9 @@
 A rerun skips exactly the work whose hash is unchanged, so a change to any function here changes
 what users recompute: bump the version that names it, never its output silently.
 
-- **Shard hash** (:func:`shard_hasher`): the code salt (:func:`code_salt`: package version and
-  :data:`FORMAT_VERSION`), the job config's digest (:func:`config_digest`) and each item's key
+- **Shard hash** (:func:`shard_hasher`): the code salt (:func:`code_salt`: :data:`FORMAT_VERSION`,
+  never the package's version), the job config's digest (which holds the job's own output
+  version, ``"collect_stats/1"``) (:func:`config_digest`) and each item's key
   (:func:`item_key`: its manifest payload and its file's fingerprint) in order. It names the
   shard's directory and is written in its ``done`` record.
 - **Boundary hash** (:func:`id_hash64`): an item's identity alone (the utterance id), so that
@@ -24,11 +25,15 @@ import hashlib
 import json
 from typing import Any, Iterable
 
-from espnet3_flows import __version__
-
 #: Bump when the on-disk meaning of a shard's outputs changes, so old shards recompute.
 #: 2: content-defined boundaries; per-utterance rows live in shard files, not done records.
 FORMAT_VERSION = "2"
+#: The salt's first field, frozen at the release that wrote it: the salt once held the package's
+#: version, so that a release recomputed every user's shards (a 10-million-utterance cache) although
+#: nothing in their outputs changed. What changes outputs moves FORMAT_VERSION or a job's version
+#: (its ``hash_config()["job"]``; tests/test_output_versions.py fails when outputs change without
+#: it); keeping this text keeps the hashes of the shards already computed.
+SALT_ORIGIN = "espnet3_flows=0.1.0"
 
 
 def canonical_json(obj: Any) -> str:
@@ -42,8 +47,9 @@ def digest(obj: Any) -> str:
 
 
 def code_salt(extra: str = "") -> str:
-    """The code-version salt mixed into every shard hash."""
-    return f"espnet3_flows={__version__};format={FORMAT_VERSION};{extra}"
+    """The code-version salt mixed into every shard hash: :data:`FORMAT_VERSION` (and ``extra``),
+    not the package's version."""
+    return f"{SALT_ORIGIN};format={FORMAT_VERSION};{extra}"
 
 
 def config_digest(config: Any) -> str:
