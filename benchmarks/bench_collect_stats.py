@@ -221,7 +221,7 @@ def flow_run(manifest: Path, shard_size: int, output_dir: Path | None = None, pa
             already running with its modules imported. Otherwise it is stopped first, so the
             run pays its start as a fresh process (``python flows/collect_stats.py``) does.
     """
-    from espnet3_flows.orchestration import timeline
+    from espnet3_flows import timeline
     from espnet3_flows.orchestration.flows import run_job
     from espnet3_flows.parallel.forkserver import stop_forkserver
 
@@ -266,7 +266,7 @@ def warm_forkserver() -> None:
     child.join()
 
 
-#: Where a flow run's wall time goes: the driver's timeline (:mod:`espnet3_flows.orchestration.timeline`)
+#: Where a flow run's wall time goes: the driver's timeline (:mod:`espnet3_flows.timeline`)
 #: and the shards' first start and last end from their done records (:func:`common.shard_phase`)
 FLOW_PHASES = (("plan + flow start", ("start",), "flow_started"),
                ("cluster start + worker envs (imports, model/dataset)", ("flow_started",), "shards_start"),

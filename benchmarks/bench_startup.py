@@ -11,7 +11,7 @@ torch, lhotse, prefect, distributed and soundfile), all interleaved in rotating 
 - **local, running server**: ``PREFECT_API_URL`` at a server this benchmark started;
 - **no-op rerun**: the same command on a finished output (no server, no cluster).
 
-Each run writes its timeline (``ESPNET3_FLOWS_TIMELINE``, :mod:`espnet3_flows.orchestration.timeline`),
+Each run writes its timeline (``ESPNET3_FLOWS_TIMELINE``, :mod:`espnet3_flows.timeline`),
 from which the wall time is split into: imports (process start to the CLI's ``main``), planning
 (and, for a run in the driver, the job's imports), waiting for the server (to the API answering),
 the flow run's start, the workers

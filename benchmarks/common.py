@@ -271,7 +271,7 @@ def fresh_summary(output_dir: Path, since: float, split: str = "train") -> dict[
 
 def timeline_events(path: Path, t0: float, **more: float) -> dict[str, float]:
     """Seconds since the epoch time ``t0`` of the first of each event a driver wrote to ``path``
-    (:mod:`espnet3_flows.orchestration.timeline`), and of the ``more`` events (epoch times)."""
+    (:mod:`espnet3_flows.timeline`), and of the ``more`` events (epoch times)."""
     events = {name: t - t0 for name, t in more.items()}
     with contextlib.suppress(OSError):
         for line in path.read_text().splitlines():

@@ -1,10 +1,11 @@
 """The package's import graph: no cycles (deferred imports inside functions included; imports
-for type checkers only are not imports), and
-``import espnet3_flows.<job package>`` imports no torch."""
+for type checkers only are not imports), imports point down the layers (:data:`LAYERS`), Prefect
+only in ``orchestration/``, and ``import espnet3_flows.<job package>`` imports no torch."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,43 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     assert _cycles(_graph()) == []
+
+
+#: The layers, top down, by the package's first-level names: a module imports its own layer and the
+#: ones below it, never one above. Everything not named here is the base (config, errors, hashing,
+#: storage, sharding, ...). README, "Development", describes them.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("entry", ("__main__", "flows", "config_docs")),
+    ("orchestration", ("orchestration",)),
+    ("jobs", ("stats", "xvector", "features", "batching", "job_registry")),
+    ("the jobs' engine", ("utterance_job", "split_outputs")),
+    ("frontends", ("frontends",)),
+    ("inputs", ("inputs",)),
+    ("parallel", ("parallel",)),
+)
+
+
+def layer(module: str) -> int:
+    """The rank of ``module``'s layer (0 the top; ``len(LAYERS)``: the base)."""
+    top = _package(module)
+    return next((i for i, (_, names) in enumerate(LAYERS) if top in names), len(LAYERS))
+
+
+def _layer_name(rank: int) -> str:
+    return LAYERS[rank][0] if rank < len(LAYERS) else "base"
+
+
+def test_imports_point_down_the_layers():
+    up = [f"{name} ({_layer_name(layer(name))}) imports {dep} ({_layer_name(layer(dep))})"
+          for name, deps in sorted(_graph().items()) for dep in sorted(deps) if layer(dep) < layer(name)]
+    assert up == [], "imports that point up a layer:\n" + "\n".join(up)
+
+
+def test_prefect_is_imported_by_the_orchestration_layer_only():
+    pattern = re.compile(r"^\s*(?:import|from)\s+prefect(?:_dask)?\b", re.M)
+    outside = [str(path.relative_to(ROOT)) for path in sorted(PACKAGE.rglob("*.py"))
+               if "orchestration" not in path.relative_to(PACKAGE).parts and pattern.search(path.read_text())]
+    assert outside == []
 
 
 JOBS = ("stats", "xvector", "features", "batching")

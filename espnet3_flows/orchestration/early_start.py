@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from espnet3_flows.orchestration.console import plain_console, print_summary, print_unchanged, quiet_workers_of
 from espnet3_flows.orchestration.local_server import NO_RUN_FLAGS, discard_early, early_api_url, launch_early
-from espnet3_flows.orchestration.timeline import mark
+from espnet3_flows.timeline import mark
 
 #: Command-line flags that change only the console (those that take no plan: ``NO_RUN_FLAGS``)
 CONSOLE_FLAGS = ("-v", "--verbose")

@@ -29,7 +29,7 @@ from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.parameters import dotted_values, form_fields
 from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work
 from espnet3_flows.orchestration.task_runner import prestart_workers
-from espnet3_flows.orchestration.timeline import mark
+from espnet3_flows.timeline import mark
 from espnet3_flows.parallel.cluster import describe_parallel
 from espnet3_flows.storage import StorageError
 

@@ -38,7 +38,7 @@ from espnet3_flows.orchestration.prefect_compat import (
 )
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import make_task_runner, prestart_workers
-from espnet3_flows.orchestration.timeline import mark
+from espnet3_flows.timeline import mark
 from espnet3_flows.parallel.backends import worker_slots
 from espnet3_flows.parallel.cluster import ParallelConfig, prepare_client, with_worker_env
 from espnet3_flows.parallel.forkserver import check_main_imported

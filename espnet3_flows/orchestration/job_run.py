@@ -91,13 +91,18 @@ def published_summary(planned: PlannedRunner) -> dict[str, Any] | None:
     return trusted_summary(store, planned.runner.outputs_rel, planned.plan.digest)
 
 
+#: Preloaded by local workers after the driver's script: quiets Prefect's console as asked
+QUIET_WORKERS = "espnet3_flows.orchestration.quiet_workers"
+
+
 def runner_modules(runner: Any) -> tuple[str, ...]:
     """What a worker imports to run ``runner``: its class's and its provider's modules and the
     runner's own ``worker_modules`` (a script's ``__main__`` is left out: the forkserver imports
-    the main module itself)."""
+    the main module itself), and :data:`QUIET_WORKERS` (after the script: it quiets the console
+    the script's imports set up)."""
     classes = (type(runner), type(getattr(runner, "provider", None)))
     names = [c.__module__ for c in classes if c.__module__ not in ("__main__", "builtins")]
-    return tuple(dict.fromkeys([*names, *getattr(runner, "worker_modules", ())]))
+    return tuple(dict.fromkeys([*names, *getattr(runner, "worker_modules", ()), QUIET_WORKERS]))
 
 
 def plan_job(job: str, cfg: Any, publish: bool = True) -> PlannedFlow:

@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Callable, Iterator
 
-from espnet3_flows.orchestration.timeline import mark
+from espnet3_flows.timeline import mark
 
 _PR_SET_PDEATHSIG = 1
 

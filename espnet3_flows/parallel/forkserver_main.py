@@ -56,9 +56,8 @@ def _import_driver_main() -> None:
         main_guard.record(main_guard.IMPORTED)
     finally:
         del current._inheriting  # type: ignore[attr-defined]
-    from espnet3_flows.orchestration.console import apply_from_environment
-
-    apply_from_environment()  # the script's imports set up Prefect's console logging: quiet it as workers do
+    # (Prefect's console, which the script's imports may set up, is quieted by the orchestration
+    # layer's own preload after this one: espnet3_flows.orchestration.quiet_workers)
 
 
 _import_driver_main()

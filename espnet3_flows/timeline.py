@@ -4,8 +4,8 @@ nothing at all when it is unset. ``benchmarks/bench_startup.py`` reads them to b
 imports, server, cluster, first shard, merge and teardown.
 
 The events, in the order a run passes them: ``planned`` (before the CLI's heavy imports, and the
-shards' libraries being imported where they will run: :mod:`.early_start`), ``main`` (the CLI's
-imports done),
+shards' libraries being imported where they will run:
+:mod:`espnet3_flows.orchestration.early_start`), ``main`` (the CLI's imports done),
 ``server_ready``, ``flow_started``, ``workers_ready``, ``first_shard``, ``shards_merged``,
 ``flow_returned`` (the flow's cluster closed and its final state reported), ``server_stopped``,
 ``summary_printed``; and, written by the local workers' forkserver (another ``pid``),
