@@ -22,10 +22,17 @@ def main(argv: list[str] | None = None) -> int:
         start_early(args[0], args[1:])  # the server, the plan and the workers start while the job's imports run
     if not args or args[0] not in jobs:
         listing = "\n".join(f"  {name:18s} {spec.description}" for name, spec in jobs.items())
-        print(f"usage: python -m espnet3_flows {{{','.join(jobs)}}} [--help | --config FILE | --dry-run | "
-              f"--print-config | --verbose | key=value ...]\n\njobs:\n{listing}",
-              file=sys.stderr)
-        return 0 if args and args[0] in ("-h", "--help") else 2
+        usage = (f"usage: python -m espnet3_flows {{{','.join(jobs)}}} [--help | --config FILE | --dry-run | "
+                 f"--print-config | --verbose | key=value ...]\n\njobs:\n{listing}")
+        if not args or args[0] in ("-h", "--help"):  # asked for the list: stdout, success
+            print(usage)
+            return 0
+        import difflib
+
+        close = difflib.get_close_matches(args[0].replace("-", "_"), list(jobs), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"{usage}\n\nerror: unknown job {args[0]!r}{hint}", file=sys.stderr)
+        return 2
     from espnet3_flows.orchestration.entry import main as run
 
     return run(args[0], args[1:])

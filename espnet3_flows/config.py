@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import re
 from pathlib import Path
@@ -24,7 +25,19 @@ class ConfigError(Espnet3FlowsError, ValueError):
 def _describe(exc: OmegaConfBaseException) -> str:
     key = getattr(exc, "full_key", None)
     msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return f"{key}: {msg}" if key else msg
+    return (f"{key}: {msg}" if key else msg) + _key_suggestion(exc)
+
+
+def _key_suggestion(exc: OmegaConfBaseException) -> str:
+    """`` (did you mean 'n_workers'?)`` for a key its config class does not have, when one is close."""
+    schema, key = getattr(exc, "object_type", None), getattr(exc, "key", None)
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema) and isinstance(key, str)):
+        return ""
+    names = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
+    if key in names:
+        return ""
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def load_config(

@@ -212,3 +212,26 @@ def test_bad_device_names_are_refused_alike_by_every_job_and_the_model_loader(na
         load_config(XVectorJobConfig, params={"manifests": {"train": "/d/train.tsv"}, "xvector.device": name,
                                               "xvector.toolkit": "custom",
                                               "xvector.model": {"_target_": "torch.nn.Identity"}})
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("parallel.nworkers=2", "parallel.nworkers: Key 'nworkers' not in 'ParallelConfig' (did you mean 'n_workers'?)"),
+    ("shard_sise=2", "(did you mean 'shard_size'?)"),
+    ("frontend.typ=fbank", "(did you mean 'type'?)"),
+])
+def test_an_unknown_key_gets_the_closest_key(override, hint):
+    from espnet3_flows.config import load_config
+    from espnet3_flows.stats.job import CollectStatsConfig
+
+    with pytest.raises(ConfigError) as err:
+        load_config(CollectStatsConfig, overrides=[override])
+    assert hint in str(err.value)
+
+
+def test_an_unknown_key_with_nothing_close_gets_no_guess():
+    from espnet3_flows.config import load_config
+    from espnet3_flows.stats.job import CollectStatsConfig
+
+    with pytest.raises(ConfigError) as err:
+        load_config(CollectStatsConfig, overrides=["zzz=1"])
+    assert "did you mean" not in str(err.value)

@@ -42,9 +42,13 @@ def test_no_job_name_in_orchestration():
 
 def test_module_entry_lists_jobs_and_console_scripts_resolve():
     proc = subprocess.run([sys.executable, "-m", "espnet3_flows"], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 2
+    assert proc.returncode == 0 and proc.stderr == ""  # a listing asked for: stdout (| less shows it)
     for name, spec in available_jobs().items():
-        assert name in proc.stderr and spec.description in proc.stderr
+        assert name in proc.stdout and spec.description in proc.stdout
+    wrong = subprocess.run([sys.executable, "-m", "espnet3_flows", "collect-stat"], cwd=ROOT, capture_output=True,
+                           text=True)
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert wrong.stderr.rstrip().endswith("error: unknown job 'collect-stat' (did you mean 'collect_stats'?)")
     from espnet3_flows import __main__ as entry
 
     assert callable(entry.collect_stats) and callable(entry.extract_features)

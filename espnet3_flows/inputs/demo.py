@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import soundfile as sf
@@ -33,6 +35,35 @@ def synth_utterance(rng: np.random.Generator, seconds: float, sr: int, f0: float
 
 #: Utterances of the generated demo corpus (both jobs' demos use the same files).
 DEMO_UTTERANCES = 300
+#: The demo corpus's splits and their shares
+DEMO_SPLITS = {"train": 0.8, "valid": 0.1, "test": 0.1}
+_GENERATE = contextvars.ContextVar("espnet3_flows_demo_generate", default=True)
+
+
+@contextlib.contextmanager
+def demo_not_generated() -> Iterator[None]:
+    """Within it the demo's settings name where its corpus and model would be, and nothing is
+    written (``--dry-run`` writes nothing, anywhere)."""
+    token = _GENERATE.set(False)
+    try:
+        yield
+    finally:
+        _GENERATE.reset(token)
+
+
+def demo_generated() -> bool:
+    """Whether the demo's data is generated now (outside :func:`demo_not_generated`)."""
+    return _GENERATE.get()
+
+
+def pending_demo(output_dir: str, manifests: dict[str, str]) -> Path | None:
+    """The demo corpus's directory when ``manifests`` are the demo's and it is not generated yet."""
+    try:
+        root = demo_root(output_dir)
+    except ConfigError:
+        return None
+    ours = [Path(m) for m in manifests.values() if Path(m).parent == root]
+    return root if ours and not all(m.is_file() for m in ours) else None
 
 
 def make_demo_corpus(out_dir: str | Path, n_utts: int = DEMO_UTTERANCES, n_speakers: int = 6, sampling_rate: int = 16000,
@@ -58,7 +89,7 @@ def make_demo_corpus(out_dir: str | Path, n_utts: int = DEMO_UTTERANCES, n_speak
     """
     out = Path(out_dir)
     (out / "wav").mkdir(parents=True, exist_ok=True)
-    fractions = splits or {"train": 0.8, "valid": 0.1, "test": 0.1}
+    fractions = splits or DEMO_SPLITS
     rng = np.random.default_rng(seed)
     speakers = [(f"spk{k:02d}", float(rng.uniform(90, 240)),
                  (float(rng.uniform(500, 900)), float(rng.uniform(1100, 1900)), float(rng.uniform(2300, 3000))))
@@ -99,8 +130,11 @@ def demo_root(output_dir: str) -> Path:
 
 
 def demo_manifests(output_dir: str, n_utts: int) -> dict[str, str]:
-    """Generate the demo corpus beside a local ``output_dir`` and return its manifests."""
+    """Generate the demo corpus beside a local ``output_dir`` and return its manifests (only
+    their paths within :func:`demo_not_generated`)."""
     root = demo_root(output_dir)
+    if not demo_generated():
+        return {split: str(root / f"{split}.tsv") for split in DEMO_SPLITS}
     return {k: str(v) for k, v in make_demo_corpus(root, n_utts=n_utts).items()}
 
 

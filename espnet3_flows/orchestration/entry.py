@@ -18,6 +18,7 @@ from prefect import Flow, flow
 from espnet3_flows.config import ConfigError, describe_keys, split_cli_args
 from espnet3_flows.deadlines import is_outage
 from espnet3_flows.errors import clip_lines
+from espnet3_flows.inputs.demo import demo_not_generated, pending_demo
 from espnet3_flows.credentials import find_secrets, mask_secrets, refuse_secrets, secrets_in_overrides
 from espnet3_flows.orchestration.console import print_summary, print_unchanged, quiet_console, quiet_workers_of
 from espnet3_flows.orchestration.deploy_steps import api_lost, is_api_lost, refuse_transient, run_paths
@@ -129,7 +130,8 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
             cfg = early.cfg
         else:
             path, overrides = split_cli_args(args)
-            cfg = resolve_config(job, path, {}, overrides)
+            with demo_not_generated() if dry_run else contextlib.nullcontext():
+                cfg = resolve_config(job, path, {}, overrides)
         if print_config:  # the merged config as YAML (credentials redacted), usable as --config
             print(OmegaConf.to_yaml(OmegaConf.create(mask_secrets(cfg))), end="")
             return 0
@@ -240,7 +242,13 @@ def _save_traceback(job: str, cfg: Any) -> str | None:
 
 def _dry_run(job: str, cfg: Any) -> int:
     """``--dry-run``: check the config, plan every split and read its done records; print what a run
-    would compute. Starts no server or cluster and publishes no output."""
+    would compute. Starts no server or cluster and writes nothing, anywhere (a config that names no
+    input: the demo it would generate is only described)."""
+    demo = pending_demo(cfg.output_dir, dict(cfg.manifests))
+    if demo is not None:
+        print(f"{job} (dry run): no input is named, so a run generates the demo data in {demo} and computes it; "
+              f"output {cfg.output_dir}. Nothing was written.")
+        return 0
     preflight(job, cfg, output=False)
     run = plan_job(job, cfg, publish=False)
     print(f"{job} (dry run): {run.total_shards} shard(s) in {len(run.runners)} split(s), planned in "

@@ -205,15 +205,16 @@ def demo_settings(cfg: XVectorJobConfig) -> dict[str, Any] | None:
         return None
     import sys
 
-    from espnet3_flows.inputs.demo import DEMO_UTTERANCES, demo_manifests, demo_root
+    from espnet3_flows.inputs.demo import DEMO_UTTERANCES, demo_generated, demo_manifests, demo_root
     from espnet3_flows.xvector.model import HPARAMS_FILE
     from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
 
     manifests = demo_manifests(cfg.output_dir, DEMO_UTTERANCES)  # collect-stats' demo corpus: the same files
     model = demo_root(cfg.output_dir) / "ecapa-random-weights"
-    if not (model / HPARAMS_FILE).is_file():
-        build_random_ecapa_dir(model)
-    print(f"warning: {DEMO_WARNING.format(model=model)}", file=sys.stderr)
+    if demo_generated():  # (not in a dry run: it writes nothing)
+        if not (model / HPARAMS_FILE).is_file():
+            build_random_ecapa_dir(model)
+        print(f"warning: {DEMO_WARNING.format(model=model)}", file=sys.stderr)
     return {"manifests": manifests, "xvector": {"manifest_paths": manifests, "pretrained_model": str(model)}}
 
 

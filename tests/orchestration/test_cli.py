@@ -181,3 +181,18 @@ def test_print_config_and_dry_run_mask_credentials_of_every_section(tmp_path, de
                          capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0 and "  cluster: ssh: distributed.SSHCluster(" in dry.stdout, dry.stdout + dry.stderr
     assert secret not in dry.stdout + dry.stderr and '"password": "***"' in dry.stdout
+
+
+@pytest.mark.parametrize("job", ["collect_stats", "extract_xvectors"])
+def test_a_dry_run_of_the_demo_writes_nothing(tmp_path, job):
+    """No input named: a run would generate the demo (a 25 MB corpus, a random model); a dry run
+    says so and writes nothing, anywhere (run from an empty directory, as a newcomer would)."""
+    here = tmp_path / "empty"
+    here.mkdir()
+    env = {**_clean_env(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "espnet3_flows", job, "--dry-run"], cwd=here, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{job} (dry run): no input is named, so a run generates the demo data in {here / 'exp' / 'demo_data'}" \
+        in proc.stdout and "Nothing was written." in proc.stdout
+    assert list(here.iterdir()) == []
