@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import json
 import logging
+import re
 import sys
+import textwrap
 import traceback
 from typing import Any, NoReturn, Sequence
 
@@ -284,7 +287,16 @@ def usage(job: str) -> str:
              "    parallel.env=slurm parallel.options.queue=gpu         SLURM jobs (dask-jobqueue)",
              "    parallel.env=ssh 'parallel.options.hosts=[head,node1,node2]'   workstations over SSH",
              "    parallel.env=serial                                   this process, no Dask", "",
-             "keys (default): description; README.md, Configuration, has the whole text:"]
+             "  your data (a TSV of utt_id, path[, text[, speaker]], a Kaldi data directory or lhotse cuts):",
+             "    manifests.train=data/train.tsv manifests.dev=data/dev output_dir=exp/mine", "",
+             "keys (default): the first sentence of each; README.md, Configuration, has the whole text:"]
+
+    from espnet3_flows.utterance_job import EngineConfig
+
+    engine = {f.name for f in dataclasses.fields(EngineConfig)}
+    # the job's own keys first, the engine's (every job's) after them
+    ordered = {k: v for k, v in defaults.items() if k not in engine}
+    ordered.update((k, v) for k, v in defaults.items() if k in engine)
 
     def walk(node: Any, prefix: str) -> None:
         for key, value in node.items():
@@ -292,17 +304,31 @@ def usage(job: str) -> str:
                 walk(value, f"{prefix}{key}.")
             else:
                 lines.append(f"  {prefix}{key}={json.dumps(value)}")
-                text = _first_sentence(docs.get(f"{prefix}{key}", ""))
+                text = first_sentence(docs.get(f"{prefix}{key}", ""))
                 if text:
-                    lines.append(f"      {text}")
+                    lines.extend(textwrap.wrap(text, 100, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                                               break_on_hyphens=False))
 
-    walk(defaults, "")
+    walk(ordered, "")
     return "\n".join(lines)
 
 
-def _first_sentence(text: str, limit: int = 110) -> str:
-    text = text.replace("``", "`")
-    end = text.find(". ")
-    sentence = text if end < 0 else text[:end + 1]
-    return sentence if len(sentence) <= limit else sentence[:limit - 1].rstrip() + "…"
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
+_ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "approx.")
+
+
+def plain_text(text: str) -> str:
+    """A docstring's text for a terminal: Sphinx roles as their names (``:class:`~a.B``` -> ```B```)
+    and double backquotes single."""
+    text = _ROLE.sub(lambda m: f"`{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}`", text)
+    return text.replace("``", "`")
+
+
+def first_sentence(text: str) -> str:
+    """The whole first sentence of ``text`` (an abbreviation's period ends none), as plain text."""
+    text = plain_text(" ".join(text.split()))
+    for match in re.finditer(r"\.(?=\s)", text):
+        if not text[:match.end()].endswith(_ABBREVIATIONS):
+            return text[:match.end()]
+    return text
 

@@ -196,3 +196,16 @@ def test_a_dry_run_of_the_demo_writes_nothing(tmp_path, job):
     assert f"{job} (dry run): no input is named, so a run generates the demo data in {here / 'exp' / 'demo_data'}" \
         in proc.stdout and "Nothing was written." in proc.stdout
     assert list(here.iterdir()) == []
+
+
+def test_help_is_whole_plain_sentences_with_the_jobs_keys_first():
+    from espnet3_flows.orchestration.entry import first_sentence, usage
+
+    text = usage("collect_stats")
+    assert ":class:" not in text and ":mod:" not in text and "``" not in text and "…" not in text
+    assert "parallel.options={}\n      Keyword arguments for the cluster class (e.g." in text  # not cut at "e.g."
+    assert text.index("\n  frontend.type=") < text.index("\n  shard_size=") < text.index("\n  parallel.env=")
+    assert "manifests.train=data/train.tsv" in text
+    assert max(len(line) for line in text.splitlines() if line.startswith("      ")) <= 100
+    assert first_sentence("Uses :class:`~a.b.Thing` and :mod:`a.b`, e.g. ``x``. Then more.") == \
+        "Uses `Thing` and `a.b`, e.g. `x`."
