@@ -194,13 +194,26 @@ class Storage:
             pass
 
     def check_writable(self) -> None:
-        """Write and delete a probe file, raising :class:`StorageError` with a clear reason."""
+        """Write and delete a probe file, raising :class:`StorageError` with a clear reason. Local
+        directories made for the probe are removed again: a run that stops at its next check
+        (a missing manifest) leaves nothing behind."""
         probe = f".write-probe-{uuid.uuid4().hex}"
+        made: list[Path] = []
+        if self.is_local:
+            missing = Path(self.path())
+            while not missing.exists() and missing != missing.parent:
+                made.append(missing)  # deepest first
+                missing = missing.parent
         try:
             self.write_bytes(probe, b"ok")
         except StorageError as exc:
             raise StorageError(f"output location {self.uri()} is not writable: {exc.__cause__ or exc}") from None
-        self.remove(probe)
+        finally:
+            with contextlib.suppress(StorageError, OSError):
+                self.remove(probe)
+            for directory in made:
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
 
 
 @contextlib.contextmanager

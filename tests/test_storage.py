@@ -163,7 +163,10 @@ def test_a_symlinked_output_is_replaced_never_written_through(tmp_path, write):
 
 def test_check_writable(tmp_path):
     Storage(tmp_path / "new" / "dir").check_writable()
-    assert list((tmp_path / "new" / "dir").iterdir()) == []  # the probe is removed
+    assert not (tmp_path / "new").exists()  # the probe and the directories made for it are removed
+    (tmp_path / "old").mkdir()
+    Storage(tmp_path / "old" / "dir").check_writable()
+    assert list(tmp_path.joinpath("old").iterdir()) == []  # what existed stays
     blocker = tmp_path / "file.txt"
     blocker.write_text("a regular file")
     target = blocker / "sub"

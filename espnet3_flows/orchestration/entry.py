@@ -22,6 +22,7 @@ from espnet3_flows.config import ConfigError, describe_keys, split_cli_args
 from espnet3_flows.deadlines import is_outage
 from espnet3_flows.errors import clip_lines
 from espnet3_flows.inputs.demo import demo_not_generated, pending_demo
+from espnet3_flows.inputs.records import ManifestError
 from espnet3_flows.credentials import find_secrets, mask_secrets, refuse_secrets, secrets_in_overrides
 from espnet3_flows.orchestration.console import print_summary, print_unchanged, quiet_console, quiet_workers_of
 from espnet3_flows.orchestration.deploy_steps import api_lost, is_api_lost, refuse_transient, run_paths
@@ -208,10 +209,15 @@ def exit_now(status: int) -> NoReturn:
     os._exit(status)
 
 
+#: Errors in what the user gave: exit status 2, one line, and no traceback file written
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, ManifestError)
+
+
 def _report(exc: BaseException, verbose: bool) -> int:
     """Print the one ``error:`` line (with ``--verbose`` also the traceback); the exit status:
-    2 for a config error, 1 for any other."""
-    config = isinstance(exc, ConfigError)
+    2 for an error in what the user gave (the config, a manifest: :data:`USER_ERRORS`), 1 for a
+    run that failed."""
+    config = isinstance(exc, USER_ERRORS)
     lost = is_api_lost(exc)
     if lost:
         drop_undeliverable_api_work()  # else the exit waits ~7 s per queued event for the dead server

@@ -209,3 +209,16 @@ def test_help_is_whole_plain_sentences_with_the_jobs_keys_first():
     assert max(len(line) for line in text.splitlines() if line.startswith("      ")) <= 100
     assert first_sentence("Uses :class:`~a.b.Thing` and :mod:`a.b`, e.g. ``x``. Then more.") == \
         "Uses `Thing` and `a.b`, e.g. `x`."
+
+
+def test_a_missing_manifest_is_the_users_error_and_leaves_nothing_behind(tmp_path):
+    env = {**_clean_env(tmp_path), "PYTHONPATH": str(ROOT)}
+    here = tmp_path / "work"
+    here.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "espnet3_flows", "collect_stats",
+                           f"manifests.train={tmp_path / 'nowhere' / 'train.tsv'}", "output_dir=exp/o"],
+                          cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert lines == [f"error: split 'train': manifest not found: {tmp_path / 'nowhere' / 'train.tsv'}"], lines
+    assert list(here.iterdir()) == []
