@@ -205,7 +205,8 @@ def print_summary(job: str, summaries: dict[str, Any], storage_options: dict[str
     redacted)."""
     from espnet3_flows.storage import redact
 
-    print(f"\n{job} finished (storage options: {redact(storage_options or {})})")
+    options = redact(storage_options or {})
+    print(f"\n{job} finished" + (f" (storage options: {options})" if options else ""))
     for split, s in summaries.items():
         print(f"  {split}: {s.get('utterances')} utterances, {s.get('seconds', 0):.1f} s of audio, "
               f"shards computed {s.get('shards_computed')} / cached {s.get('shards_cached')}, "
