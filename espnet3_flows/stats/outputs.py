@@ -196,7 +196,7 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
         if tokens.enabled:
             files += ["text_shape", f"text_shape.{tokens.token_type}"]
         files += ["speech_shape", "stats_keys", "batch_keys"]
-        if n_utts and _plot(stage / "stats.png", acc, hist, edges, in_frames):
+        if n_utts and _plot(stage / "stats.png", acc, hist, edges, in_frames, f"{split}: {n_utts} utterances"):
             files.append("stats.png")
         if cfg.write_collected_feats:
             _merge_scp(runner, results, stage / "feats.scp")
@@ -260,8 +260,10 @@ def _merge_scp(runner: UtteranceRunner, results: list[ShardResult], dest: Path) 
                 out.write(f"{key} {ark_uri}:{offset}\n")
 
 
-def _plot(path: Path, acc: StatsAccumulator, hist: np.ndarray, edges: np.ndarray, in_frames: bool) -> bool:
-    """Per-dimension mean ± std and a length histogram, as a PNG (False if nothing to plot)."""
+def _plot(path: Path, acc: StatsAccumulator, hist: np.ndarray, edges: np.ndarray, in_frames: bool,
+          title: str = "") -> bool:
+    """Per-dimension mean ± std and a length histogram, as a PNG titled ``title`` (the split)
+    (False if nothing to plot)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -275,13 +277,17 @@ def _plot(path: Path, acc: StatsAccumulator, hist: np.ndarray, edges: np.ndarray
         axes[0].plot(dims, acc.mean, lw=1.2, label="mean")
         axes[0].fill_between(dims, acc.mean - std, acc.mean + std, alpha=0.3, label="± std")  # type: ignore[operator]
         axes[0].set_xlabel("feature dimension")
+        axes[0].set_ylabel("feature value")
         axes[0].set_title("per-dimension mean ± std")
         axes[0].legend(fontsize=8)
     ax = axes[-1]
     ax.stairs(hist, edges, fill=True)
     ax.set_xlabel("frames" if in_frames else "seconds")
+    ax.set_ylabel("utterances")
     ax.set_title("utterance lengths")
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.88, wspace=0.25)  # no tight_layout: it draws twice
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.16, top=0.82 if title else 0.88, wspace=0.25)  # no tight_layout: it draws twice
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     path.write_bytes(buf.getvalue())
