@@ -43,6 +43,9 @@ $(VENV)/.installed: $(CONSTRAINTS) pyproject.toml
 	  echo "install: $(VENV) has no completion stamp (an unfinished install): building it again" >&2; \
 	  rm -rf $(VENV); fi
 	@rm -f $@
+	@if test -x $(PY); then echo "install: updating $(VENV) (pyproject.toml or the pins changed)" >&2; \
+	else echo "install: building $(VENV): torch (a CUDA build), Prefect, Dask, lhotse, speechbrain," \
+	  "ESPnet and the test tools, ~8 GB; 5-10 minutes on a first install, pip prints little meanwhile" >&2; fi
 	@test -x $(PY) || { $(MAKE) --no-print-directory python-venv && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
