@@ -3,7 +3,9 @@
 They are speed-ups, not fixes: with a Prefect version they were not verified against
 (:data:`VERIFIED_PREFECT`), none is installed, a warning says so, and runs are correct but
 slower. ``tests/orchestration/test_prefect_compat.py`` fails when the installed Prefect is not
-a verified one, so that a pin change re-verifies them.
+a verified one, so that a pin change re-verifies them. ``ESPNET3_FLOWS_PATCHES=off`` in the
+environment turns every one of them off (to tell whether one is behind a problem; runs stay
+correct, with more overhead per shard task): a test runs a flow so.
 
 **Shared TLS contexts.** One verified TLS context per CA file for Prefect's API clients in this process.
 
@@ -53,14 +55,19 @@ from typing import Any, Callable
 VERIFIED_PREFECT = ("3.8.8",)
 #: prefect-dask versions :func:`untokenized_task_keys` was verified against
 VERIFIED_PREFECT_DASK = ("0.3.7",)
+#: ``off`` in this variable: no patch of Prefect is installed
+PATCHES_ENV = "ESPNET3_FLOWS_PATCHES"
 _LOG = logging.getLogger(__name__)
 _WARNED: list[str] = []
 
 
 def prefect_verified() -> bool:
-    """Whether the installed Prefect is one the patches were verified against (warns once if not)."""
+    """Whether the patches may be installed: the installed Prefect is one they were verified
+    against (warns once if not) and :data:`PATCHES_ENV` does not turn them off."""
     import prefect
 
+    if os.environ.get(PATCHES_ENV, "").strip().lower() == "off":
+        return False
     if prefect.__version__ in VERIFIED_PREFECT:
         return True
     if not _WARNED:

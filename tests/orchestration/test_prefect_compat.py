@@ -149,3 +149,57 @@ def test_heartbeats_still_sent_and_their_thread_ends_with_the_run(prefect_harnes
         run_id = short()
     assert sent == [run_id]  # one at the start; the next would be 30 s later
     assert not [t for t in threading.enumerate() if t.name == "flow-run-heartbeat"]
+
+
+def test_one_switch_turns_every_patch_off(monkeypatch):
+    import importlib
+
+    import prefect.task_engine as task_engine
+    from prefect.context import EngineContext, SettingsContext
+    from prefect_dask.client import PrefectDaskClient
+
+    monkeypatch.setenv(prefect_compat.PATCHES_ENV, "off")
+    client_module = importlib.import_module("prefect.client.orchestration")
+    targets = [(client_module, "ssl"), (SettingsContext, "serialize"), (task_engine, "hydrated_context"),
+               (EngineContext, "serialize"), (PrefectDaskClient, "submit"), (flow_engine, "_send_heartbeats")]
+    saved = [vars(owner).get(name) for owner, name in targets]
+    try:  # (undo the patches other tests of this session installed, so that this sees a pristine Prefect)
+        for (owner, name), value in zip(targets, saved):
+            setattr(owner, name, getattr(value, "__wrapped__", value) if name != "ssl" else __import__("ssl"))
+        before = [vars(owner).get(name) for owner, name in targets]
+        assert not any([prefect_compat.share_tls_contexts(), prefect_compat.cache_settings_serialization(),
+                        prefect_compat.cache_settings_hydration(), prefect_compat.cache_flow_context_serialization(),
+                        prefect_compat.untokenized_task_keys(), prefect_compat.prompt_heartbeat_stop()])
+        assert [vars(owner).get(name) for owner, name in targets] == before
+    finally:
+        for (owner, name), value in zip(targets, saved):
+            setattr(owner, name, value)
+
+
+@pytest.mark.slow
+@pytest.mark.dask
+def test_a_flow_runs_with_every_patch_off(tmp_path, demo_corpus):
+    """The patches are speed-ups only: with the switch off a flow on a 2-worker cluster is correct."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    from tests.support.servers import cli_env
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "out"
+    env = {**cli_env(tmp_path / "home"), prefect_compat.PATCHES_ENV: "off"}
+    proc = subprocess.run([sys.executable, "flows/collect_stats.py", f"manifests.valid={demo_corpus['valid']}",
+                           f"output_dir={out}", "shard_size=4", "parallel.env=local", "parallel.n_workers=2",
+                           "parallel.inline_shards=0"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    serial = tmp_path / "serial"
+    again = subprocess.run([sys.executable, "flows/collect_stats.py", f"manifests.valid={demo_corpus['valid']}",
+                            f"output_dir={serial}", "shard_size=4", "parallel.env=serial"], cwd=root,
+                           env=cli_env(tmp_path / "home2"), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    with np.load(out / "valid" / "feats_stats.npz") as a, np.load(serial / "valid" / "feats_stats.npz") as b:
+        for key in b.files:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-12)
