@@ -17,6 +17,8 @@ VENV ?= $(HOME)/.cache/espnet3-flows/venv-$(VENV_KEY)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
+# Prefect's client reads DO_NOT_TRACK: without it a first run in a terminal prints a telemetry notice
+export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE := 1
 
 .PHONY: python install python-venv system-deps test test-fast demo bench bench-quick clean distclean gpu-wheels \
