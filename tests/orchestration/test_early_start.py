@@ -87,13 +87,14 @@ def test_log_records_of_the_early_plan_are_replayed_where_enabled(no_forkserver,
 
 def test_what_forked_workers_preload_for_a_runner_and_a_frontend(tmp_path):
     from espnet3_flows.frontends.frontend import FrontendConfig, frontend_modules
-    from espnet3_flows.orchestration.job_run import runner_modules
+    from espnet3_flows.orchestration.job_run import QUIET_WORKERS, runner_modules
     from tests.parallel.espnet3_runners import ListProvider, RecordsRunner
 
     runner = RecordsRunner(ListProvider({"n": 4}), shard_size=2)
-    assert runner_modules(runner) == ("tests.parallel.espnet3_runners",)
+    # the console quieting comes last: after the driver's script, whose imports set the console up
+    assert runner_modules(runner) == ("tests.parallel.espnet3_runners", QUIET_WORKERS)
     runner.worker_modules = ("colorsys",)  # a runner's own list (e.g. its model's package)
-    assert runner_modules(runner) == ("tests.parallel.espnet3_runners", "colorsys")
+    assert runner_modules(runner) == ("tests.parallel.espnet3_runners", "colorsys", QUIET_WORKERS)
     assert frontend_modules(FrontendConfig()) == ()  # fbank: lhotse, every stats worker's
     assert frontend_modules(FrontendConfig(type="espnet2")) == ("torch", "espnet3_flows.frontends.espnet2_default")
     assert frontend_modules(FrontendConfig(type="espnet2", espnet2_class=True)) == ("espnet2.asr.frontend.default",
