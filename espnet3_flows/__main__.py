@@ -27,10 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args or args[0] in ("-h", "--help"):  # asked for the list: stdout, success
             print(usage)
             return 0
-        import difflib
+        from espnet3_flows.config import did_you_mean
 
-        close = difflib.get_close_matches(args[0].replace("-", "_"), list(jobs), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(args[0].replace("-", "_"), jobs)
         print(f"{usage}\n\nerror: unknown job {args[0]!r}{hint}", file=sys.stderr)
         return 2
     from espnet3_flows.orchestration.entry import main as run

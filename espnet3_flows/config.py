@@ -7,7 +7,7 @@ import difflib
 import importlib
 import re
 from pathlib import Path
-from typing import Any, Collection, Mapping, Sequence, TypeVar
+from typing import Any, Collection, Iterable, Mapping, Sequence, TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -34,9 +34,12 @@ def _key_suggestion(exc: OmegaConfBaseException) -> str:
     if not (isinstance(schema, type) and dataclasses.is_dataclass(schema) and isinstance(key, str)):
         return ""
     names = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
-    if key in names:
-        return ""
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    return "" if key in names else did_you_mean(key, names)
+
+
+def did_you_mean(word: str, options: Iterable[Any]) -> str:
+    """`` (did you mean 'local'?)``: the option closest to a misspelt ``word``, or ``""``."""
+    close = difflib.get_close_matches(str(word), [str(o) for o in options], n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -121,12 +124,8 @@ def check_choices(obj: Any, prefix: str = "", skip: Collection[str] = ()) -> Non
 def check_choice(key: str, value: Any, choices: Sequence[Any]) -> None:
     """Raise :class:`ConfigError` unless ``value`` is one of ``choices``, naming ``key``, the
     choices and the closest one."""
-    import difflib
-
     if value not in choices:
-        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{key} must be one of {tuple(choices)}, got {value!r}{hint}")
+        raise ConfigError(f"{key} must be one of {tuple(choices)}, got {value!r}{did_you_mean(value, choices)}")
 
 
 def check_on_error(value: Any, key: str = "on_error") -> None:

@@ -9,7 +9,6 @@ Dask cluster class or factory a site has (as prefect-dask's ``cluster_class``), 
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import inspect
@@ -18,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from espnet3_flows.config import ConfigError
+from espnet3_flows.config import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from espnet3_flows.parallel.cluster import ParallelConfig
@@ -126,9 +125,8 @@ def get_backend(name: str) -> Backend:
     try:
         return _BACKENDS[name]
     except KeyError:
-        close = difflib.get_close_matches(name, list(_BACKENDS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"parallel.env: Unknown env {name!r}{hint}; the envs are: {', '.join(_BACKENDS)}") from None
+        raise ConfigError(f"parallel.env: Unknown env {name!r}{did_you_mean(name, _BACKENDS)}; the envs are: "
+                          f"{', '.join(_BACKENDS)}") from None
 
 
 def backend_of(cfg: ParallelConfig) -> Backend:
@@ -200,9 +198,8 @@ def check_options(cfg: ParallelConfig, backend: Backend, factory: Any) -> None:
     if accepted is not None:
         for key in cfg.options:
             if key not in accepted:
-                close = difflib.get_close_matches(key, sorted(accepted), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"parallel.options.{key}: not an option of {backend.cluster}{hint}")
+                raise ConfigError(f"parallel.options.{key}: not an option of {backend.cluster}"
+                                  f"{did_you_mean(key, sorted(accepted))}")
     for key in backend.required:
         if key not in cfg.options:
             raise ConfigError(f"parallel.env={backend.name} needs parallel.options.{key}")
