@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from espnet3_flows.errors import BadItemError
+from espnet3_flows.frontends.pinned import PinnedStaging
 
 
 #: Samples per batch of :meth:`FastFbank.batch` (~17 min of 16 kHz audio: ~0.7 GB of frames on a GPU)
@@ -42,7 +43,7 @@ class FastFbank:
         #: whether the fast path covers this config; otherwise lhotse's ``extract`` runs
         self.fast = False
         self._device_tensors: dict[str, Any] = {}
-        self._staging: Any = None
+        self._staging = PinnedStaging()
         try:
             self._read_layout(extractor)
         except (AttributeError, ImportError, TypeError, ValueError, IndexError) as exc:
@@ -107,21 +108,28 @@ class FastFbank:
         Raises:
             FbankTooShortError: the waveform has fewer than ``min_samples`` samples.
         """
-        import torch
+        return self._alone(self._checked(samples))
 
+    def _checked(self, samples: np.ndarray) -> np.ndarray:
+        """``samples`` as writable contiguous float32, checked: mono and at least ``min_samples`` long."""
         array = np.ascontiguousarray(samples, dtype=np.float32)
         if not array.flags.writeable:  # torch.from_numpy warns on read-only memory
             array = array.copy()
-        wave = torch.from_numpy(array)
-        if wave.ndim != 1:
-            raise ValueError(f"expected a mono waveform, got shape {tuple(wave.shape)}")
-        if wave.numel() < self.min_samples:
-            raise FbankTooShortError(f"audio of {wave.numel()} samples is shorter than one fbank frame needs "
+        if array.ndim != 1:
+            raise ValueError(f"expected a mono waveform, got shape {tuple(array.shape)}")
+        if array.size < self.min_samples:
+            raise FbankTooShortError(f"audio of {array.size} samples is shorter than one fbank frame needs "
                                      f"({self.min_samples} samples at {self.sampling_rate} Hz)")
+        return array
+
+    def _alone(self, array: np.ndarray) -> np.ndarray:
+        """The features of one checked waveform (:meth:`_checked`)."""
+        import torch
+
         with torch.inference_mode():
             if not self.fast:
-                return np.asarray(self.extractor.extract(wave.numpy(), self.sampling_rate))
-            return self._features(wave).numpy()
+                return np.asarray(self.extractor.extract(array, self.sampling_rate))
+            return self._features(torch.from_numpy(array)).numpy()
 
     def _features(self, wave: Any) -> Any:
         import torch
@@ -149,7 +157,6 @@ class FastFbank:
             torch.matmul(weights, power[:, low:high].T, out=mel[first:last])
         return mel.clamp_min_(self._eps).log_().T.contiguous()
 
-
     def batch(self, waves: Sequence[np.ndarray], device: str = "cpu",
               max_batch_samples: int = DEFAULT_BATCH_SAMPLES, gather: bool | None = None) -> list[np.ndarray]:
         """Features of many waveforms, computed on ``device`` in batches of concatenated frames.
@@ -167,18 +174,12 @@ class FastFbank:
         """
         import torch
 
-        arrays = [np.ascontiguousarray(w, dtype=np.float32) for w in waves]
-        for w in arrays:
-            if w.ndim != 1:
-                raise ValueError(f"expected mono waveforms, got shape {w.shape}")
-            if w.size < self.min_samples:
-                raise FbankTooShortError(f"audio of {w.size} samples is shorter than one fbank frame needs "
-                                         f"({self.min_samples} samples at {self.sampling_rate} Hz)")
+        arrays = [self._checked(w) for w in waves]
         dev = torch.device(device)
         if gather is None:
             gather = dev.type != "cpu"
         if not gather or not self.fast or self._dither != 0.0:  # (dither draws per call: keep __call__'s)
-            return [self(w) for w in arrays]
+            return [self._alone(a) for a in arrays]
         out: list[np.ndarray] = []
         start = 0
         while start < len(arrays):
@@ -218,10 +219,8 @@ class FastFbank:
         import torch
 
         total = sum(a.size for a in arrays)
-        if dev.type == "cuda":  # one pinned buffer, reused: pinning per batch costs more than the copy
-            if self._staging is None or self._staging.numel() < total:
-                self._staging = torch.empty(max(total, 1 << 20), dtype=torch.float32, pin_memory=True)
-            host = self._staging[:total]
+        if dev.type == "cuda":
+            host = self._staging.take(total)
             np.concatenate(arrays, out=host.numpy())
         else:
             host = torch.from_numpy(np.concatenate(arrays))

@@ -12,9 +12,10 @@ import numpy as np
 from espnet3_flows.inputs.audio import check_audio_settings
 from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.frontends.espnet2_frontend import ESPNET2_FRONTENDS
+from espnet3_flows.frontends.pinned import PinnedStaging
+from espnet3_flows.frontends.precision import PRECISIONS, check_precision, precision_scope
 
 FRONTEND_TYPES = ("fbank", "none", "model", "espnet2")
-from espnet3_flows.frontends.precision import PRECISIONS, check_precision, precision_scope
 #: Version of the fbank computation, hashed into collect-stats shards: features that differ even
 #: in float32 rounding are recomputed rather than merged with older shards. These identifiers are
 #: not module paths (the modules moved from stats/): changing one recomputes every user's shards
@@ -269,7 +270,7 @@ class TorchFrontend:
         check_precision(precision)
         self.extract, self.device, self.max_batch_samples = extract, torch.device(device), max_batch_samples
         self.precision = precision
-        self._staging: Any = None  # pinned host memory the padded batches are assembled in (on a GPU)
+        self._staging = PinnedStaging()  # where the padded batches are assembled on a GPU
         if hasattr(module, "to"):
             module.to(self.device)
         if hasattr(module, "eval"):
@@ -308,16 +309,13 @@ class TorchFrontend:
 
 
     def _padded(self, rows: int, samples: int) -> Any:
-        """A zeroed ``[rows, samples]`` float32 batch: in reused pinned memory on a GPU (allocating
-        pinned memory per batch costs more than the copy it speeds up), else a new tensor."""
+        """A zeroed ``[rows, samples]`` float32 batch: in reused pinned memory on a GPU
+        (:class:`~espnet3_flows.frontends.pinned.PinnedStaging`), else a new tensor."""
         import torch
 
         if self.device.type != "cuda":
             return torch.zeros(rows, samples, dtype=torch.float32)
-        n = rows * samples
-        if self._staging is None or self._staging.numel() < n:
-            self._staging = torch.empty(max(n, 1 << 20), dtype=torch.float32, pin_memory=True)
-        return self._staging[:n].view(rows, samples).zero_()
+        return self._staging.take(rows * samples).view(rows, samples).zero_()
 
 
 def model_frontend(model: Any, device: str = "cpu", max_batch_samples: int = 0,
