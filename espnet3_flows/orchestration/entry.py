@@ -217,18 +217,18 @@ def _report(exc: BaseException, verbose: bool) -> int:
     """Print the one ``error:`` line (with ``--verbose`` also the traceback); the exit status:
     2 for an error in what the user gave (the config, a manifest: :data:`USER_ERRORS`), 1 for a
     run that failed."""
-    config = isinstance(exc, USER_ERRORS)
+    users = isinstance(exc, USER_ERRORS)
     lost = is_api_lost(exc)
     if lost:
         drop_undeliverable_api_work()  # else the exit waits ~7 s per queued event for the dead server
         exc = api_lost(exc)
-    line = f"error: {exc}" if config or lost else f"error: {type(exc).__name__}: {exc}"
+    line = f"error: {exc}" if users or lost else f"error: {type(exc).__name__}: {exc}"
     if lost:  # that shipper ended its last failure without a newline
         line = "\n" + line
     print(clip_lines(line), file=sys.stderr)  # inputs are clipped where quoted; a library's text here
     if verbose:
         traceback.print_exc()
-    return 2 if config else 1
+    return 2 if users else 1
 
 
 def _save_traceback(job: str, cfg: Any) -> str | None:

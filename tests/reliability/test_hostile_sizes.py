@@ -66,7 +66,7 @@ def test_a_line_over_the_bound_is_named_never_held(tmp_path, demo_corpus, on_err
     assert len(err.encode()) < STDERR_BOUND, err[:5000]
     _assert_saved_small(out)
     if on_error == "fail":
-        assert code == 1
+        assert code == 2  # the manifest's error, found while planning: the user's (2)
         line = _error_line(err)
         assert f"{manifest}:4" in line and "1 MiB" in line and "more characters" in line, line
         assert rss < PLAN_FAIL_RSS_BOUND, rss
@@ -99,7 +99,7 @@ def test_a_gzip_bomb_leaves_no_unbounded_copy(tmp_path, demo_corpus, on_error):
     assert len(err.encode()) < STDERR_BOUND, err[:5000]
     _assert_saved_small(out)
     if on_error == "fail":
-        assert code == 1 and spooled == 0, (code, spooled)
+        assert code == 2 and spooled == 0, (code, spooled)
         assert f"{manifest}:4" in _error_line(err)
         assert rss < PLAN_FAIL_RSS_BOUND, rss  # a 200 MB line held whole would cost ~1 GB here
     else:
@@ -146,7 +146,7 @@ def test_a_kaldi_data_dir_line_over_the_bound_is_named_never_held(tmp_path, demo
     assert len(err.encode()) < STDERR_BOUND, err[:5000]
     _assert_saved_small(out)
     if on_error == "fail":
-        assert code == 1
+        assert code == 2  # the manifest's error, found while planning: the user's (2)
         line = _error_line(err)
         assert "wav.scp" in line and ":4" in line and "1 MiB" in line and "more characters" in line, line
         assert rss < PLAN_FAIL_RSS_BOUND, rss
