@@ -113,6 +113,7 @@ class LocalPrefectServer:
         self._lock: int | None = None
         self._launcher: threading.Thread | None = None
         self._launch_error: BaseException | None = None
+        self._env: dict[str, str] = {}  # the server's environment, read at launch
         self._cancelled = threading.Event()
 
     @property
@@ -140,6 +141,9 @@ class LocalPrefectServer:
         server would wait for it. When another run's server is starting, this one is started by
         that thread once the other answers.
         """
+        # the environment is read here, in the caller's thread: the launcher thread must not read
+        # os.environ while this thread may change it (a cluster's start drops Dask's trim threshold)
+        self._env = server_environment()
         self._lock = _open_start_lock()
         now = self._lock is None or _try_lock(self._lock)
         if now:
@@ -165,8 +169,9 @@ class LocalPrefectServer:
                 proc = self.process
                 if proc is None or proc.poll() is not None:
                     return
+                # (trust_env off: loopback goes through no proxy, and no os.environ is read here)
                 with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{self.api_url}/health", timeout=2).status_code == 200:
+                    if httpx.get(f"{self.api_url}/health", timeout=2, trust_env=False).status_code == 200:
                         return
                 self._cancelled.wait(0.2)
         except BaseException as exc:  # noqa: BLE001 - raised by wait_ready, in the caller's thread
@@ -183,7 +188,7 @@ class LocalPrefectServer:
         if spec is None or not spec.submodule_search_locations:
             raise RuntimeError("prefect is not installed")
         app_dir = Path(list(spec.submodule_search_locations)[0]).parent
-        env = server_environment()
+        env = self._env
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
@@ -208,7 +213,7 @@ class LocalPrefectServer:
                 err = self.process.stderr.read().decode(errors="replace")[-2000:] if self.process.stderr else ""
                 raise RuntimeError(f"the local Prefect server exited with code {self.process.returncode}: {err}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.api_url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{self.api_url}/health", timeout=2, trust_env=False).status_code == 200:
                     return
             time.sleep(0.25)
         self.stop()
