@@ -191,11 +191,12 @@ def part_fbank(device: str, quick: bool) -> dict[str, Any]:
     data = waves(16 if quick else 2000, 1 if quick else 2, 3 if quick else 16, seed=2)
     subset = data if quick else data[:100]
     cpu = FbankFrontend(FrontendConfig())
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the CPU row is per core
     try:
         cpu_s, cpu_feats = timed("cpu", lambda: cpu(subset, {}))
     finally:
-        torch.set_num_threads(max(1, len(__import__("os").sched_getaffinity(0))))
+        torch.set_num_threads(threads)
     ours = FbankFrontend(FrontendConfig(device=device))
     # on the CPU the product computes one utterance at a time; the gathered path is forced here so
     # that the rehearsal runs every step the GPU takes
