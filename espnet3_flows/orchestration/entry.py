@@ -21,7 +21,6 @@ from prefect import Flow, flow
 from espnet3_flows.config import ConfigError, describe_keys, split_cli_args
 from espnet3_flows.deadlines import is_outage
 from espnet3_flows.errors import clip_lines
-from espnet3_flows.inputs.demo import demo_not_generated, pending_demo
 from espnet3_flows.inputs.records import ManifestError
 from espnet3_flows.credentials import find_secrets, mask_secrets, refuse_secrets, secrets_in_overrides
 from espnet3_flows.orchestration.console import print_summary, print_unchanged, quiet_console, quiet_workers_of
@@ -134,6 +133,8 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
             cfg = early.cfg
         else:
             path, overrides = split_cli_args(args)
+            from espnet3_flows.inputs.demo import demo_not_generated  # (soundfile, fsspec: not at import)
+
             with demo_not_generated() if dry_run else contextlib.nullcontext():
                 cfg = resolve_config(job, path, {}, overrides)
         if print_config:  # the merged config as YAML (credentials redacted), usable as --config
@@ -253,6 +254,8 @@ def _dry_run(job: str, cfg: Any) -> int:
     """``--dry-run``: check the config, plan every split and read its done records; print what a run
     would compute. Starts no server or cluster and writes nothing, anywhere (a config that names no
     input: the demo it would generate is only described)."""
+    from espnet3_flows.inputs.demo import pending_demo
+
     demo = pending_demo(cfg.output_dir, dict(cfg.manifests))
     if demo is not None:
         print(f"{job} (dry run): no input is named, so a run generates the demo data in {demo} and computes it; "
