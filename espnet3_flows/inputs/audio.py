@@ -25,6 +25,7 @@ import soundfile as sf
 from espnet3_flows.deadlines import with_deadlines
 from espnet3_flows.errors import BadItemError, clip, describe_os_error, is_item_os_error, quote
 from espnet3_flows.inputs.formats.base import format_named
+from espnet3_flows.inputs.pcm_wav import read_pcm16_wav
 from espnet3_flows.inputs.records import Utterance, entry_kind
 
 
@@ -368,6 +369,10 @@ def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str
     protocol = fsspec.core.split_protocol(path)[0]
     if protocol in (None, "file"):
         source: Any = _check_local_file(path)  # missing: FileNotFoundError (libsndfile says "System error.")
+        if source.lower().endswith((".wav", ".wave")):  # most corpora: 16-bit PCM, read 3x faster
+            read = read_pcm16_wav(source, config.max_duration if check_duration else None)
+            if read is not None:
+                return read
     else:
         with fsspec.open(path, "rb", **with_deadlines(storage_options, path)) as f:
             source = io.BytesIO(f.read())
