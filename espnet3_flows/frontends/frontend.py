@@ -347,8 +347,10 @@ def frontend_modules(cfg: FrontendConfig) -> tuple[str, ...]:
     in their forkserver): an ESPnet2 frontend's module (and librosa's mel filters, which the
     ``default`` and ``fused`` frontends build: ~0.7 s of scipy and numba imports), or a
     ``model``'s module. ``default``'s fast path needs only torch and its own module (and ESPnet2's
-    for the probe of an ESPnet release it was not checked against). Empty for ``fbank`` and
-    ``none`` (lhotse is every stats worker's)."""
+    for the probe of an ESPnet release it was not checked against). lhotse for ``fbank`` (its
+    framing and config); empty for ``none``."""
+    if cfg.type == "fbank":
+        return ("lhotse",)
     if cfg.type == "model":
         target = str((cfg.model or {}).get("_target_") or "")
         return (target.rpartition(".")[0],) if "." in target else ()

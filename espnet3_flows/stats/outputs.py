@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import posixpath
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,7 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
     """
     store = runner.storage
     assert store is not None, "collect-stats needs an output_dir"
+    plotting = _import_plotting_beside()  # (workers do not preload it: it would delay every first shard)
     split, cfg = runner.split, runner.cfg
     skipped = [*runner.manifest_skipped(), *(SkippedItem.from_dict(s) for r in results for s in r.skipped)]
     acc = merge_stats(results)
@@ -196,6 +199,7 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
         if tokens.enabled:
             files += ["text_shape", f"text_shape.{tokens.token_type}"]
         files += ["speech_shape", "stats_keys", "batch_keys"]
+        plotting.join()
         if n_utts and _plot(stage / "stats.png", acc, hist, edges, in_frames, f"{split}: {n_utts} utterances"):
             files.append("stats.png")
         if cfg.write_collected_feats:
@@ -258,6 +262,20 @@ def _merge_scp(runner: UtteranceRunner, results: list[ShardResult], dest: Path) 
             ark_uri = store.uri(runner.split, "collect_feats", shard_ark_name(r.shard.name))
             for key, offset in scp_offsets(store.read_bytes(scp_rel).decode("utf-8"), r.shard.name).items():
                 out.write(f"{key} {ark_uri}:{offset}\n")
+
+
+def _import_plotting_beside() -> threading.Thread:
+    """matplotlib's Figure and Agg canvas imported on a thread (~0.5 s) while the merge reads and
+    sorts the shards' rows; join it before plotting (an import that fails there fails again, and
+    is reported, in :func:`_plot`)."""
+    def _import() -> None:
+        with contextlib.suppress(Exception):
+            import matplotlib.backends.backend_agg  # noqa: F401
+            import matplotlib.figure  # noqa: F401
+
+    thread = threading.Thread(target=_import, name="espnet3-import-matplotlib", daemon=True)
+    thread.start()
+    return thread
 
 
 def _plot(path: Path, acc: StatsAccumulator, hist: np.ndarray, edges: np.ndarray, in_frames: bool,

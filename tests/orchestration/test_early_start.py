@@ -95,7 +95,8 @@ def test_what_forked_workers_preload_for_a_runner_and_a_frontend(tmp_path):
     assert runner_modules(runner) == ("tests.parallel.espnet3_runners", QUIET_WORKERS)
     runner.worker_modules = ("colorsys",)  # a runner's own list (e.g. its model's package)
     assert runner_modules(runner) == ("tests.parallel.espnet3_runners", "colorsys", QUIET_WORKERS)
-    assert frontend_modules(FrontendConfig()) == ()  # fbank: lhotse, every stats worker's
+    assert frontend_modules(FrontendConfig()) == ("lhotse",)  # fbank
+    assert frontend_modules(FrontendConfig(type="none")) == ()
     assert frontend_modules(FrontendConfig(type="espnet2")) == ("torch", "espnet3_flows.frontends.espnet2_default")
     assert frontend_modules(FrontendConfig(type="espnet2", espnet2_class=True)) == ("espnet2.asr.frontend.default",
                                                                                      "librosa.filters")
