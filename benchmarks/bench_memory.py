@@ -55,7 +55,6 @@ def child_plan(manifest: str, output_dir: str) -> dict[str, Any]:
     Planning is one streaming pass (``plan_manifest``); reading the lines alone and fingerprinting
     the paths alone are timed too, to split the pass into its parts.
     """
-    from espnet3_flows.inputs.fingerprints import Fingerprinter
     from espnet3_flows.inputs.manifest import iter_manifest_lines
     from espnet3_flows.stats.job import CollectStatsConfig, CollectStatsRunner
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from espnet3_flows.errors import clip
 from espnet3_flows.hashing import add_item, code_salt, config_digest, id_hash64, shard_hasher, shards_digest

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import functools
-import os
 import posixpath
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from espnet3_flows.inputs.audio import AudioConfig, RecordingCache, recording_key

@@ -30,7 +30,8 @@ _CURRENT: ParallelConfig | None = None
 #: client → the token of the env its ``setup_fn`` built on the workers (see :func:`get_client`)
 _SETUP_ENVS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
-__all__ = ["DictReturnWorkerPlugin", "GpuClusterError", "WorkerEnvPlugin", "build_client", "build_local_gpu_cluster",
+# (the two plugin names come from the module-level __getattr__ below: imported on first use)
+__all__ = ["DictReturnWorkerPlugin", "GpuClusterError", "WorkerEnvPlugin", "build_client", "build_local_gpu_cluster",  # noqa: F822
            "get_client", "get_parallel_config", "parallel_for", "parallel_is_set", "parallel_map", "set_parallel",
            "visible_gpu_count"]
 

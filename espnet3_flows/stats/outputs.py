@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import posixpath
 import shutil
 import tempfile
 import threading

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import uuid
-from pathlib import Path
 
 import fsspec
 import numpy as np

@@ -136,7 +136,7 @@ def _permanent_os_error(tmp_path: Path, kind: str) -> tuple[Path, str]:
 @pytest.mark.parametrize("kind", ["symlink-loop", "name-too-long", "not-a-directory"])
 def test_os_errors_permanent_for_one_file_are_bad_items(tmp_path, good, clean, kind):
     path, name = _permanent_os_error(tmp_path, kind)
-    _check_fail_and_skip(tmp_path, good, clean, f"bad-os\t{path}", "bad-os", f"cannot open audio file: ", "retries=2")
+    _check_fail_and_skip(tmp_path, good, clean, f"bad-os\t{path}", "bad-os", "cannot open audio file: ", "retries=2")
     assert name in _skipped(tmp_path / "skip")[0][4]
 
 
