@@ -8,7 +8,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from espnet3_flows.inputs.audio import AudioConfig, RecordingCache, recording_key
+from espnet3_flows.inputs.audio_config import AudioConfig
+from espnet3_flows.inputs.recording_cache import RecordingCache, recording_key
 from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.inputs.demo import DEMO_UTTERANCES
 from espnet3_flows.inputs.fingerprints import FINGERPRINT_MODES
@@ -233,7 +234,7 @@ class ShardDataset:
     """One shard's utterances, indexed by their positions in the split (what ``forward`` receives).
 
     Attributes:
-        audio_cache: The shard's :class:`~espnet3_flows.inputs.audio.RecordingCache`: pass it to
+        audio_cache: The shard's :class:`~espnet3_flows.inputs.recording_cache.RecordingCache`: pass it to
             :func:`~espnet3_flows.inputs.audio.load_audio` so that segments of one recording decode it once.
     """
 

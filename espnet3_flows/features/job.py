@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from espnet3_flows.inputs.audio import AudioConfig
+from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import ConfigError
 from espnet3_flows.features.outputs import FeatureShardWriter, publish_split, shard_ark_rel
 from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend, extract_features, frontend_modules

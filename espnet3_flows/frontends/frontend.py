@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from espnet3_flows.inputs.audio import check_audio_settings
+from espnet3_flows.inputs.audio_config import check_audio_settings
 from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.frontends.espnet2_frontend import ESPNET2_FRONTENDS
 from espnet3_flows.frontends.pinned import PinnedStaging
@@ -399,9 +399,9 @@ def extract_features(utts: Sequence[Any], frontend: Callable[..., Sequence[np.nd
     Args:
         utts: :class:`~espnet3_flows.inputs.records.Utterance` records.
         frontend: What :func:`build_frontend` built (not ``None``).
-        audio: The :class:`~espnet3_flows.inputs.audio.AudioConfig` to load with.
+        audio: The :class:`~espnet3_flows.inputs.audio_config.AudioConfig` to load with.
         storage_options: fsspec options for remote audio.
-        cache: The shard's :class:`~espnet3_flows.inputs.audio.RecordingCache`.
+        cache: The shard's :class:`~espnet3_flows.inputs.recording_cache.RecordingCache`.
         kwargs: Extra keyword arguments for a model's ``collect_feats``.
 
     Returns:

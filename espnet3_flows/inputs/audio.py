@@ -1,135 +1,43 @@
 """Audio loading for jobs: soundfile decoding through fsspec, Kaldi archives and commands,
 segments of longer recordings, channel choice, resampling, checks. An utterance whose manifest
 format loads its audio itself (:attr:`~espnet3_flows.inputs.records.Utterance.format`: a lhotse
-cut, a dataset row's bytes) is handed to that format from the registry."""
+cut, a dataset row's bytes) is handed to that format from the registry.
+
+The types it shares with the formats and jobs live in :mod:`.audio_config`, the per-shard
+recording cache in :mod:`.recording_cache`, resampling in :mod:`.resampling` and commands in
+:mod:`.audio_commands`; the names are importable from here too.
+"""
 
 from __future__ import annotations
 
 import io
 import math
 import os
-import signal
 import stat
 import struct
-import subprocess
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import fsspec
 import numpy as np
 import soundfile as sf
 
 from espnet3_flows.deadlines import with_deadlines
-from espnet3_flows.errors import BadItemError, clip, describe_os_error, is_item_os_error, quote
+from espnet3_flows.errors import clip, describe_os_error, is_item_os_error, quote
 from espnet3_flows.inputs.formats.base import format_named
+from espnet3_flows.inputs.audio_commands import _streamed_wav_sizes, run_pipe
+from espnet3_flows.inputs.audio_config import (RESAMPLERS, AudioConfig, AudioError, check_audio_settings,
+                                              check_max_duration)
 from espnet3_flows.inputs.pcm_wav import read_pcm16_wav
+from espnet3_flows.inputs.recording_cache import RecordingCache, recording_key
+from espnet3_flows.inputs.resampling import resample
 from espnet3_flows.inputs.records import Utterance, entry_kind
-
-
-class AudioError(BadItemError):
-    """An utterance's audio cannot be used; the message names the utterance and the reason."""
-
-
-def check_audio_settings(prefix: str, sampling_rate: int, channel: int | None, max_duration: float | None) -> None:
-    """Reject impossible audio settings up front (``ValueError`` naming the key under ``prefix``)."""
-    if sampling_rate <= 0:
-        raise ValueError(f"{prefix}sampling_rate must be positive, got {sampling_rate}")
-    if channel is not None and channel < 0:
-        raise ValueError(f"{prefix}channel must be a channel index >= 0 or null (average), got {channel}")
-    if max_duration is not None and max_duration <= 0:
-        raise ValueError(f"{prefix}max_duration must be positive or null, got {max_duration}")
-
-
-@dataclass(frozen=True)
-class AudioConfig:
-    """How audio is read for a job.
-
-    Attributes:
-        sampling_rate: Target rate in Hz; other rates are resampled (see ``resampler``).
-        channel: Channel index to keep from multi-channel audio, or ``None`` for the mean.
-        max_duration: Longest accepted utterance in seconds (checked from the header, before
-            decoding, so a 2-hour file is refused without loading it; for a segment, the
-            segment's length); ``None`` = no limit.
-        allow_pipes: Whether an audio entry ``command |`` may run (its standard output is the
-            audio); see :mod:`espnet3_flows.inputs.kaldi_dir`.
-        pipe_timeout: Seconds a command may run before it is killed (the shard then fails and
-            is retried).
-        resampler: How other rates are resampled (one of `RESAMPLERS`, see :func:`resample`).
-        decode_threads: Threads :func:`load_many` decodes whole files on (1: in the caller).
-    """
-
-    sampling_rate: int = 16000
-    channel: int | None = None
-    max_duration: float | None = 3600.0
-    allow_pipes: bool = False
-    pipe_timeout: float = 600.0
-    resampler: str = "poly"
-    decode_threads: int = 1
 
 
 #: How far a segment may end past its recording before it is a bad item (Kaldi's
 #: ``extract-segments --max-overshoot`` default); up to this it is cut at the end
 MAX_SEGMENT_OVERSHOOT = 0.5
-
-
-class RecordingCache:
-    """Decoded recordings of one shard's segments, so each recording is decoded once for all its
-    segments in the shard.
-
-    A recording is dropped once all its segments in the shard were read (``uses``), and the
-    least recently used ones beyond ``max_bytes`` (a segment read again later then decodes
-    its recording again).
-
-    Args:
-        uses: Recording key (:func:`recording_key`) → number of the shard's segments in it.
-        cwd: Directory commands (``cmd |`` entries) run in; the current one when empty.
-        max_bytes: Most bytes of decoded audio kept.
-    """
-
-    def __init__(self, uses: Mapping[str, int] | None = None, cwd: str = "", max_bytes: int = 2 << 30):
-        self.uses = dict(uses or {})
-        self.cwd = cwd
-        self.max_bytes = max_bytes
-        self.decodes = 0
-        self._data: OrderedDict[str, tuple[np.ndarray, int]] = OrderedDict()
-        self._headers: dict[str, tuple[int, int]] = {}
-        self._bytes = 0
-
-    def get(self, key: str, decode: Callable[[], tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
-        """The recording ``(channels × samples, rate)`` of ``key``, decoded now if not kept."""
-        if key in self._data:
-            self._data.move_to_end(key)
-            return self._data[key]
-        samples, rate = decode()
-        self.decodes += 1
-        self._headers[key] = (samples.shape[-1], rate)
-        self._data[key] = (samples, rate)
-        self._bytes += samples.nbytes
-        while self._bytes > self.max_bytes and len(self._data) > 1:
-            _, (old, _) = self._data.popitem(last=False)
-            self._bytes -= old.nbytes
-        return samples, rate
-
-    def header(self, key: str, read: Callable[[], tuple[int, int]]) -> tuple[int, int]:
-        """``(frames, rate)`` of a recording, read once."""
-        if key not in self._headers:
-            self._headers[key] = read()
-        return self._headers[key]
-
-    def done(self, key: str) -> None:
-        """One segment of ``key`` was read; the recording is dropped after its last."""
-        left = self.uses.get(key, 0) - 1
-        self.uses[key] = left
-        if left <= 0 and key in self._data:
-            self._bytes -= self._data.pop(key)[0].nbytes
-
-
-def recording_key(utt: Utterance) -> str:
-    """The key of an utterance's recording in a :class:`RecordingCache`."""
-    return f"{utt.recording}\0{utt.path}"
 
 
 def load_many(utts: Sequence[Utterance], config: AudioConfig, storage_options: Mapping[str, Any] | None = None,
@@ -330,40 +238,6 @@ def _check_header(f: "sf.SoundFile") -> None:
         raise AudioError("invalid sampling rate in header")
 
 
-def check_max_duration(seconds: float, config: AudioConfig) -> None:
-    """An :class:`AudioError` for an utterance longer than ``config.max_duration``."""
-    if config.max_duration is not None and seconds > config.max_duration:
-        raise AudioError(f"duration {seconds:.1f} s exceeds max_duration {config.max_duration:g} s")
-
-
-#: ``poly``: scipy's polyphase filter by the exact rational ratio; ``librosa``: ``librosa.resample``
-#: with its default (soxr), as ESPnet's ``extract_spk_embed.py`` resamples; ``torchaudio``:
-#: ``torchaudio``'s default sinc resampler, as ``extract_spk_embed_parallel.py`` does.
-RESAMPLERS = ("poly", "librosa", "torchaudio")
-
-
-def resample(x: np.ndarray, orig_sr: int, target_sr: int, method: str = "poly") -> np.ndarray:
-    """``x`` resampled from ``orig_sr`` to ``target_sr`` by ``method`` (one of `RESAMPLERS`; float32 out)."""
-    if method == "librosa":
-        import librosa
-
-        return np.asarray(librosa.resample(x.astype(np.float32), orig_sr=int(orig_sr), target_sr=int(target_sr)),
-                          dtype=np.float32)
-    if method == "torchaudio":
-        import torch
-        import torchaudio
-
-        return torchaudio.functional.resample(torch.from_numpy(x.astype(np.float32))[None], int(orig_sr),
-                                              int(target_sr))[0].numpy()
-    if method != "poly":
-        raise ValueError(f"unknown resampler {method!r}; one of {RESAMPLERS}")
-    from scipy.signal import resample_poly
-
-    g = math.gcd(int(orig_sr), int(target_sr))
-    up, down = int(target_sr) // g, int(orig_sr) // g
-    return resample_poly(x.astype(np.float64), up, down).astype(np.float32)
-
-
 def _read_soundfile(path: str, config: AudioConfig, storage_options: Mapping[str, Any] | None,
                     check_duration: bool = True):
     protocol = fsspec.core.split_protocol(path)[0]
@@ -444,61 +318,6 @@ def _unpack_le(raw: bytes, spec: str) -> int:
     return struct.unpack("<I", raw)[0]
 
 
-def run_pipe(command: str, config: AudioConfig, cwd: str = "") -> bytes:
-    """The standard output of an audio command (``cmd |``), run by the shell in ``cwd``.
-
-    Raises:
-        AudioError: commands are not allowed, the command is not ``cmd |``, it failed, or it
-            wrote nothing (its standard error is in the message).
-        TimeoutError: it ran longer than ``config.pipe_timeout`` (it is killed with its children).
-    """
-    if not config.allow_pipes:
-        raise AudioError("the audio entry is a command and allow_pipes is false")
-    cmd = command.strip()
-    if cmd.startswith("|") or not cmd.endswith("|"):
-        raise AudioError(f"a command entry must be 'command |' (got {command!r})")
-    cmd = cmd[:-1].strip()
-    with subprocess.Popen(cmd, shell=True, cwd=cwd or None, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(timeout=config.pipe_timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            _, err = proc.communicate()
-            raise TimeoutError(f"command {cmd!r} ran longer than pipe_timeout={config.pipe_timeout:g} s"
-                               + _stderr_tail(err)) from None
-    if proc.returncode != 0:
-        raise AudioError(f"command {cmd!r} failed with exit status {proc.returncode}" + _stderr_tail(err))
-    if not out:
-        raise AudioError(f"command {cmd!r} wrote no audio" + _stderr_tail(err))
-    return out
-
-
-def _stderr_tail(err: bytes | None) -> str:
-    text = (err or b"").decode("utf-8", "replace").strip()
-    return f"; stderr: {text[-500:]}" if text else ""
-
-
-def _streamed_wav_sizes(data: bytes) -> bytes:
-    """A WAV written to a pipe cannot seek back to fill in its sizes (sox and sph2pipe leave 0 or
-    0xFFFFFFFF): set the RIFF and data sizes from the bytes received; other data is unchanged."""
-    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        return data
-    pos = 12
-    while pos + 8 <= len(data):
-        cid, size = data[pos:pos + 4], struct.unpack("<I", data[pos + 4:pos + 8])[0]
-        if cid == b"data":
-            real = len(data) - pos - 8
-            if size in (0, 0xFFFFFFFF) or size > real:
-                fixed = bytearray(data)
-                fixed[pos + 4:pos + 8] = struct.pack("<I", real)
-                fixed[4:8] = struct.pack("<I", len(data) - 8)
-                return bytes(fixed)
-            return data
-        pos += 8 + size + (size & 1)
-    return data
-
-
 def _segment_bounds(utt: Utterance, total: int, rate: int) -> tuple[int, int]:
     """First and stop sample of a segment in a recording of ``total`` samples at ``rate``."""
     first = int(round(utt.start * rate))
@@ -537,3 +356,8 @@ def _select_channel(samples: np.ndarray, channel: int | None) -> np.ndarray:
     if not 0 <= channel < samples.shape[0]:
         raise AudioError(f"channel {channel} requested but the audio has {samples.shape[0]} channel(s)")
     return np.ascontiguousarray(samples[channel])
+
+
+__all__ = ["RESAMPLERS", "AudioConfig", "AudioError", "RecordingCache", "audio_header", "audio_length",
+           "check_audio_settings", "check_max_duration", "decode_audio", "load_audio", "load_many", "read_audio",
+           "read_header", "recording_key", "resample", "run_pipe"]

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from espnet3_flows.inputs.audio import AudioConfig, audio_header
+from espnet3_flows.inputs.audio import audio_header
+from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend, extract_features, frontend_modules

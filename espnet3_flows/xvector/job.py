@@ -11,7 +11,8 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from espnet3_flows.inputs.audio import RESAMPLERS, AudioConfig, check_audio_settings, load_many
+from espnet3_flows.inputs.audio import load_many
+from espnet3_flows.inputs.audio_config import RESAMPLERS, AudioConfig, check_audio_settings
 from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.frontends.precision import PRECISIONS

@@ -135,14 +135,27 @@ def test_command_failure_and_timeout(tmp_path):
         run_pipe("sh -c 'echo sph2pipe: cannot open X.sph >&2; exit 3' |", cfg)
     with pytest.raises(AudioError, match="wrote no audio"):
         run_pipe("true |", cfg)
-    marker = tmp_path / "still-running"
+    marker, pid_file = tmp_path / "still-running", tmp_path / "child.pid"
     with pytest.raises(TimeoutError, match="pipe_timeout=1 s"):
         # a child of the shell that would outlive a kill of the shell alone
-        run_pipe(f"sh -c 'sleep 3; touch {marker}' & wait |", cfg)
+        run_pipe(f"sh -c 'echo $$ > {pid_file}; sleep 3; touch {marker}' & wait |", cfg)
     import time
 
-    time.sleep(2.5)
-    assert not marker.exists(), "the command's children were not killed"
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(child), "the command's children were not killed"
+    assert not marker.exists()
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_streamed_wav_from_a_command(tmp_path):

@@ -114,10 +114,25 @@ def test_without_a_client_a_cluster_of_set_parallels_config_is_started_and_close
         assert sorted(parallel_for(slow_first, [1, 2], setup_fn=setup_env)) == [2, 4]
     finally:
         set_parallel(None)
-    time.sleep(1.0)
-    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
-            and "resource_tracker" not in " ".join(p.cmdline()) and "forkserver" not in " ".join(p.cmdline())]
+    deadline = time.monotonic() + 10  # the workers exit on their own once the cluster is closed
+    while (left := _new_children(before)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not left, [p.cmdline() for p in left]
+
+
+def _new_children(before: set[int]) -> list[psutil.Process]:
+    """This process's descendants not in ``before`` still alive (zombies count as gone), less the
+    resource tracker and the forkserver, which live as long as this process."""
+    left = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.pid in before or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if "resource_tracker" not in " ".join(p.cmdline()) and "forkserver" not in " ".join(p.cmdline()):
+                left.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return left
 
 
 def test_serial_runs_here_with_setup_fn_once():

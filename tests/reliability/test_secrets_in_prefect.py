@@ -31,7 +31,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.prefect_readback import columns_with, context, paths_containing, read_everything
+from tests.support.prefect_readback import (columns_with, context, paths_containing, read_everything,
+                                            wait_for_final_events)
 from tests.support.servers import ManagedProcess, PrefectServer, PrefectWorker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,8 +201,8 @@ def scenario(tmp_path_factory, moto_server, demo_corpus) -> Scenario:
                     time.sleep(0.5)
 
         # 3. read everything back through the API
-        time.sleep(2)  # events are persisted in batches
         with _stage(sc, "api read"):
+            asyncio.run(wait_for_final_events(server.api_url))  # events are persisted in batches
             sc.api = asyncio.run(read_everything(server.api_url, POOL))
     finally:
         if worker is not None:

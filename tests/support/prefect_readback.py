@@ -57,18 +57,48 @@ async def read_everything(api_url: str, pool: str) -> dict[str, Any]:
                 response = await http.post("/block_documents/filter", json=body)
                 response.raise_for_status()
                 dump[name] = response.json()
-            events: list[Any] = []
-            response = await http.post("/events/filter", json={"limit": EVENTS_PAGE})
-            response.raise_for_status()
-            page = response.json()
-            events.extend(page["events"])
-            while page.get("next_page"):
-                response = await http.get(page["next_page"])
-                response.raise_for_status()
-                page = response.json()
-                events.extend(page["events"])
-            dump["events"] = events
+            dump["events"] = await _events(http)
             return dump
+
+
+async def _events(http: Any) -> list[Any]:
+    """Every event the API at ``http``'s base URL hands out, page by page."""
+    events: list[Any] = []
+    response = await http.post("/events/filter", json={"limit": EVENTS_PAGE})
+    response.raise_for_status()
+    page = response.json()
+    events.extend(page["events"])
+    while page.get("next_page"):
+        response = await http.get(page["next_page"])
+        response.raise_for_status()
+        page = response.json()
+        events.extend(page["events"])
+    return events
+
+
+async def wait_for_final_events(api_url: str, timeout: float = 60.0) -> None:
+    """Return once the server has persisted, for every flow run in a final state, the event of
+    that state (the server writes events in batches, after the state itself); ``TimeoutError``
+    naming the runs still without one after ``timeout`` seconds."""
+    import asyncio
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    deadline = time.monotonic() + timeout
+    with temporary_settings(updates={PREFECT_API_URL: api_url}):
+        async with get_client() as client:
+            while True:
+                final = {f"prefect.flow-run.{r.id}": r.state.name for r in await _paged(client.read_flow_runs)
+                         if r.state is not None and r.state.is_final()}
+                seen = {(e["resource"]["prefect.resource.id"], e["event"]) for e in await _events(client._client)}
+                missing = [rid for rid, name in final.items() if (rid, f"prefect.flow-run.{name}") not in seen]
+                if not missing:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no final-state event after {timeout:g} s for {missing}")
+                await asyncio.sleep(0.2)
 
 
 def paths_containing(obj: Any, needle: str, path: str = "") -> list[str]:

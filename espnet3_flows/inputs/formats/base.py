@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 from espnet3_flows.inputs.records import ManifestError, SkippedItem, Utterance, entry_kind, fingerprint_target
 
 if TYPE_CHECKING:
-    from espnet3_flows.inputs.audio import AudioConfig
+    from espnet3_flows.inputs.audio_config import AudioConfig
     from espnet3_flows.storage import Storage
 
 #: Modules (in :mod:`espnet3_flows.inputs.formats`) that define the built-in formats

@@ -29,7 +29,8 @@ from urllib.parse import parse_qsl
 import numpy as np
 
 from espnet3_flows.errors import Espnet3FlowsError
-from espnet3_flows.inputs.audio import AudioConfig, AudioError, check_max_duration, decode_audio, read_header
+from espnet3_flows.inputs.audio import decode_audio, read_header
+from espnet3_flows.inputs.audio_config import AudioConfig, AudioError, check_max_duration
 from espnet3_flows.inputs.formats.base import ManifestFormat, PreparedManifest
 from espnet3_flows.inputs.records import ManifestError, Utterance
 from espnet3_flows.hashing import token

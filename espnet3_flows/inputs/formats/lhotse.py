@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from espnet3_flows.inputs.audio import AudioConfig, AudioError, check_max_duration
+from espnet3_flows.inputs.audio_config import AudioConfig, AudioError, check_max_duration
 from espnet3_flows.inputs.formats.base import ManifestFormat
 from espnet3_flows.inputs.records import Utterance
 

@@ -1,0 +1,68 @@
+"""Decoded recordings kept for the segments of one shard (a Kaldi ``segments`` file cuts many
+utterances from one recording: each recording is decoded once per shard)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Mapping
+
+import numpy as np
+
+from espnet3_flows.inputs.records import Utterance
+
+
+class RecordingCache:
+    """Decoded recordings of one shard's segments, so each recording is decoded once for all its
+    segments in the shard.
+
+    A recording is dropped once all its segments in the shard were read (``uses``), and the
+    least recently used ones beyond ``max_bytes`` (a segment read again later then decodes
+    its recording again).
+
+    Args:
+        uses: Recording key (:func:`recording_key`) → number of the shard's segments in it.
+        cwd: Directory commands (``cmd |`` entries) run in; the current one when empty.
+        max_bytes: Most bytes of decoded audio kept.
+    """
+
+    def __init__(self, uses: Mapping[str, int] | None = None, cwd: str = "", max_bytes: int = 2 << 30):
+        self.uses = dict(uses or {})
+        self.cwd = cwd
+        self.max_bytes = max_bytes
+        self.decodes = 0
+        self._data: OrderedDict[str, tuple[np.ndarray, int]] = OrderedDict()
+        self._headers: dict[str, tuple[int, int]] = {}
+        self._bytes = 0
+
+    def get(self, key: str, decode: Callable[[], tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
+        """The recording ``(channels × samples, rate)`` of ``key``, decoded now if not kept."""
+        if key in self._data:
+            self._data.move_to_end(key)
+            return self._data[key]
+        samples, rate = decode()
+        self.decodes += 1
+        self._headers[key] = (samples.shape[-1], rate)
+        self._data[key] = (samples, rate)
+        self._bytes += samples.nbytes
+        while self._bytes > self.max_bytes and len(self._data) > 1:
+            _, (old, _) = self._data.popitem(last=False)
+            self._bytes -= old.nbytes
+        return samples, rate
+
+    def header(self, key: str, read: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+        """``(frames, rate)`` of a recording, read once."""
+        if key not in self._headers:
+            self._headers[key] = read()
+        return self._headers[key]
+
+    def done(self, key: str) -> None:
+        """One segment of ``key`` was read; the recording is dropped after its last."""
+        left = self.uses.get(key, 0) - 1
+        self.uses[key] = left
+        if left <= 0 and key in self._data:
+            self._bytes -= self._data.pop(key)[0].nbytes
+
+
+def recording_key(utt: Utterance) -> str:
+    """The key of an utterance's recording in a :class:`RecordingCache`."""
+    return f"{utt.recording}\0{utt.path}"
