@@ -267,6 +267,8 @@ def _small_shards_note(shards: dict[str, list[int]], small: float, default: floa
     if n_small <= n_default:
         return text + " (a corpus this small is cut into the same shards either way)."
     per_shard = 1e3 * cores * (small - default) / (n_small - n_default)
+    if per_shard <= 0:
+        return text + f": no cost of the {n_small - n_default} extra shards measurable above this run's noise."
     return text + (f": each shard is a Prefect task run (its API calls and states, the driver's bookkeeping), "
                    f"~{per_shard:.0f} ms of the {cores} cores' time per extra shard here.")
 
