@@ -153,7 +153,7 @@ def lhotse_pipeline(paths: Sequence[str], ids: Sequence[str], workdir: Path, one
 
 def engine_config(manifest: Path, output_dir: Path, shard_size: int, env: str = "serial") -> Any:
     """The collect-stats config the engine runs use."""
-    from espnet3_flows.parallel.cluster import ParallelConfig
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
     from espnet3_flows.stats.job import CollectStatsConfig
 
     return CollectStatsConfig(manifests={"train": str(manifest)}, output_dir=str(output_dir), shard_size=shard_size,
@@ -258,7 +258,7 @@ def warm_forkserver() -> None:
 
     from espnet3_flows.orchestration.jobs import get_job
     from espnet3_flows.orchestration.task_runner import prestart_workers
-    from espnet3_flows.parallel.cluster import ParallelConfig
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
 
     prestart_workers(ParallelConfig(env="local"), get_job("collect_stats").worker_modules)
     child = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(0,))

@@ -298,7 +298,7 @@ def part_rawnet3(device: str, quick: bool) -> dict[str, Any]:
 
 def part_local_gpu(device: str, quick: bool) -> dict[str, Any]:
     from espnet3_flows.inputs.demo import make_demo_corpus
-    from espnet3_flows.parallel.cluster import ParallelConfig
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
     from espnet3_flows.stats.job import CollectStatsConfig, CollectStatsRunner
     from espnet3_flows.frontends.frontend import FrontendConfig
 

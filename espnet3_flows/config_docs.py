@@ -6,7 +6,7 @@ come from the fields, fixed values from their ``choices``). The README holds eac
 ``<!-- config-table: NAME -->`` and ``<!-- /config-table -->``; NAME is a job (its config class,
 from :mod:`espnet3_flows.job_registry`), ``engine`` (the keys every job has,
 :class:`~espnet3_flows.utterance_job.EngineConfig`) or ``parallel``
-(:class:`~espnet3_flows.parallel.cluster.ParallelConfig`), optionally followed by
+(:class:`~espnet3_flows.parallel.parallel_config.ParallelConfig`), optionally followed by
 ``collapse=SECTION[,SECTION]``: sections shown as one row (a section documented in another table).
 A job's table lists its own keys; the engine's keys it shares unchanged are one row pointing at
 the engine's table. ``tests/test_config_docs.py`` fails when the README differs from this::
@@ -48,7 +48,7 @@ def table_schema(name: str) -> type:
 
         return EngineConfig
     if name == "parallel":
-        from espnet3_flows.parallel.cluster import ParallelConfig
+        from espnet3_flows.parallel.parallel_config import ParallelConfig
 
         return ParallelConfig
     from espnet3_flows.job_registry import available_jobs
@@ -106,7 +106,7 @@ def config_table(name: str, collapse: Sequence[str] = ()) -> str:
     Raises:
         ConfigDocsError: for an unknown name or a key whose ``Attributes:`` entry is missing.
     """
-    from espnet3_flows.parallel.cluster import ParallelConfig
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
 
     schema = table_schema(name)
     docs, defaults = describe_keys(schema), _defaults(schema)

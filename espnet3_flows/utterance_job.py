@@ -17,7 +17,7 @@ from espnet3_flows.errors import ON_ERROR_POLICIES
 from espnet3_flows.inputs.manifest import read_manifest_slice
 from espnet3_flows.inputs.records import SkippedItem, Utterance
 from espnet3_flows.inputs.planner import plan_manifest
-from espnet3_flows.parallel.cluster import ParallelConfig
+from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.base_runner import BaseRunner
 from espnet3_flows.parallel.env_provider import EnvironmentProvider
 from espnet3_flows.sharding import Shard, ShardPlan
@@ -103,7 +103,7 @@ class EngineConfig:
             replaced under the same path is **not** recomputed; for file systems where a stat
             per file is too slow).
         parallel: Where shards run: the ``parallel:`` section
-            (:class:`~espnet3_flows.parallel.cluster.ParallelConfig`).
+            (:class:`~espnet3_flows.parallel.parallel_config.ParallelConfig`).
         allow_pipes: Whether audio entries that are commands (``sph2pipe -f wav X.sph |`` in a
             data directory's ``wav.scp``, or a manifest path ending in ``|``) may run, on every
             worker, through the shell. Off by default: a manifest from storage or a UI parameter

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from espnet3_flows.config import ConfigError, load_config, split_cli_args, to_plain
-from espnet3_flows.parallel.cluster import ParallelConfig
+from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.stats import CollectStatsConfig, FrontendConfig
 
 

@@ -15,9 +15,9 @@ from typing import Any, Mapping
 from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import ConfigError
 from espnet3_flows.features.outputs import FeatureShardWriter, publish_split, shard_ark_rel
-from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend, extract_features, frontend_modules
-from espnet3_flows.utterance_job import (EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner,
-                                         audio_env)
+from espnet3_flows.frontend_job import FrontendRunner, frontend_env
+from espnet3_flows.frontends.frontend import FrontendConfig, extract_features
+from espnet3_flows.utterance_job import EngineConfig, InputsConfig, ShardDataset
 
 
 @dataclass
@@ -47,23 +47,15 @@ class ExtractFeaturesConfig(EngineConfig, InputsConfig):
             raise ConfigError("frontend.type=none computes no features; extract-features needs fbank, espnet2 or model")
 
 
-def build_env(cfg: ExtractFeaturesConfig) -> dict[str, Any]:
-    """The env of ``forward``: ``frontend``, ``audio`` and ``storage_options``, once per worker."""
-    fe = cfg.frontend
-    return {**audio_env(cfg, fe.sampling_rate, fe.channel, fe.max_duration, device=fe.device), "frontend": build_frontend(fe)}
+#: The env of ``forward``: ``frontend``, ``audio`` and ``storage_options``, once per worker
+build_env = frontend_env
 
 
-class FeatureRunner(UtteranceRunner):
+class FeatureRunner(FrontendRunner):
     """Per shard: one Kaldi ark/scp of the features and a row per utterance."""
 
     def __init__(self, cfg: ExtractFeaturesConfig, split: str, **kwargs: Any):
-        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env), batch_size=cfg.batch_size,
-                         **kwargs)
-
-    @property
-    def worker_modules(self) -> tuple[str, ...]:  # type: ignore[override]
-        """The frontend's modules (preloaded by forked local workers)."""
-        return frontend_modules(self.cfg.frontend)
+        super().__init__(cfg, split, build_env, **kwargs)
 
     def hash_config(self) -> Mapping[str, Any]:
         return {"job": "extract_features/1", "split": self.split, "frontend": self.cfg.frontend.hashed(),

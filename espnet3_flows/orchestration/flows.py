@@ -40,7 +40,8 @@ from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad
 from espnet3_flows.orchestration.task_runner import make_task_runner, prestart_workers
 from espnet3_flows.timeline import mark
 from espnet3_flows.parallel.backends import worker_slots
-from espnet3_flows.parallel.cluster import ParallelConfig, prepare_client, with_worker_env
+from espnet3_flows.parallel.cluster import prepare_client, with_worker_env
+from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.forkserver import check_main_imported
 from espnet3_flows.parallel.main_guard import refuse_while_importing_main
 from espnet3_flows.parallel.scheduler import (
@@ -125,7 +126,7 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
         indices: Its items, as for ``runner(indices)`` (``None`` for a runner that plans from its
             own input).
         parallel: Where shards run: a ``parallel`` mapping or
-            :class:`~espnet3_flows.parallel.cluster.ParallelConfig` (a ``DaskTaskRunner`` on its
+            :class:`~espnet3_flows.parallel.parallel_config.ParallelConfig` (a ``DaskTaskRunner`` on its
             cluster; ``serial`` in this process); by default what ``set_parallel`` set, else ``serial``.
         retries: Retries of a failed shard task.
         retry_delay_seconds: First retry delay (doubling, jittered by up to 50 %).

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 from espnet3_flows.orchestration.jobs import get_job
 from espnet3_flows.parallel.backends import worker_slots
-from espnet3_flows.parallel.cluster import ParallelConfig
+from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.scheduler import PlannedRunner, plan_runner
 from espnet3_flows.split_outputs import trusted_summary
 

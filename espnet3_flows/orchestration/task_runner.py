@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Sequence
 
-from espnet3_flows.parallel.cluster import ParallelConfig, cluster_spec, make_cluster, scheduler_address
+from espnet3_flows.parallel.cluster import cluster_spec, make_cluster
+from espnet3_flows.parallel.parallel_config import ParallelConfig, scheduler_address
 from espnet3_flows.parallel.forkserver import start_forkserver, wants_forkserver
 
 #: Imported by every worker before its first shard task: the task engine is most of Prefect's import.

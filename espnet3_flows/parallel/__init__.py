@@ -14,7 +14,8 @@ from typing import Any
 
 from espnet3_flows.errors import BadItemError, ItemError, ItemFailure, ShardFailure, UnguardedMainError
 from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner, concatenate_shard_files
-from espnet3_flows.parallel.cluster import ParallelConfig, cluster_spec, make_cluster
+from espnet3_flows.parallel.cluster import cluster_spec, make_cluster
+from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.env_provider import EnvironmentProvider, InferenceProvider, ProviderError
 from espnet3_flows.parallel.parallel import (
     GpuClusterError,

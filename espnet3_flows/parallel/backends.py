@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from espnet3_flows.config import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.cluster import ParallelConfig
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
 
 #: How ``n_workers`` becomes workers
 WORKER_MODES = ("n_workers", "scale", "hosts")

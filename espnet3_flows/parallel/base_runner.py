@@ -299,6 +299,18 @@ class BaseRunner:
                              clip(f"{type(exc).__name__}: {exc}"))
             return None
 
+    @contextlib.contextmanager
+    def merging(self, statuses: Sequence[ShardStatus], records: Sequence[ShardResult]) -> Iterator[None]:
+        """The block a ``merge`` runs in: ``run_shards`` holds the shards' statuses and
+        :meth:`done_record` / :meth:`read_records` answer from their ``records`` (read once,
+        by the merge step), forgotten after it."""
+        self.run_shards = list(statuses)
+        self._done_memo = {status.name: rec for status, rec in zip(statuses, records)}
+        try:
+            yield
+        finally:
+            self._done_memo = {}
+
     def done_record(self, shard_dir: Path | str) -> ShardResult:
         """The ``done`` record of a completed shard directory (one ``merge`` received)."""
         name = posixpath.basename(str(shard_dir).rstrip("/"))
@@ -384,7 +396,7 @@ class BaseRunner:
             indices: The items (``None`` for runners that plan from their own input, such as a manifest).
             client: A ``distributed.Client``; shards run on its cluster.
             parallel: Without a client, a ``parallel`` config (mapping or
-                :class:`~.cluster.ParallelConfig`) to start a cluster for this run;
+                :class:`~.parallel_config.ParallelConfig`) to start a cluster for this run;
                 ``set_parallel``'s config by default; ``serial``, or none set, runs in this process.
             progress: Show a progress bar.
         """

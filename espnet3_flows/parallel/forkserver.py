@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from espnet3_flows.parallel import main_guard
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.cluster import ParallelConfig
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
 
 #: Preloaded first: imports the driver's main module once in the server (:mod:`.forkserver_main`;
 #: not imported here, so that the package is whole before it runs the driver's script)

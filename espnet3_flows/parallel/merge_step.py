@@ -56,16 +56,12 @@ def merge_runner(runner: Any, statuses: Sequence[ShardStatus]) -> Any:
     store = runner.storage
     assert store is not None, "a merge runs with an output location"
     records = read_done_records(runner, statuses)
-    runner.run_shards = list(statuses)
-    runner._done_memo = {status.name: rec for status, rec in zip(statuses, records)}
-    try:
+    with runner.merging(statuses, records):
         if store.is_local:
             return runner.merge([Path(store.path(runner.shard_rel(s))) for s in statuses])
         if not runner.download_shards_for_merge:
             return runner.merge([store.uri(runner.shard_rel(s)) for s in statuses])
         return _merge_local_copies(runner, store, statuses, records)
-    finally:
-        runner._done_memo = {}
 
 
 def _merge_local_copies(runner: Any, store: Storage, statuses: Sequence[ShardStatus],

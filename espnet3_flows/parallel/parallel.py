@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel.backends import get_backend, visible_gpu_count
-from espnet3_flows.parallel.cluster import ParallelConfig, as_parallel_config, make_cluster, prepare_client, scheduler_address
+from espnet3_flows.parallel.cluster import make_cluster, prepare_client
+from espnet3_flows.parallel.parallel_config import ParallelConfig, as_parallel_config, scheduler_address
 from espnet3_flows.parallel.env_injection import conflicting_keys, injected
 from espnet3_flows.parallel.worker_env import build_setup_env, lookup_env
 

@@ -170,7 +170,7 @@ class InProcessExecutor:
 
     Args:
         fail_fast: The first failure stops the run (ESPnet3's local run); ``False`` for shards
-            that would have run on a cluster (:meth:`~espnet3_flows.parallel.cluster.ParallelConfig.runs_here`),
+            that would have run on a cluster (:meth:`~espnet3_flows.parallel.parallel_config.ParallelConfig.runs_here`),
             where every shard is tried and the failures are reported together.
     """
 
@@ -239,9 +239,9 @@ class DaskExecutor:
 
 def run_parallel_config(parallel: Any = None) -> Any:
     """The ``parallel`` config a run without a client uses: ``parallel`` (a mapping or
-    :class:`~espnet3_flows.parallel.cluster.ParallelConfig`), else ``set_parallel``'s, else
+    :class:`~espnet3_flows.parallel.parallel_config.ParallelConfig`), else ``set_parallel``'s, else
     ``None`` (this process)."""
-    from espnet3_flows.parallel.cluster import as_parallel_config
+    from espnet3_flows.parallel.parallel_config import as_parallel_config
     from espnet3_flows.parallel.parallel import get_parallel_config, parallel_is_set
 
     return as_parallel_config(parallel) if parallel is not None else (
@@ -264,7 +264,7 @@ def engine_executor(planned: PlannedRunner, client: Any = None, parallel: Any = 
     """The executor of ``runner.run``: ``client``'s cluster; else a cluster started for the run
     from ``parallel`` (or ``set_parallel``'s config), closed afterwards; else, for ``serial``,
     no config, nothing pending, or few enough shards to run here
-    (:meth:`~espnet3_flows.parallel.cluster.ParallelConfig.runs_here`), this process."""
+    (:meth:`~espnet3_flows.parallel.parallel_config.ParallelConfig.runs_here`), this process."""
     from espnet3_flows.parallel.parallel import get_client
 
     if not planned.pending:

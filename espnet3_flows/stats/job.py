@@ -10,12 +10,12 @@ from espnet3_flows.inputs.audio import audio_header
 from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
-from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend, extract_features, frontend_modules
+from espnet3_flows.frontend_job import FrontendRunner, frontend_env
+from espnet3_flows.frontends.frontend import FrontendConfig, extract_features
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.tokens import TokenConfig
-from espnet3_flows.utterance_job import (EngineConfig, InputsConfig, JobEnvProvider, ShardDataset, UtteranceRunner,
-                                         audio_env)
+from espnet3_flows.utterance_job import EngineConfig, InputsConfig, ShardDataset
 
 from espnet3_flows.stats.outputs import StatsShardWriter, publish_split
 
@@ -62,10 +62,8 @@ def build_env(cfg: CollectStatsConfig) -> dict[str, Any]:
     """The env of collect-stats' ``forward``: ``frontend``, ``audio``, ``storage_options``,
     ``collect_stats_kwargs`` and ``tokens`` (a :class:`~espnet3_flows.stats.tokens.TokenCounter`
     or ``None``), built once per worker (``dataset``, a shard's utterances, comes with each shard)."""
-    fe = cfg.frontend
     return {
-        **audio_env(cfg, fe.sampling_rate, fe.channel, fe.max_duration, device=fe.device),
-        "frontend": build_frontend(fe),
+        **frontend_env(cfg),
         "collect_stats_kwargs": dict(cfg.collect_stats_kwargs),
         "tokens": _token_counter(cfg.tokens),
     }
@@ -79,17 +77,11 @@ def _token_counter(tokens: TokenConfig) -> Any:
     return TokenCounter(tokens)
 
 
-class CollectStatsRunner(UtteranceRunner):
+class CollectStatsRunner(FrontendRunner):
     """Per shard: feature shapes, exact count/mean/M2, optional Kaldi ark/scp of the features."""
 
     def __init__(self, cfg: CollectStatsConfig, split: str, **kwargs: Any):
-        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env), batch_size=cfg.batch_size,
-                         **kwargs)
-
-    @property
-    def worker_modules(self) -> tuple[str, ...]:  # type: ignore[override]
-        """The frontend's modules (preloaded by forked local workers)."""
-        return frontend_modules(self.cfg.frontend)
+        super().__init__(cfg, split, build_env, **kwargs)
 
     def hash_config(self) -> Mapping[str, Any]:
         fe = self.cfg.frontend.hashed()

@@ -196,7 +196,7 @@ def test_dask_cluster_runs_the_project_image(services):
 def test_dask_scheduler_address_override_resolves_from_the_worker_environment(monkeypatch):
     """The override the compose file documents for deployments resolves when the run starts."""
     from espnet3_flows.config import load_config
-    from espnet3_flows.parallel.cluster import ParallelConfig
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
 
     monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tcp://dask-scheduler:8786")
     assert "parallel.address=${oc.env:DASK_SCHEDULER_ADDRESS}" in COMPOSE.read_text()

@@ -181,7 +181,7 @@ def test_warns_when_a_dask_client_would_take_over_the_flow(caplog):
     from distributed import Client
 
     from espnet3_flows.orchestration.flows import warn_if_dask_client_open
-    from espnet3_flows.parallel.cluster import ParallelConfig
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
 
     with Client(processes=False, n_workers=0, dashboard_address=":0"):
         with caplog.at_level("WARNING", logger="espnet3_flows"):

@@ -21,7 +21,8 @@ import yaml
 from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel import backends
 from espnet3_flows.parallel.backends import BUILTIN_ENVS, Backend, get_backend, register_backend
-from espnet3_flows.parallel.cluster import ParallelConfig, check_workers_import, cluster_spec, with_worker_env
+from espnet3_flows.parallel.cluster import check_workers_import, cluster_spec, with_worker_env
+from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.parallel import get_client, parallel_map
 from tests.parallel.jobs_for_tests import ArrayProvider, ScaleSumRunner
 from tests.support.servers import SshServer, cli_env

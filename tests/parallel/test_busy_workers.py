@@ -12,7 +12,7 @@ import pytest
 from espnet3_flows.config import load_config
 from espnet3_flows.orchestration.job_run import plan_job
 from espnet3_flows.parallel.backends import worker_slots
-from espnet3_flows.parallel.cluster import ParallelConfig
+from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.sharding import MIN_BUSY_SHARD, split_shard_size
 from espnet3_flows.stats import CollectStatsConfig
 from tests.parallel.espnet3_runners import ListProvider, RecordsRunner

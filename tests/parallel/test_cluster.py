@@ -156,7 +156,8 @@ def test_site_jobqueue_yaml_is_not_overridden(tmp_path):
         "    job_extra_directives: ['--account=speech']\n")
     code = (
         "import dask_jobqueue, json\n"
-        "from espnet3_flows.parallel.cluster import ParallelConfig, cluster_spec\n"
+        "from espnet3_flows.parallel.cluster import cluster_spec\n"
+        "from espnet3_flows.parallel.parallel_config import ParallelConfig\n"
         "site = cluster_spec(ParallelConfig(env='slurm'))\n"
         "mine = cluster_spec(ParallelConfig(env='slurm', options={'cores': 2}))\n"
         "pbs = cluster_spec(ParallelConfig(env='pbs'))\n"

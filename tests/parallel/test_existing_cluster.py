@@ -18,7 +18,7 @@ import pytest
 
 from espnet3_flows.config import ConfigError, load_config
 from espnet3_flows.parallel import ParallelConfig, cluster_spec, get_client, make_cluster, plugin_for
-from espnet3_flows.parallel.cluster import scheduler_address
+from espnet3_flows.parallel.parallel_config import scheduler_address
 from tests.parallel.jobs_for_tests import ArrayProvider, ScaleSumRunner
 from tests.support.servers import ManagedProcess, ProcessStartError, free_port
 

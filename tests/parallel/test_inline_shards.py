@@ -8,7 +8,7 @@ import os
 import pytest
 
 from espnet3_flows.config import ConfigError
-from espnet3_flows.parallel.cluster import ParallelConfig
+from espnet3_flows.parallel.parallel_config import ParallelConfig
 from tests.parallel.jobs_for_tests import ArrayProvider, PidRunner
 
 pytestmark = pytest.mark.dask

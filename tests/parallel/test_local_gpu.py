@@ -26,7 +26,8 @@ def test_each_worker_gets_its_own_gpu():
     import torch
     from distributed import Client
 
-    from espnet3_flows.parallel.cluster import ParallelConfig, make_cluster
+    from espnet3_flows.parallel.cluster import make_cluster
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
 
     n = torch.cuda.device_count()
     with make_cluster(ParallelConfig(env="local_gpu")) as cluster, Client(cluster) as client:

@@ -1,0 +1,210 @@
+"""The ``parallel:`` section (:class:`ParallelConfig`): where shards run, checked when it is read.
+Building the cluster it describes is :mod:`espnet3_flows.parallel.cluster`'s."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from espnet3_flows.config import ConfigError, check_choices
+from espnet3_flows.parallel.backends import BUILTIN_ENVS, Backend, backend_of, get_backend
+
+START_METHODS = ("forkserver", "spawn")
+
+
+@dataclass
+class ParallelConfig:
+    """The ``parallel:`` section: where shards run.
+
+    Attributes:
+        env: ``serial`` (in this process, no Dask: ESPnet3's earlier ``local``, and its runner
+            with no parallel config), ``local`` (a process ``LocalCluster`` of ``n_workers``, as
+            ESPnet3's current runner and ``parallel_map`` read ``local``),
+            ``local_gpu`` (``dask_cuda.LocalCUDACluster``, one GPU per worker; ``make install
+            EXTRAS=dev,espnet,gpu CONSTRAINTS=constraints-gpu.txt``: dask-cuda needs dask
+            2026.7.1), a batch scheduler of dask-jobqueue (``slurm``, ``pbs``, ``sge``, ``lsf``,
+            ``htcondor``, ``oar``, ``moab``), ``ssh`` (``distributed.SSHCluster`` on
+            ``options.hosts``; the ``ssh`` extra), ``kube`` (dask-kubernetes' operator
+            ``KubeCluster``; the ``kubernetes`` extra), or ``address``: the Dask cluster someone
+            else started (named by ``address`` or ``scheduler_file``), which is used and left
+            running. The envs are a registry (:mod:`espnet3_flows.parallel.backends`: per env its
+            cluster class or factory, how ``n_workers`` becomes workers, its options and
+            defaults).
+        n_workers: Workers to start; 0 means one per CPU core (``local``), one per visible
+            GPU (``local_gpu``), 1 job (batch schedulers, unless ``adapt`` is set), one worker
+            per host after the first (``ssh``; else worker processes per host) or 1 pod (``kube``).
+        threads_per_worker: Threads per local worker (1: a speech job is CPU-bound per item).
+        options: Keyword arguments for the cluster class (e.g. ``queue``, ``cores``,
+            ``memory``, ``walltime``, ``job_extra_directives`` for SLURM; ``hosts``,
+            ``connect_options``, ``worker_options``, ``scheduler_options``, ``remote_python`` for
+            ``ssh``; ``image``, ``resources``, ``env``, ``namespace`` for ``kube``). Unknown names
+            are an error at construction, with a suggestion. For batch schedulers, what is left
+            out comes from the site's dask-jobqueue config (``~/.config/dask/jobqueue.yaml``,
+            ``DASK_CONFIG``) as dask-jobqueue reads it; ``cores``, ``memory`` and ``processes``
+            fall back to 1, ``2GB`` and 1 only where neither gives one.
+        adapt: Adaptive scaling bounds for batch schedulers, e.g. ``{"minimum": 1, "maximum": 8}``.
+        allowed_failures: How often a shard's task may lose its worker before Dask gives up on
+            it (the shard then fails). On ``local`` and ``local_gpu`` a dead worker is restarted
+            by its nanny for as long as the cluster runs, and a shard that finds no worker at all
+            for 60 s fails (:data:`~espnet3_flows.parallel.cluster.LOCAL_NO_WORKERS_TIMEOUT`): a run ends, it never hangs.
+        trim_worker_memory: Keep Dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` in worker
+            processes. Off by default: setting it disables glibc's dynamic mmap threshold, so
+            every waveform or feature array over 128 KiB is a fresh mmap that is page-faulted
+            and unmapped again, which made the fbank loop ~3x slower in CPU time here
+            (``benchmarks/bench_collect_stats.py``). Turn it on if workers must hand memory back
+            to the OS promptly; its workers are then spawned.
+        start_method: How ``local`` workers start: ``forkserver`` (default) forks them from
+            one server process that imports Prefect's task engine and the job's libraries
+            (torch, lhotse, ...) once, in the background while the driver starts, and is kept
+            for later runs in the same process (see :mod:`espnet3_flows.parallel.forkserver`);
+            ``spawn`` starts a fresh interpreter per worker (Dask's default). Other
+            environments, and ``trim_worker_memory``, always spawn.
+        address: ``env: address`` only: the running scheduler, e.g. ``tcp://host:8786``. The
+            run connects a client, runs its shards there and closes only its client: the
+            scheduler and workers keep running, so repeated runs (nightly deployments) pay
+            neither a cluster start nor the workers' imports. Its workers must import this
+            project and see the manifests' audio and ``output_dir`` at the same paths; for
+            flows, the Prefect API must be reachable from them: set ``PREFECT_API_URL`` to a
+            server (not the private one on the driver's loopback), in the workers' environment
+            too. The cluster's own settings apply: ``n_workers``, ``options``, ``adapt`` and
+            ``trim_worker_memory`` are an error, ``threads_per_worker``, ``start_method`` and
+            ``allowed_failures`` are not used.
+        scheduler_file: ``env: address`` only, instead of ``address``: the JSON file written by
+            ``dask scheduler --scheduler-file PATH``; its ``address`` is read when a run starts
+            (e.g. a cluster started in a SLURM allocation, on shared storage).
+        cluster_class: Any other Dask cluster class or factory, ``package.module.Name`` (as
+            prefect-dask's ``cluster_class``): called with ``n_workers`` and ``options``; ``env``
+            stays at its default then.
+        inline_shards: At most this many shards to compute run in this process, not on a new
+            ``local`` cluster. They run one after the other, as ``serial`` runs them: a cluster's
+            start, its workers' imports and its teardown (~2 s here) cost more than a second
+            worker gains on a small run (a dev split, a smoke test). The outputs are the same.
+            0: always start the cluster (e.g. for a runner that may crash its process). Other
+            backends always use their cluster.
+        allow_overwrite_lock: ESPnet3's key (replace a stale shard lock), accepted so that an
+            ESPnet3 ``parallel:`` section loads unchanged; it has no effect here: shards are staged
+            and published atomically, and there are no lock files to go stale.
+    """
+
+    env: str = field(default="local", metadata={"choices": BUILTIN_ENVS})
+    n_workers: int = 0
+    threads_per_worker: int = 1
+    options: dict[str, Any] = field(default_factory=dict)
+    adapt: dict[str, Any] = field(default_factory=dict)
+    allowed_failures: int = 3
+    trim_worker_memory: bool = False
+    start_method: str = field(default="forkserver", metadata={"choices": START_METHODS})
+    address: str = ""
+    scheduler_file: str = ""
+    cluster_class: str = ""
+    inline_shards: int = 1
+    allow_overwrite_lock: bool = False
+
+    def __post_init__(self) -> None:
+        if self.env not in BUILTIN_ENVS:
+            get_backend(self.env)  # a registered backend beyond the built-in ones, or the error naming them
+        check_choices(self, "parallel.", skip=() if self.env in BUILTIN_ENVS else ("env",))
+        if self.cluster_class and self.env != ParallelConfig.env:  # env left at its default
+            raise ConfigError(f"parallel.cluster_class runs {self.cluster_class}; leave parallel.env unset with it "
+                              f"(parallel.env is {self.env!r})")
+        if self.n_workers < 0:
+            raise ConfigError(f"parallel.n_workers must be >= 0, got {self.n_workers}")
+        if self.inline_shards < 0:
+            raise ConfigError(f"parallel.inline_shards must be >= 0, got {self.inline_shards}")
+        if self.threads_per_worker < 1:
+            raise ConfigError(f"parallel.threads_per_worker must be >= 1, got {self.threads_per_worker}")
+        bad_adapt = set(self.adapt) - {"minimum", "maximum", "minimum_jobs", "maximum_jobs", "interval", "wait_count", "target_duration"}
+        if bad_adapt:
+            raise ConfigError(f"parallel.adapt: unknown keys {sorted(bad_adapt)}")
+        backend = backend_of(self)
+        if backend.connects:
+            _check_address_config(self)
+        elif self.address or self.scheduler_file:
+            key = "address" if self.address else "scheduler_file"
+            raise ConfigError(f"parallel.{key} names a running scheduler, used only with parallel.env=address "
+                              f"(parallel.env is {self.env!r})")
+        elif backend.makes_cluster:
+            if self.options or backend.required or backend.check is not None:
+                from espnet3_flows.parallel.cluster import cluster_spec
+
+                cluster_spec(self)  # validates options now, not on the cluster (imports its class)
+            else:
+                backend.check_installed()
+
+    @property
+    def backend(self) -> Backend:
+        """The backend this config runs on (see :mod:`espnet3_flows.parallel.backends`)."""
+        return backend_of(self)
+
+    def runs_here(self, pending_shards: int) -> bool:
+        """Whether a run with ``pending_shards`` shards to compute runs them in this process: a
+        backend that always does (``serial``), or one that may (``local``) with at most
+        ``inline_shards`` of them."""
+        backend = self.backend
+        return backend.in_process or (backend.may_inline and 0 < pending_shards <= self.inline_shards)
+
+
+def _check_address_config(cfg: ParallelConfig) -> None:
+    if bool(cfg.address) == bool(cfg.scheduler_file):
+        raise ConfigError("parallel.env=address needs exactly one of parallel.address (e.g. tcp://host:8786) "
+                          "or parallel.scheduler_file (written by `dask scheduler --scheduler-file PATH`)"
+                          + ("; both are set" if cfg.address else ""))
+    fixed = {"n_workers": cfg.n_workers, "options": cfg.options, "adapt": cfg.adapt,
+             "trim_worker_memory": cfg.trim_worker_memory}
+    for key, value in fixed.items():
+        if value:
+            raise ConfigError(f"parallel.{key} cannot be set with parallel.env=address: the running cluster's "
+                              "workers were started by someone else, with their own settings")
+    if cfg.address:
+        _check_scheduler_address(cfg.address, "parallel.address")
+
+
+def _check_scheduler_address(address: str, where: str) -> None:
+    from distributed.comm import parse_address
+    from distributed.comm.registry import backends
+
+    protocol, location = parse_address(address)
+    if protocol not in backends or not location:
+        raise ConfigError(f"{where}: {address!r} is not a Dask scheduler address such as tcp://host:8786 "
+                          f"(protocols: {', '.join(sorted(backends))})")
+
+
+def scheduler_address(cfg: ParallelConfig) -> str:
+    """The scheduler address of ``env: address``: ``cfg.address``, or the ``address`` field of
+    ``cfg.scheduler_file`` read now (the scheduler rewrites the file each time it starts).
+
+    Raises:
+        ConfigError: for another env, or a scheduler file that is missing, unreadable, not
+            JSON or without a valid ``address``.
+    """
+    if not cfg.backend.connects:
+        raise ConfigError(f"parallel.env={cfg.env} has no running scheduler to connect to; use parallel.env=address")
+    if cfg.address:
+        return cfg.address
+    path = os.path.expanduser(cfg.scheduler_file)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            info = json.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"parallel.scheduler_file: cannot read {path} ({exc.strerror or exc}); is the scheduler "
+                          "running (`dask scheduler --scheduler-file PATH`) and the file on a path this host sees?") from None
+    except ValueError as exc:
+        raise ConfigError(f"parallel.scheduler_file: {path} is not JSON ({exc})") from None
+    address = info.get("address") if isinstance(info, dict) else None
+    if not isinstance(address, str) or not address:
+        raise ConfigError(f"parallel.scheduler_file: {path} has no \"address\" field; "
+                          "is it a file written by `dask scheduler --scheduler-file`?")
+    _check_scheduler_address(address, f"parallel.scheduler_file ({path})")
+    return address
+
+
+def as_parallel_config(config: ParallelConfig | Any) -> ParallelConfig:
+    """``config`` as a :class:`ParallelConfig`: one already, or a mapping / OmegaConf node of its
+    keys (validated: an unknown key or a bad value is a :class:`ConfigError` naming it)."""
+    if isinstance(config, ParallelConfig):
+        return config
+    from espnet3_flows.config import load_config, to_plain
+
+    return load_config(ParallelConfig, base=to_plain(config))
