@@ -11,42 +11,35 @@ imports changed to ``espnet3_flows.parallel.base_runner``: ``runner(indices)`` r
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import posixpath
 import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import fsspec
 
 from espnet3_flows.config import check_on_error
-from espnet3_flows.errors import BadItemError, ItemError, clip
+from espnet3_flows.errors import BadItemError, ItemError
 from espnet3_flows.parallel.env_injection import call_with_env, missing_keys
 from espnet3_flows.parallel.env_provider import ProviderError
 from espnet3_flows.parallel.main_guard import refuse_while_importing_main
 from espnet3_flows.parallel.results import RunOutcome, ShardResult, ShardStatus
-from espnet3_flows.parallel.shard_lifecycle import DONE, RECORDS, WHOLE_SHARD, run_shard
+from espnet3_flows.parallel.shard_lifecycle import DONE, WHOLE_SHARD, run_shard
+from espnet3_flows.parallel.shard_records import ShardRecords, is_local_url
 from espnet3_flows.hashing import runner_item_key
-from espnet3_flows.sharding import Shard, ShardPlan, plan_item, plan_shards, shard_name, split_shard_size
+from espnet3_flows.sharding import Shard, ShardPlan, plan_item, plan_shards, split_shard_size
 from espnet3_flows.storage import Storage
 
 PLAN = "manifest.json"
 _LOG = logging.getLogger(__name__)
-#: ``done`` records this process has warned about (each is named once)
-_UNREADABLE_WARNED: set[str] = set()
 
 __all__ = ["BaseRunner", "DONE", "ItemError", "PLAN", "WHOLE_SHARD", "concatenate_shard_files"]
 
 
-def _is_local(url: str) -> bool:
-    return fsspec.utils.get_protocol(url) in ("file", "local")
-
-
-class BaseRunner:
+class BaseRunner(ShardRecords):
     """Runs ``forward`` over items, shard by shard, with ESPnet3's hooks and names.
 
     Per shard: ``init_state`` (which calls ``open_writers(shard_dir, **env)``) → for each item,
@@ -132,7 +125,7 @@ class BaseRunner:
             self.output_dir = None
         else:
             text = str(output_dir)
-            self.output_dir = Path(fsspec.core.strip_protocol(text)) if _is_local(text) else text
+            self.output_dir = Path(fsspec.core.strip_protocol(text)) if is_local_url(text) else text
 
     # ---- ESPnet3's hooks (override) -----------------------------------------------------
     @staticmethod
@@ -194,15 +187,6 @@ class BaseRunner:
             state.update(meta)
         state.pop("_writers", None)
         return state
-
-    @classmethod
-    def is_shard_done(cls, shard_dir: Path | str) -> bool:
-        """Whether ``shard_dir`` holds a ``done`` marker (the engine also checks its shard hash)."""
-        text = str(shard_dir)
-        if _is_local(text):
-            return (Path(fsspec.core.strip_protocol(text)) / DONE).exists()
-        fs, path = fsspec.core.url_to_fs(text)
-        return bool(fs.exists(posixpath.join(path, DONE)))
 
     def merge(self, shard_dirs: list[Path]) -> Any:
         """Combine the completed shards (their directories, in plan order) into the run's result.
@@ -268,70 +252,6 @@ class BaseRunner:
         uri = store.uri(self.shard_rel(shard))
         return Path(uri) if store.is_local else uri
 
-    def load_done(self, shard: Shard) -> ShardResult | None:
-        """The shard's ``done`` record if resuming and it matches the current shard hash."""
-        if not self.resume:
-            return None
-        found = self.read_done(shard.hash, cached=True)
-        if found is not None and type(self).is_shard_done.__func__ is not BaseRunner.is_shard_done.__func__:
-            if not type(self).is_shard_done(self.shard_location(shard)):  # the runner's own condition too
-                return None
-        return found
-
-    def read_done(self, shard_hash: str, cached: bool = False) -> ShardResult | None:
-        """The ``done`` record of the shard with ``shard_hash``, if one exists (resume or not). A
-        record that cannot be read (truncated, empty, not JSON) means "not done": a warning names
-        it, and the shard is computed again. A store that cannot be reached raises."""
-        store = self.storage
-        if store is None:
-            return None
-        rel = posixpath.join(self.shard_subdir, shard_name(shard_hash), DONE)
-        try:
-            rec = store.read_json(rel)
-            if not rec or rec.get("shard_hash") != shard_hash:
-                return None
-            return ShardResult.from_dict(rec, cached=cached)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # truncated, empty, not ours
-            uri = store.uri(rel)
-            if uri not in _UNREADABLE_WARNED:  # planning reads it, then the shard's task again
-                _UNREADABLE_WARNED.add(uri)
-                _LOG.warning("%s is unreadable (%s): the shard is not done and is computed again", uri,
-                             clip(f"{type(exc).__name__}: {exc}"))
-            return None
-
-    @contextlib.contextmanager
-    def merging(self, statuses: Sequence[ShardStatus], records: Sequence[ShardResult]) -> Iterator[None]:
-        """The block a ``merge`` runs in: ``run_shards`` holds the shards' statuses and
-        :meth:`done_record` / :meth:`read_records` answer from their ``records`` (read once,
-        by the merge step), forgotten after it."""
-        self.run_shards = list(statuses)
-        self._done_memo = {status.name: rec for status, rec in zip(statuses, records)}
-        try:
-            yield
-        finally:
-            self._done_memo = {}
-
-    def done_record(self, shard_dir: Path | str) -> ShardResult:
-        """The ``done`` record of a completed shard directory (one ``merge`` received)."""
-        name = posixpath.basename(str(shard_dir).rstrip("/"))
-        found = self._done_memo.get(name)
-        if found is None:
-            raise LookupError(f"{shard_dir} is not a completed shard of this run")
-        return found
-
-    def read_records(self, shard_dir: Path | str) -> list[Any]:
-        """The ``records`` a shard kept (ESPnet3's default ``write_record``), in order."""
-        rec = self._done_memo.get(posixpath.basename(str(shard_dir).rstrip("/")))
-        if rec is not None and rec.records_error:
-            raise TypeError(f"{shard_dir}: the shard's records could not be kept ({rec.records_error}); "
-                            "write them with writers (open_writers / write_record) and read them in merge")
-        if isinstance(shard_dir, Path):
-            path = shard_dir / RECORDS
-            return json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
-        fs, root = fsspec.core.url_to_fs(str(shard_dir), **self.storage_options)
-        path = posixpath.join(root, RECORDS)
-        return json.loads(fs.cat_file(path).decode("utf-8")) if fs.exists(path) else []
-
     # ---- planning and checks ----------------------------------------------------------
     def plan(self, indices: Sequence[Any] | None, workers: int = 1) -> ShardPlan:
         """The shard plan for ``indices`` (content-addressed; see :func:`plan_shards`), cut finer
@@ -352,14 +272,6 @@ class BaseRunner:
                 f"{type(self).__name__}.forward needs {missing} but {type(self.provider).__name__} "
                 f"provides only {sorted(set(keys) - {'output_dir', 'shard_subdir'})}; add them to the env or "
                 "rename the parameters")
-
-    def collect_done(self, plan: ShardPlan) -> dict[int, ShardResult]:
-        """``done`` records of the plan's shards that match (read concurrently)."""
-        if self.storage is None or not self.resume:
-            return {}
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            found = list(pool.map(self.load_done, plan.shards))
-        return {s.index: r for s, r in zip(plan.shards, found) if r is not None}
 
     def write_plan(self, plan: ShardPlan) -> None:
         """Publish the plan as ``manifest.json`` beside the shard directories (atomically)."""
