@@ -50,7 +50,10 @@ $(VENV)/.installed: $(CONSTRAINTS) pyproject.toml
 	  "ESPnet and the test tools, ~8 GB; 5-10 minutes on a first install, pip prints little meanwhile" >&2; fi
 	@test -x $(PY) || { $(MAKE) --no-print-directory python-venv && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	@# (setuptools' editable build warns about folders named like the package in the working
+	@# directory, in a 10-line banner: it finds only espnet3_flows/, so the banner is filtered out)
+	PYTHONWARNINGS=ignore::Warning:setuptools.command.editable_wheel \
+	  $(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	@if [[ ",$(EXTRAS)," == *,espnet,* ]]; then $(PY) -m pip install -q --no-deps -c $(CONSTRAINTS) espnet; fi
 	touch $@
 

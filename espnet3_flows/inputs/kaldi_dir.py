@@ -31,16 +31,14 @@ import posixpath
 import re
 import tempfile
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterator, Mapping
+from typing import IO, Any, Iterator, Mapping
 
 import fsspec
 
 from espnet3_flows.config import check_on_error
 from espnet3_flows.deadlines import with_deadlines
-from espnet3_flows.external_sort import sorted_rows
-from espnet3_flows.errors import clip
 from espnet3_flows.inputs.fingerprints import fingerprint_files
-from espnet3_flows.inputs.manifest import MAX_LINE_BYTES, OversizeLine, bounded_lines
+from espnet3_flows.inputs.kaldi_files import Line, SortedLookup, Unsorted, in_order, parse_lines, sorted_on_disk
 from espnet3_flows.inputs.records import ManifestError, SkippedItem, Utterance, entry_kind, validate_utt_id
 from espnet3_flows.hashing import token
 from espnet3_flows.storage import Storage
@@ -104,113 +102,6 @@ def data_dir_files(data_dir: str, split: str, storage_options: Mapping[str, Any]
     return found
 
 
-# -- reading the directory's files ----------------------------------------------------
-
-
-class _Unsorted(Exception):
-    """A file's keys are out of order (the join restarts with that file sorted)."""
-
-    def __init__(self, name: str):
-        super().__init__(name)
-        self.name = name
-
-
-#: A line of a Kaldi file: ``(key, rest, line number)``
-_Line = tuple[str, str, int]
-_Bad = Callable[[str, int, str, str], None]  # (file name, line, key, problem)
-
-
-def _parse_lines(path: str, name: str, split: str, storage_options: Mapping[str, Any] | None,
-                 bad: _Bad) -> Iterator[_Line]:
-    """``(key, rest, line)`` of a Kaldi file's lines in file order; blank lines are ignored,
-    undecodable ones reported through ``bad``."""
-    try:
-        with fsspec.open(path, "rb", **with_deadlines(storage_options, path)) as f:
-            for lineno, raw in enumerate(bounded_lines(f), start=1):
-                if isinstance(raw, OversizeLine):  # never held whole: its head names it
-                    key = raw[:800].split(None, 1)[0].decode("utf-8", "backslashreplace") if raw.strip() else ""
-                    bad(name, lineno, clip(key), f"line is longer than {MAX_LINE_BYTES} bytes (1 MiB), the most a "
-                                                 "manifest line may have")
-                    continue
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    key = raw.split(None, 1)[0].decode("utf-8", "backslashreplace") if raw.strip() else ""
-                    bad(name, lineno, clip(key), f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})")
-                    continue
-                parts = text.split(None, 1)
-                if not parts:
-                    continue
-                if lineno == 1 and parts[0].startswith("\ufeff"):
-                    parts = text[1:].split(None, 1)
-                    if not parts:
-                        continue
-                yield (parts[0], parts[1].rstrip() if len(parts) > 1 else "", lineno)
-    except FileNotFoundError:
-        raise ManifestError(f"split {split!r}: {path} disappeared while it was read") from None
-
-
-def _in_order(lines: Iterator[_Line], name: str) -> Iterator[_Line]:
-    """Pass lines through, raising :class:`_Unsorted` at the first key below its predecessor."""
-    prev = ""
-    for ln in lines:
-        if ln[0] < prev:
-            raise _Unsorted(name)
-        prev = ln[0]
-        yield ln
-
-
-def _sorted_on_disk(lines: Iterator[_Line], tmpdir: str) -> Iterator[_Line]:
-    """The lines sorted by key (then line number), in chunks sorted in memory and merged from disk."""
-    return sorted_rows(lines, lambda ln: (ln[0], ln[2]), tmpdir, encode=_encode_line, decode=_decode_line)
-
-
-def _encode_line(ln: _Line) -> str:
-    key, rest, lineno = ln
-    return f"{key}\t{lineno}\t{rest}"
-
-
-def _decode_line(row: str) -> _Line:
-    key, lineno, rest = row.split("\t", 2)
-    return (key, rest, int(lineno))
-
-
-class _Lookup:
-    """A cursor over a key-sorted ``utt2spk`` or ``text``: values for ascending keys in one pass."""
-
-    def __init__(self, lines: Iterator[_Line] | None, name: str, bad: _Bad):
-        self.lines = lines if lines is not None else iter(())
-        self.name, self.bad = name, bad
-        self.cur: _Line | None = None
-        self._next()
-
-    def _next(self) -> None:
-        prev = self.cur
-        self.cur = next(self.lines, None)
-        while self.cur is not None and prev is not None and self.cur[0] == prev[0]:
-            self.bad(self.name, self.cur[2], self.cur[0],
-                     f"duplicate key {self.cur[0]!r} (first on line {prev[2]}): this line is ignored, the utterance "
-                     "is kept with the first line's value")
-            self.cur = next(self.lines, None)
-
-    def get(self, key: str) -> str:
-        """The value of ``key`` (empty when the file has none); keys must come in ascending order."""
-        cur = self.cur
-        while cur is not None and cur[0] < key:
-            self._next()
-            cur = self.cur
-        return cur[1] if cur is not None and cur[0] == key else ""
-
-    def drain(self) -> None:
-        """Read the lines after the last key asked for: a file is known to be in order (and its
-        values right) only once all of it was read."""
-        while self.cur is not None:
-            self._next()
-
-
-# -- the join -------------------------------------------------------------------------
-
-
 @dataclass
 class JoinResult:
     """What joining a data directory found.
@@ -263,7 +154,7 @@ def join_data_dir(data_dir: str, split: str, out: IO[bytes], *, on_error: str = 
             try:
                 result = _join(files, split, out, on_error, storage_options, cwd, to_sort, tmpdir)
                 break
-            except _Unsorted as exc:
+            except Unsorted as exc:
                 to_sort.add(exc.name)
     if not result.utterances:
         raise ManifestError(f"split {split!r}: data directory {data_dir} has no usable utterance")
@@ -286,15 +177,15 @@ def _join(files: Mapping[str, str], split: str, out: IO[bytes], on_error: str,
             raise ManifestError(f"split {split!r}: {files[name]}:{lineno}: {who}{problem}")
         result.skipped.append(SkippedItem(split, utt, lineno, files[name], f"{name}: {recording}{problem}"))
 
-    def stream(name: str) -> Iterator[_Line] | None:
+    def stream(name: str) -> Iterator[Line] | None:
         if name not in files:
             return None
-        lines = _parse_lines(files[name], name, split, storage_options, bad)
-        return _sorted_on_disk(lines, tmpdir) if name in to_sort else _in_order(lines, name)
+        lines = parse_lines(files[name], name, split, storage_options, bad)
+        return sorted_on_disk(lines, tmpdir) if name in to_sort else in_order(lines, name)
 
     recordings: dict[str, tuple[str, int]] = {}
     if segments:
-        for rec, rest, lineno in _parse_lines(files["wav.scp"], "wav.scp", split, storage_options, bad):
+        for rec, rest, lineno in parse_lines(files["wav.scp"], "wav.scp", split, storage_options, bad):
             if rec in recordings:
                 bad("wav.scp", lineno, rec, f"duplicate recording id (first on line {recordings[rec][1]})")
                 continue
@@ -302,8 +193,8 @@ def _join(files: Mapping[str, str], split: str, out: IO[bytes], on_error: str,
                 bad("wav.scp", lineno, rec, "no audio entry after the id")
                 continue
             recordings[rec] = (normalize_entry(rest, cwd), lineno)
-    speakers = _Lookup(stream("utt2spk"), "utt2spk", bad)
-    texts = _Lookup(stream("text"), "text", bad)
+    speakers = SortedLookup(stream("utt2spk"), "utt2spk", bad)
+    texts = SortedLookup(stream("text"), "text", bad)
     driver = stream("segments" if segments else "wav.scp")
     assert driver is not None
     origin_name = "segments" if segments else "wav.scp"
