@@ -139,51 +139,16 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
     acc = merge_stats(results)
     sr = cfg.frontend.sampling_rate
     n_utts = sum(int(r.result["utterances"]) for r in results)
-    rates: dict[str, int] = {}
-    for r in results:  # done records written before native rates were counted have none
-        for rate, count in (r.result.get("native_rates") or {}).items():
-            rates[rate] = rates.get(rate, 0) + int(count)
-    rates = {k: rates[k] for k in sorted(rates, key=int)}
     samples = _fold([r.result["samples"] for r in results])
     frames = _fold([r.result["frames"] for r in results])
     in_frames = frames[1] is not None
     lo, hi = (frames[1], frames[2]) if in_frames else ((samples[1] or 0) / sr, (samples[2] or 0) / sr)
     edges = np.linspace(lo, hi if hi > lo else lo + 1, HIST_BINS + 1)
-    hist = np.zeros(HIST_BINS, dtype=np.int64)
     stage = Path(tempfile.mkdtemp(prefix=f"espnet3-merge-{split}-"))
     try:
-        files: list[str] = []
-        frame_lengths = [0, 0, 0]  # utterances, sum and sum of squares of their frame counts (exact ints)
         tokens = cfg.tokens
-        vocabulary = vocabulary_size(tokens) if tokens.enabled else 0
-        with open(stage / "speech_shape", "w", encoding="utf-8") as speech_shape, \
-                open(stage / "feats_shape", "w", encoding="utf-8") as feats_shape, \
-                open(stage / "text_shape", "w", encoding="utf-8") as text_shape, \
-                open(stage / f"text_shape.{tokens.token_type or 'none'}", "w", encoding="utf-8") as typed_shape:
-            lengths: list[float] = []
-            # sorted by utterance id as ESPnet2 writes them (aggregate_stats_dirs.py), through
-            # runs on local disk: memory stays flat at any number of utterances
-            rows = (row for r in results for row in _shard_rows(store, r))
-            for row in sorted_lines(rows, str(stage)):
-                utt, n, shape, *count = row.split("\t")
-                speech_shape.write(f"{utt} {n}\n")
-                if count and tokens.enabled:
-                    text_shape.write(f"{utt} {count[0]}\n")
-                    typed_shape.write(f"{utt} {count[0]},{vocabulary}\n")  # as asr.sh derives it
-                if shape:
-                    feats_shape.write(f"{utt} {shape}\n")
-                    n_frames = int(shape.split(",", 1)[0])
-                    lengths.append(n_frames)
-                    frame_lengths[0] += 1
-                    frame_lengths[1] += n_frames
-                    frame_lengths[2] += n_frames * n_frames
-                else:
-                    lengths.append(int(n) / sr)
-                if len(lengths) >= _HIST_BATCH:
-                    hist += np.histogram(np.asarray(lengths, dtype=np.float64), bins=edges)[0]
-                    lengths.clear()
-            if lengths:
-                hist += np.histogram(np.asarray(lengths, dtype=np.float64), bins=edges)[0]
+        hist, frame_lengths = _write_shape_files(store, results, stage, tokens, sr, edges)
+        files: list[str] = []
         if acc.count:
             np.savez(stage / "feats_stats.npz", **acc.to_espnet())
             # ESPnet2's collect_stats sums every output of collect_feats, feats_lengths too
@@ -203,31 +168,88 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
             files.append("stats.png")
         if cfg.write_collected_feats:
             _merge_scp(runner, results, stage / "feats.scp")
-        summary = {
-            "split": split,
-            "utterances": n_utts,
-            "frames": int(frames[0]) if in_frames else 0,
-            "seconds": float(samples[0] / sr) if n_utts else 0.0,
-            "feature_dim": acc.dim,
-            "frontend": cfg.frontend.type,
-            "frames_min": frames[1],
-            "frames_max": frames[2],
-            "frames_mean": float(frames[0] / n_utts) if in_frames and n_utts else None,
-            "seconds_min": float(samples[1] / sr) if n_utts else None,
-            "seconds_max": float(samples[2] / sr) if n_utts else None,
-            "native_sampling_rates": rates,
-            **shard_summary([r.status() for r in results]),
-        }
-        warning = low_rate_warning(split, rates, n_utts, sr)
-        if warning:
-            _LOG.warning(warning)
-            summary["warnings"] = [warning]
+        summary = _summary(split, cfg, acc, n_utts, samples, frames, results)
         staged = [(name, stage / name) for name in files]
         if cfg.write_collected_feats:  # after the shards' arks and npy files it points at
             staged.append(("collect_feats/feats.scp", stage / "feats.scp"))
         return publish_split_files(store, split, staged, skipped, summary)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _write_shape_files(store: Any, results: list[ShardResult], stage: Path, tokens: Any, sr: int,
+                       edges: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """``speech_shape``, ``feats_shape`` and the ``text_shape`` files in ``stage``, sorted by
+    utterance id as ESPnet2 writes them (aggregate_stats_dirs.py), through runs on local disk:
+    memory stays flat at any number of utterances.
+
+    Returns:
+        The length histogram over ``edges`` (frames, or seconds without features) and the
+        utterances with features, the sum and the sum of squares of their frame counts (exact ints).
+    """
+    hist = np.zeros(len(edges) - 1, dtype=np.int64)
+    frame_lengths = [0, 0, 0]
+    vocabulary = vocabulary_size(tokens) if tokens.enabled else 0
+    with open(stage / "speech_shape", "w", encoding="utf-8") as speech_shape, \
+            open(stage / "feats_shape", "w", encoding="utf-8") as feats_shape, \
+            open(stage / "text_shape", "w", encoding="utf-8") as text_shape, \
+            open(stage / f"text_shape.{tokens.token_type or 'none'}", "w", encoding="utf-8") as typed_shape:
+        lengths: list[float] = []
+        rows = (row for r in results for row in _shard_rows(store, r))
+        for row in sorted_lines(rows, str(stage)):
+            utt, n, shape, *count = row.split("\t")
+            speech_shape.write(f"{utt} {n}\n")
+            if count and tokens.enabled:
+                text_shape.write(f"{utt} {count[0]}\n")
+                typed_shape.write(f"{utt} {count[0]},{vocabulary}\n")  # as asr.sh derives it
+            if shape:
+                feats_shape.write(f"{utt} {shape}\n")
+                n_frames = int(shape.split(",", 1)[0])
+                lengths.append(n_frames)
+                frame_lengths[0] += 1
+                frame_lengths[1] += n_frames
+                frame_lengths[2] += n_frames * n_frames
+            else:
+                lengths.append(int(n) / sr)
+            if len(lengths) >= _HIST_BATCH:
+                hist += np.histogram(np.asarray(lengths, dtype=np.float64), bins=edges)[0]
+                lengths.clear()
+        if lengths:
+            hist += np.histogram(np.asarray(lengths, dtype=np.float64), bins=edges)[0]
+    return hist, frame_lengths
+
+
+def _summary(split: str, cfg: Any, acc: StatsAccumulator, n_utts: int, samples: list[Any], frames: list[Any],
+             results: list[ShardResult]) -> dict[str, Any]:
+    """The split's ``summary.json`` (without its files and skipped items, which publishing adds),
+    and a warning (logged too) when much of its audio was recorded below the job's rate."""
+    sr = cfg.frontend.sampling_rate
+    in_frames = frames[1] is not None
+    rates: dict[str, int] = {}
+    for r in results:  # done records written before native rates were counted have none
+        for rate, count in (r.result.get("native_rates") or {}).items():
+            rates[rate] = rates.get(rate, 0) + int(count)
+    rates = {k: rates[k] for k in sorted(rates, key=int)}
+    summary = {
+        "split": split,
+        "utterances": n_utts,
+        "frames": int(frames[0]) if in_frames else 0,
+        "seconds": float(samples[0] / sr) if n_utts else 0.0,
+        "feature_dim": acc.dim,
+        "frontend": cfg.frontend.type,
+        "frames_min": frames[1],
+        "frames_max": frames[2],
+        "frames_mean": float(frames[0] / n_utts) if in_frames and n_utts else None,
+        "seconds_min": float(samples[1] / sr) if n_utts else None,
+        "seconds_max": float(samples[2] / sr) if n_utts else None,
+        "native_sampling_rates": rates,
+        **shard_summary([r.status() for r in results]),
+    }
+    warning = low_rate_warning(split, rates, n_utts, sr)
+    if warning:
+        _LOG.warning(warning)
+        summary["warnings"] = [warning]
+    return summary
 
 
 def _shard_rows(store: Any, result: ShardResult) -> list[str]:
