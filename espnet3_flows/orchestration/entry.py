@@ -199,6 +199,10 @@ def exit_now(status: int) -> NoReturn:
     import os
     import threading
 
+    from espnet3_flows.patches import patches_enabled
+
+    if not patches_enabled():  # the interpreter's own exit, teardown included
+        sys.exit(status)
     # what the interpreter does first at exit: thread pools told to stop, other threads joined
     shutdown = getattr(threading, "_shutdown", None)
     if shutdown is not None:

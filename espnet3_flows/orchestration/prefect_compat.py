@@ -51,12 +51,14 @@ import ssl
 import threading
 from typing import Any, Callable
 
+from espnet3_flows import patches
+
 #: Prefect versions these patches were verified against (their targets read, tests run)
 VERIFIED_PREFECT = ("3.8.8",)
 #: prefect-dask versions :func:`untokenized_task_keys` was verified against
 VERIFIED_PREFECT_DASK = ("0.3.7",)
-#: ``off`` in this variable: no patch of Prefect is installed
-PATCHES_ENV = "ESPNET3_FLOWS_PATCHES"
+#: ``off`` in this variable: no patch of Prefect is installed (nor of any library: :mod:`espnet3_flows.patches`)
+PATCHES_ENV = patches.ENV
 _LOG = logging.getLogger(__name__)
 _WARNED: list[str] = []
 
@@ -66,7 +68,7 @@ def prefect_verified() -> bool:
     against (warns once if not) and :data:`PATCHES_ENV` does not turn them off."""
     import prefect
 
-    if os.environ.get(PATCHES_ENV, "").strip().lower() == "off":
+    if not patches.patches_enabled():
         return False
     if prefect.__version__ in VERIFIED_PREFECT:
         return True

@@ -174,8 +174,13 @@ def keep_restarted_workers(cluster: Any) -> None:
     jobs that vanish; local nannies cannot, so their workers' comings and goings are only tracked.
     """
     from distributed import SpecCluster
+    from distributed.deploy.cluster import Cluster
 
-    if isinstance(cluster, SpecCluster):
+    from espnet3_flows.patches import patches_enabled
+
+    patched = "_update_worker_status"  # SpecCluster's own (the timer), over the base Cluster's
+    if (isinstance(cluster, SpecCluster) and patches_enabled() and patched in vars(SpecCluster)
+            and patched in vars(Cluster)):
         # the base Cluster's bookkeeping of the scheduler's worker list, without SpecCluster's timer
         cluster._update_worker_status = super(SpecCluster, cluster)._update_worker_status
 

@@ -75,7 +75,10 @@ def wants_forkserver(cfg: ParallelConfig) -> bool:
     """Whether ``cfg``'s workers are forked from the forkserver: local clusters with
     ``start_method: forkserver`` and without ``trim_worker_memory`` (glibc reads
     ``MALLOC_TRIM_THRESHOLD_`` when a process starts, so that setting needs spawned workers)."""
-    return cfg.backend.forks and cfg.start_method == "forkserver" and not cfg.trim_worker_memory
+    from espnet3_flows.patches import patches_enabled
+
+    return (cfg.backend.forks and cfg.start_method == "forkserver" and not cfg.trim_worker_memory
+            and patches_enabled())  # (it runs on multiprocessing's and Dask's internals: off, workers spawn)
 
 
 def main_module_ref() -> str | None:
@@ -205,7 +208,9 @@ def keep_dask_preload() -> None:
     happens where it is absent)."""
     import distributed.utils
 
-    if getattr(distributed.utils, "_forkserver_preload_set", True) is False:
+    from espnet3_flows.patches import patches_enabled
+
+    if patches_enabled() and getattr(distributed.utils, "_forkserver_preload_set", True) is False:
         distributed.utils._forkserver_preload_set = True
 
 

@@ -1,0 +1,84 @@
+"""What this package patches in other libraries is still there in the installed versions (an
+upgrade that removed or renamed a target fails here, not silently in a run), and the one switch,
+``ESPNET3_FLOWS_PATCHES=off``, leaves every one of them alone outside Prefect (whose patches
+``tests/orchestration/test_prefect_compat.py`` checks the same way)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from espnet3_flows import patches
+
+
+def test_every_patched_target_exists():
+    import atexit
+    import multiprocessing.spawn
+    import threading
+
+    import distributed.utils
+    from distributed import SpecCluster
+    from distributed.deploy.cluster import Cluster
+
+    # keep_restarted_workers: SpecCluster's own timer-driven status update, over the base class's
+    assert "_update_worker_status" in vars(SpecCluster) and "_update_worker_status" in vars(Cluster)
+    # keep_dask_preload: Dask's "forkserver preload chosen" flag
+    assert isinstance(getattr(distributed.utils, "_forkserver_preload_set", None), bool)
+    # forkserver_main: how a forked child's main module is re-imported
+    assert callable(multiprocessing.spawn._fixup_main_from_path)
+    assert callable(multiprocessing.spawn._fixup_main_from_name)
+    # exit_now: the interpreter's first steps at exit
+    assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)
+
+
+@pytest.fixture
+def switched_off(monkeypatch):
+    monkeypatch.setenv(patches.ENV, "off")
+    assert not patches.patches_enabled()
+
+
+@pytest.mark.parametrize("value, enabled", [("", True), ("on", True), ("off", False), ("OFF", False), ("0", False),
+                                            ("false", False), ("no", False)])
+def test_the_switch_reads_its_variable(monkeypatch, value, enabled):
+    monkeypatch.setenv(patches.ENV, value)
+    assert patches.patches_enabled() is enabled
+
+
+def test_off_leaves_dask_alone(switched_off, monkeypatch):
+    import distributed.utils
+    from distributed import SpecCluster
+
+    from espnet3_flows.parallel.cluster import keep_restarted_workers
+    from espnet3_flows.parallel.forkserver import keep_dask_preload, wants_forkserver
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
+
+    cluster = SpecCluster.__new__(SpecCluster)  # (no scheduler: only its attributes are looked at)
+    keep_restarted_workers(cluster)
+    assert "_update_worker_status" not in vars(cluster)
+    monkeypatch.setattr(distributed.utils, "_forkserver_preload_set", False)
+    keep_dask_preload()
+    assert distributed.utils._forkserver_preload_set is False
+    assert not wants_forkserver(ParallelConfig(env="local", n_workers=2))  # spawned workers instead
+
+    monkeypatch.setenv(patches.ENV, "on")
+    keep_restarted_workers(cluster)
+    assert "_update_worker_status" in vars(cluster)
+    keep_dask_preload()
+    assert distributed.utils._forkserver_preload_set is True
+    assert wants_forkserver(ParallelConfig(env="local", n_workers=2))
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_exit_now_runs_the_exit_handlers_either_way(switch):
+    code = ("import atexit, sys\n"
+            "from espnet3_flows.orchestration.entry import exit_now\n"
+            "atexit.register(lambda: print('handlers ran', flush=True))\n"
+            "print('before', flush=True)\n"
+            "exit_now(3)\n"
+            "print('not reached')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, patches.ENV: switch})
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["before", "handlers ran"]
