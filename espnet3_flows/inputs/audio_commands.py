@@ -9,6 +9,7 @@ import struct
 import subprocess
 
 from espnet3_flows.inputs.audio_config import AudioConfig, AudioError
+from espnet3_flows.inputs.pcm_wav import riff_chunks
 
 
 def run_pipe(command: str, config: AudioConfig, cwd: str = "") -> bytes:
@@ -49,11 +50,7 @@ def _stderr_tail(err: bytes | None) -> str:
 def _streamed_wav_sizes(data: bytes) -> bytes:
     """A WAV written to a pipe cannot seek back to fill in its sizes (sox and sph2pipe leave 0 or
     0xFFFFFFFF): set the RIFF and data sizes from the bytes received; other data is unchanged."""
-    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        return data
-    pos = 12
-    while pos + 8 <= len(data):
-        cid, size = data[pos:pos + 4], struct.unpack("<I", data[pos + 4:pos + 8])[0]
+    for cid, pos, size in riff_chunks(data):
         if cid == b"data":
             real = len(data) - pos - 8
             if size in (0, 0xFFFFFFFF) or size > real:
@@ -62,5 +59,4 @@ def _streamed_wav_sizes(data: bytes) -> bytes:
                 fixed[4:8] = struct.pack("<I", len(data) - 8)
                 return bytes(fixed)
             return data
-        pos += 8 + size + (size & 1)
     return data

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Iterator
 
 import numpy as np
 
@@ -26,14 +27,24 @@ _PCM_GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")
 _SCALE = np.float32(1.0 / 0x8000)
 
 
+def riff_chunks(data: bytes) -> Iterator[tuple[bytes, int, int]]:
+    """``(chunk id, offset of its 8-byte header, size it declares)`` of each chunk of a RIFF/WAVE
+    file whose first bytes are ``data``, in order, while a chunk header fits in ``data``; none
+    for anything else. Chunks are word-aligned: an odd size is followed by a pad byte."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return
+    pos = 12
+    while pos + 8 <= len(data):
+        size = struct.unpack_from("<I", data, pos + 4)[0]
+        yield data[pos:pos + 4], pos, size
+        pos += 8 + size + (size & 1)
+
+
 def pcm16_layout(head: bytes, file_size: int) -> tuple[int, int, int, int] | None:
     """``(rate, channels, data_offset, frames)`` of a 16-bit PCM WAV whose first bytes are
     ``head``, or ``None`` if it is anything else or its data chunk does not fit ``file_size``."""
-    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-        return None
-    pos, fmt = 12, None
-    while pos + 8 <= len(head):
-        cid, size = head[pos:pos + 4], struct.unpack_from("<I", head, pos + 4)[0]
+    fmt = None
+    for cid, pos, size in riff_chunks(head):
         body = pos + 8
         if cid == b"fmt ":
             fmt = _pcm16_fmt(head[body:body + size]) if body + size <= len(head) else None
@@ -47,7 +58,6 @@ def pcm16_layout(head: bytes, file_size: int) -> tuple[int, int, int, int] | Non
             if size == 0 or size % block or body + size > file_size:
                 return None  # soundfile's verdict (and message) on an empty, odd or truncated file
             return rate, channels, body, size // block
-        pos = body + size + (size & 1)  # chunks are word-aligned
     return None
 
 
