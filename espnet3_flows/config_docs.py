@@ -137,7 +137,9 @@ def config_table(name: str, collapse: Sequence[str] = ()) -> str:
         text = markdown(doc)
         choices = f.metadata.get("choices")
         if choices:
-            text += f" One of {', '.join(_value(c) for c in choices)}."
+            text += f" One of {', '.join(_value(c) for c in choices)}"
+            registry = f.metadata.get("registry")
+            text += f", or a plugin's (entry points `{registry.group}`)." if registry is not None else "."
         value = defaults
         for part in key.split("."):
             value = value[part]

@@ -13,16 +13,14 @@ so reading the registry imports no job code (no torch, no model) until a job is 
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 import pkgutil
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Callable, Mapping
 
-from espnet3_flows.config import ConfigError
+from espnet3_flows.registry import ENTRY_POINT_GROUPS, Registry
 
-ENTRY_POINT_GROUP = "espnet3_flows.jobs"
+ENTRY_POINT_GROUP = ENTRY_POINT_GROUPS["job"]
 
 
 @dataclass(frozen=True)
@@ -81,10 +79,18 @@ class JobSpec:
         return demo(cfg) if demo is not None else None
 
 
-def _package_specs() -> dict[str, JobSpec]:
+def _accept_spec(name: str, spec: Any) -> JobSpec:
+    if not isinstance(spec, JobSpec):
+        raise TypeError(f"{spec!r} is not a JobSpec")
+    if spec.name != name:
+        raise TypeError(f"the entry point is named {name!r} but its JobSpec {spec.name!r}")
+    return spec
+
+
+def _register_package_jobs() -> None:
+    """This project's jobs: each package of it with a ``jobspec.py``."""
     import espnet3_flows
 
-    found: dict[str, JobSpec] = {}
     for info in pkgutil.iter_modules(espnet3_flows.__path__):
         where = getattr(info.module_finder, "path", None)
         if not info.ispkg or not where or not os.path.isfile(os.path.join(where, info.name, "jobspec.py")):
@@ -93,30 +99,20 @@ def _package_specs() -> dict[str, JobSpec]:
         spec = getattr(module, "JOB", None)
         if not isinstance(spec, JobSpec):
             raise TypeError(f"espnet3_flows.{info.name}.jobspec must define JOB = JobSpec(...)")
-        found[spec.name] = spec
-    return found
+        JOBS.register(spec.name, spec)
 
 
-def _entry_point_specs() -> dict[str, JobSpec]:
-    found: dict[str, JobSpec] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        spec = ep.load()
-        if not isinstance(spec, JobSpec):
-            raise TypeError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}) is not a JobSpec")
-        found[spec.name] = spec
-    return found
+#: every job by name: this project's packages, then the entry points of ``espnet3_flows.jobs``
+JOBS: Registry[JobSpec] = Registry("job", "job", builtins=_register_package_jobs, accept=_accept_spec,
+                                   group=ENTRY_POINT_GROUP)
 
 
-@lru_cache(maxsize=1)
 def available_jobs() -> Mapping[str, JobSpec]:
     """Every job, by name, in name order: this project's packages, then entry points."""
-    specs = {**_package_specs(), **_entry_point_specs()}
+    specs = JOBS.items()
     return {name: specs[name] for name in sorted(specs)}
 
 
 def get_job(name: str) -> JobSpec:
     """The job called ``name``; a :class:`ConfigError` naming the jobs there are otherwise."""
-    jobs = available_jobs()
-    if name not in jobs:
-        raise ConfigError(f"unknown job {name!r}; the jobs are: {', '.join(jobs)}")
-    return jobs[name]
+    return JOBS.get(name)

@@ -86,7 +86,7 @@ def test_bad_parallel_env_suggests_the_closest():
     ("on_error=ignore", "on_error must be one of"),
     ("shard_size=0", "shard_size must be >= 1"),
     ("batch_size=0", "batch_size must be >= 1"),
-    ("frontend.type=mfcc", "frontend.type must be one of"),
+    ("frontend.type=mfcc", "frontend.type: unknown frontend .mfcc."),
     ("frontend.type=model", r"frontend\.model\._target_"),
     ("frontend.max_duration=0", "max_duration must be positive"),
     ("manifests.a/b=/a.tsv", "split name 'a/b'"),

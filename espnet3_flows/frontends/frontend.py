@@ -10,10 +10,14 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from espnet3_flows.inputs.audio_config import check_audio_settings
-from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
+from espnet3_flows.config import ConfigError, check_choices, check_device
 from espnet3_flows.frontends.espnet2_frontend import ESPNET2_FRONTENDS
+from espnet3_flows.frontends.espnet2_type import ESPNET2_DEFAULT_IMPLEMENTATION  # noqa: F401 - importable from here too
+from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
 from espnet3_flows.frontends.precision import PRECISIONS
 from espnet3_flows.frontends.wave_frontends import (  # noqa: F401 - importable from here too
+    FBANK_IMPLEMENTATION,
+    TORCH_FRONTEND_IMPLEMENTATION,
     Frontend,
     FbankFrontend,
     PerUtterance,
@@ -23,16 +27,8 @@ from espnet3_flows.frontends.wave_frontends import (  # noqa: F401 - importable 
     model_frontend,
 )
 
+#: The built-in ``frontend.type`` values (a plugin adds others: :data:`FRONTENDS`)
 FRONTEND_TYPES = ("fbank", "none", "model", "espnet2")
-#: Version of the fbank computation, hashed into collect-stats shards: features that differ even
-#: in float32 rounding are recomputed rather than merged with older shards. These identifiers are
-#: not module paths (the modules moved from stats/): changing one recomputes every user's shards
-FBANK_IMPLEMENTATION = "espnet3_flows.stats.fbank/1"
-#: Version of how model and ESPnet2 frontends are run (one utterance per call unless batched)
-TORCH_FRONTEND_IMPLEMENTATION = "espnet3_flows.stats.frontend.TorchFrontend/1"
-#: Version of the fast path of ESPnet2's ``default`` frontend (its features differ from the class's in
-#: float32 rounding, so its shards are not merged with the class's)
-ESPNET2_DEFAULT_IMPLEMENTATION = "espnet3_flows.frontends.espnet2_default/1"
 
 
 @dataclass
@@ -49,7 +45,8 @@ class FrontendConfig:
             returns ``{"feats": [B,T,D], "feats_lengths": [B]}``, as in ESPnet2/ESPnet3) or
             ``espnet2`` (ESPnet2's frontend by ``name``, configured as in an ``asr.yaml``: README,
             "ESPnet2 frontends"; ``default`` is computed exactly and faster unless
-            ``espnet2_class``).
+            ``espnet2_class``); or a type an installed plugin registers (entry points
+            ``espnet3_flows.frontends``: ``docs/plugins.md``), with its options in ``conf``.
         sampling_rate: Rate audio is resampled to (exact polyphase) before feature extraction.
             When most of a split was recorded below it, the run warns with the fix
             (``native_sampling_rates`` in ``summary.json`` counts the recorded rates).
@@ -66,7 +63,7 @@ class FrontendConfig:
             ``fused``, ...); empty: the ``espnet_config``'s, else ``default``.
         conf: For ``type: espnet2``: an ``asr.yaml``'s ``frontend_conf`` (``n_fft``,
             ``hop_length``, ``n_mels``, ``fs``, ...); its keys override the ``espnet_config``'s.
-            An ``fs`` sets ``sampling_rate``.
+            An ``fs`` sets ``sampling_rate``. For a plugin's type: its options.
         espnet_config: For ``type: espnet2``: a trained ESPnet2 model's ``config.yaml`` (path
             or URL) to read ``frontend`` and ``frontend_conf`` from.
         espnet2_class: For ``type: espnet2`` with ``name: default``: ``false`` (the default)
@@ -102,7 +99,7 @@ class FrontendConfig:
             (``espnet3_flows.frontends.precision``). Its shards have other hashes than float32's.
     """
 
-    type: str = field(default="fbank", metadata={"choices": FRONTEND_TYPES})
+    type: str = field(default="fbank", metadata={"choices": FRONTEND_TYPES, "registry": FRONTENDS})
     sampling_rate: int = 16000
     num_mel_bins: int = 80
     frame_shift: float = 0.01
@@ -121,20 +118,18 @@ class FrontendConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "frontend.")
-        if self.type == "model":
-            if "_target_" not in self.model:
-                raise ConfigError("frontend.type=model needs frontend.model._target_ (a class path)")
-            check_targets(self.model, "frontend.model")
-        if self.type == "espnet2":
-            self._resolve_espnet2()
-        elif self.name or self.conf or self.espnet_config or self.espnet2_class:
+        kind = self.kind
+        if self.type != "espnet2" and (self.name or self.espnet_config or self.espnet2_class
+                                       or (self.conf and not kind.takes_conf)):
             raise ConfigError(f"frontend.name, frontend.conf, frontend.espnet_config and frontend.espnet2_class are "
-                              f"for type=espnet2, not type={self.type}")
+                              f"for type=espnet2, not type={self.type}"
+                              + (" (frontend.conf holds a plugin type's options)" if self.conf else ""))
+        kind.check(self)
         check_device(self.device, "frontend.device")
-        if self.device != "cpu" and self.type not in ("model", "espnet2", "fbank"):
+        if self.device != "cpu" and not kind.takes_device:
             raise ConfigError(f"frontend.device={self.device} is for type=fbank, model or espnet2 (type={self.type} "
-                              "reads audio headers only)")
-        if self.precision != "float32" and self.type not in ("model", "espnet2"):
+                              "runs on the CPU only)")
+        if self.precision != "float32" and not kind.takes_precision:
             raise ConfigError(f"frontend.precision={self.precision} is for type=model or espnet2 (type={self.type} "
                               "computes in float32)")
         if self.max_batch_samples < 0:
@@ -146,25 +141,10 @@ class FrontendConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
-    def _resolve_espnet2(self) -> None:
-        """Fill ``name`` and ``conf`` from ``espnet_config``; ``fs`` sets ``sampling_rate``."""
-        from espnet3_flows.frontends import espnet2_frontend as espnet_frontend
-
-        espnet_frontend.check_espnet_installed()
-        base_name, base_conf = "", {}
-        if self.espnet_config:
-            base_name, base_conf = espnet_frontend.read_espnet_config(self.espnet_config)
-        if self.name and base_name and self.name != base_name:
-            raise ConfigError(f"frontend.name={self.name} but {self.espnet_config} says frontend: {base_name}")
-        self.name = self.name or base_name or "default"
-        espnet_frontend.check_name(self.name)
-        self.conf = {**base_conf, **to_plain(self.conf)}
-        if "fs" in self.conf:
-            self.sampling_rate = espnet_frontend.parse_fs(self.conf["fs"])
-        if self.name == "default" and not self.espnet2_class and self.device == "cpu":
-            from espnet3_flows.frontends.espnet2_default import warn_uncovered
-
-            warn_uncovered(self.conf)
+    @property
+    def kind(self) -> FrontendType:
+        """The registered :class:`~espnet3_flows.frontends.frontend_types.FrontendType` of ``type``."""
+        return FRONTENDS.get(self.type)
 
     @property
     def fast_espnet2_default(self) -> bool:
@@ -183,72 +163,19 @@ class FrontendConfig:
         type only, so that keys of other types (and ``device``) never recompute a shard."""
         base = {"type": self.type, "sampling_rate": self.sampling_rate, "channel": self.channel,
                 "max_duration": self.max_duration}
-        if self.type == "none":
-            return {"type": "none", "sampling_rate": self.sampling_rate, "max_duration": self.max_duration}
-        if self.type == "fbank":
-            return {**base, "num_mel_bins": self.num_mel_bins, "frame_shift": self.frame_shift,
-                    "frame_length": self.frame_length, "dither": self.dither, "model": to_plain(self.model),
-                    "implementation": FBANK_IMPLEMENTATION}
-        batching = {"max_batch_samples": self.max_batch_samples, "implementation": TORCH_FRONTEND_IMPLEMENTATION,
-                    # (only when set: float32 shards keep the hashes they had before precision existed)
-                    **({"precision": self.precision} if self.precision != "float32" else {})}
-        if self.type == "model":
-            return {**base, "model": to_plain(self.model), **batching}
-        from espnet3_flows.frontends.espnet2_frontend import espnet_version
-
-        espnet = {**base, "name": self.name, "conf": to_plain(self.conf), "espnet": espnet_version()}
-        if self.fast_espnet2_default:
-            return {**espnet, "implementation": ESPNET2_DEFAULT_IMPLEMENTATION}
-        return {**espnet, **batching}
+        return self.kind.hashed(self, base)
 
 
 def frontend_modules(cfg: FrontendConfig) -> tuple[str, ...]:
     """Modules a worker imports to build ``cfg``'s frontend (forked local workers import them once,
-    in their forkserver): an ESPnet2 frontend's module (and librosa's mel filters, which the
-    ``default`` and ``fused`` frontends build: ~0.7 s of scipy and numba imports), or a
-    ``model``'s module. ``default``'s fast path needs only torch and its own module (and ESPnet2's
-    for the probe of an ESPnet release it was not checked against). lhotse for ``fbank`` (its
-    framing and config); empty for ``none``."""
-    if cfg.type == "fbank":
-        return ("lhotse",)
-    if cfg.type == "model":
-        target = str((cfg.model or {}).get("_target_") or "")
-        return (target.rpartition(".")[0],) if "." in target else ()
-    if cfg.type != "espnet2":
-        return ()
-    name = cfg.name or "default"  # (an espnet_config's name is in cfg.name already)
-    path = ESPNET2_FRONTENDS.get(name)
-    if path is None:
-        return ()
-    espnet2 = (path.rpartition(".")[0], *(("librosa.filters",) if name in ("default", "fused") else ()))
-    if cfg.fast_espnet2_default:
-        from espnet3_flows.frontends.espnet2_default import VERIFIED_ESPNET
-        from espnet3_flows.frontends.espnet2_frontend import espnet_version
-
-        fast = ("torch", "espnet3_flows.frontends.espnet2_default")
-        return fast if espnet_version() in VERIFIED_ESPNET else (*fast, *espnet2)  # (the latter for its probe)
-    return espnet2
+    in their forkserver): what its type names (:meth:`FrontendType.modules`): lhotse for
+    ``fbank``, a ``model``'s module, an ESPnet2 frontend's module; empty for ``none``."""
+    return cfg.kind.modules(cfg)
 
 
 def build_frontend(cfg: FrontendConfig) -> Frontend | None:
     """The frontend for ``cfg`` (``None`` for ``type: none``)."""
-    if cfg.type == "fbank":
-        return FbankFrontend(cfg)
-    if cfg.type == "model":
-        return model_frontend(instantiate(cfg.model, "frontend.model"), cfg.device, cfg.max_batch_samples,
-                              cfg.precision)
-    if cfg.type == "espnet2":
-        from espnet3_flows.frontends.espnet2_frontend import build_espnet2_frontend
-
-        if cfg.fast_espnet2_default:
-            from espnet3_flows.frontends.espnet2_default import build_fast_default
-
-            fast = build_fast_default(cfg.conf)
-            if fast is not None:
-                return PerUtterance(fast)
-        return espnet2_frontend(build_espnet2_frontend(cfg.name, cfg.conf), cfg.device, cfg.max_batch_samples,
-                                cfg.precision)
-    return None
+    return cfg.kind.build(cfg)
 
 
 def extract_features(utts: Sequence[Any], frontend: Callable[..., Sequence[np.ndarray]], audio: Any,

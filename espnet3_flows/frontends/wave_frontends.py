@@ -9,12 +9,20 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from espnet3_flows.config import ConfigError
+from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
+from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
 from espnet3_flows.frontends.pinned import PinnedStaging
 from espnet3_flows.frontends.precision import check_precision, precision_scope
 
 if TYPE_CHECKING:
     from espnet3_flows.frontends.frontend import FrontendConfig
+
+#: Version of the fbank computation, hashed into collect-stats shards: features that differ even
+#: in float32 rounding are recomputed rather than merged with older shards. These identifiers are
+#: not module paths (the modules moved from stats/): changing one recomputes every user's shards
+FBANK_IMPLEMENTATION = "espnet3_flows.stats.fbank/1"
+#: Version of how model and ESPnet2 frontends are run (one utterance per call unless batched)
+TORCH_FRONTEND_IMPLEMENTATION = "espnet3_flows.stats.frontend.TorchFrontend/1"
 
 
 class Frontend(Protocol):
@@ -163,3 +171,58 @@ def espnet2_frontend(frontend: Any, device: str = "cpu", max_batch_samples: int 
         return frontend(speech, lengths)
 
     return TorchFrontend(extract, frontend, device, max_batch_samples, precision)
+
+
+def torch_batching(cfg: FrontendConfig) -> dict[str, Any]:
+    """What of a torch frontend's run decides its features, for the shard hashes (``precision``
+    only when set: float32 shards keep the hashes they had before precision existed)."""
+    return {"max_batch_samples": cfg.max_batch_samples, "implementation": TORCH_FRONTEND_IMPLEMENTATION,
+            **({"precision": cfg.precision} if cfg.precision != "float32" else {})}
+
+
+class FbankType(FrontendType):
+    """``fbank``: lhotse's Kaldi-compatible log-mel ``Fbank`` (:class:`FbankFrontend`)."""
+
+    name = "fbank"
+    takes_conf = False
+    takes_device = True
+
+    def hashed(self, cfg: FrontendConfig, base: Mapping[str, Any]) -> dict[str, Any]:
+        return {**base, "num_mel_bins": cfg.num_mel_bins, "frame_shift": cfg.frame_shift,
+                "frame_length": cfg.frame_length, "dither": cfg.dither, "model": to_plain(cfg.model),
+                "implementation": FBANK_IMPLEMENTATION}
+
+    def modules(self, cfg: FrontendConfig) -> tuple[str, ...]:
+        return ("lhotse",)  # its framing and config
+
+    def build(self, cfg: FrontendConfig) -> Frontend:
+        return FbankFrontend(cfg)
+
+
+class ModelType(FrontendType):
+    """``model``: any torch module built from ``frontend.model`` with ESPnet's ``collect_feats``."""
+
+    name = "model"
+    takes_conf = False
+    takes_device = True
+    takes_precision = True
+
+    def check(self, cfg: FrontendConfig) -> None:
+        if "_target_" not in cfg.model:
+            raise ConfigError("frontend.type=model needs frontend.model._target_ (a class path)")
+        check_targets(cfg.model, "frontend.model")
+
+    def hashed(self, cfg: FrontendConfig, base: Mapping[str, Any]) -> dict[str, Any]:
+        return {**base, "model": to_plain(cfg.model), **torch_batching(cfg)}
+
+    def modules(self, cfg: FrontendConfig) -> tuple[str, ...]:
+        target = str((cfg.model or {}).get("_target_") or "")
+        return (target.rpartition(".")[0],) if "." in target else ()
+
+    def build(self, cfg: FrontendConfig) -> Frontend:
+        return model_frontend(instantiate(cfg.model, "frontend.model"), cfg.device, cfg.max_batch_samples,
+                              cfg.precision)
+
+
+FRONTENDS.register(FbankType.name, FbankType())
+FRONTENDS.register(ModelType.name, ModelType())

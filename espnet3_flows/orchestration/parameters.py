@@ -43,8 +43,10 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def _annotation(f: dataclasses.Field, kind: Any) -> Any:
-    """The field's type, or a ``Literal`` of its ``choices`` (field metadata): a drop-down in the UI."""
-    choices = f.metadata.get("choices")
+    """The field's type, or a ``Literal`` of its ``choices`` (field metadata): a drop-down in the UI
+    (for a field backed by a registry, its names: the installed plugins' included)."""
+    registry = f.metadata.get("registry")
+    choices = registry.names() if registry is not None else f.metadata.get("choices")
     return typing.Literal[tuple(choices)] if choices else kind
 
 

@@ -2,7 +2,9 @@
 factory, how ``n_workers`` becomes workers, which options it takes and which defaults it fills).
 
 A new backend is one :func:`register_backend` call and its test; nothing else in the package
-compares ``parallel.env`` to a name. ``parallel.cluster_class: pkg.module.Factory`` runs any other
+compares ``parallel.env`` to a name. Another package adds one through the entry-point group
+``espnet3_flows.backends`` (``name = "package.module:BACKEND"``, a :class:`Backend` of that name:
+:mod:`espnet3_flows.registry`). ``parallel.cluster_class: pkg.module.Factory`` runs any other
 Dask cluster class or factory a site has (as prefect-dask's ``cluster_class``), called with
 ``n_workers`` and ``parallel.options``.
 """
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from espnet3_flows.config import ConfigError, did_you_mean
+from espnet3_flows.registry import Registry
 
 if TYPE_CHECKING:
     from espnet3_flows.parallel.parallel_config import ParallelConfig
@@ -106,27 +109,32 @@ class Backend:
         return import_object(self.cluster, f"parallel.env={self.name}", self.extra)
 
 
-_BACKENDS: dict[str, Backend] = {}
+def _accept_backend(name: str, obj: Any) -> Backend:
+    """A plugin's backend: a :class:`Backend` named as its entry point."""
+    if not isinstance(obj, Backend):
+        raise TypeError(f"{obj!r} is not an espnet3_flows.parallel.backends.Backend")
+    if obj.name != name:
+        raise TypeError(f"the entry point is named {name!r} but the backend {obj.name!r}")
+    return obj
+
+
+#: every ``parallel.env`` by name: the built-in ones (below), then those of installed packages
+BACKENDS: Registry[Backend] = Registry("cluster backend", "parallel.env", accept=_accept_backend)
 
 
 def register_backend(backend: Backend) -> Backend:
     """Add (or replace) a backend; returns it."""
-    _BACKENDS[backend.name] = backend
-    return backend
+    return BACKENDS.register(backend.name, backend)
 
 
 def backend_names() -> tuple[str, ...]:
-    """The registered envs, in registration order."""
-    return tuple(_BACKENDS)
+    """The registered envs, built-in ones first (in registration order), then installed packages'."""
+    return BACKENDS.names()
 
 
 def get_backend(name: str) -> Backend:
     """The backend of ``parallel.env=name``; a :class:`ConfigError` naming the known ones otherwise."""
-    try:
-        return _BACKENDS[name]
-    except KeyError:
-        raise ConfigError(f"parallel.env: Unknown env {name!r}{did_you_mean(name, _BACKENDS)}; the envs are: "
-                          f"{', '.join(_BACKENDS)}") from None
+    return BACKENDS.get(name)
 
 
 def backend_of(cfg: ParallelConfig) -> Backend:
@@ -253,8 +261,8 @@ register_backend(Backend("kube", "espnet3_flows.parallel.kube.kube_cluster", wor
                          requires="dask_kubernetes.operator", env_option="env"))
 register_backend(Backend("address", connects=True))
 
-#: The envs of the built-in backends (the UI's drop-down for ``parallel.env``)
-BUILTIN_ENVS = backend_names()
+#: The envs of the built-in backends
+BUILTIN_ENVS = BACKENDS.names(plugins=False)
 
 
 def builtin_defaults(cfg: ParallelConfig, backend: Backend) -> Mapping[str, Any]:

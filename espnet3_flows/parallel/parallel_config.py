@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from espnet3_flows.config import ConfigError, check_choices
-from espnet3_flows.parallel.backends import BUILTIN_ENVS, Backend, backend_of, get_backend
+from espnet3_flows.parallel.backends import BACKENDS, BUILTIN_ENVS, Backend, backend_of, get_backend
 
 START_METHODS = ("forkserver", "spawn")
 
@@ -88,7 +88,7 @@ class ParallelConfig:
             and published atomically, and there are no lock files to go stale.
     """
 
-    env: str = field(default="local", metadata={"choices": BUILTIN_ENVS})
+    env: str = field(default="local", metadata={"choices": BUILTIN_ENVS, "registry": BACKENDS})
     n_workers: int = 0
     threads_per_worker: int = 1
     options: dict[str, Any] = field(default_factory=dict)
@@ -103,9 +103,8 @@ class ParallelConfig:
     allow_overwrite_lock: bool = False
 
     def __post_init__(self) -> None:
-        if self.env not in BUILTIN_ENVS:
-            get_backend(self.env)  # a registered backend beyond the built-in ones, or the error naming them
-        check_choices(self, "parallel.", skip=() if self.env in BUILTIN_ENVS else ("env",))
+        get_backend(self.env)  # a built-in backend, a plugin's, or the error naming them
+        check_choices(self, "parallel.")
         if self.cluster_class and self.env != ParallelConfig.env:  # env left at its default
             raise ConfigError(f"parallel.cluster_class runs {self.cluster_class}; leave parallel.env unset with it "
                               f"(parallel.env is {self.env!r})")

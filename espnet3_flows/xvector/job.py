@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
@@ -13,7 +12,7 @@ import numpy as np
 
 from espnet3_flows.inputs.audio import load_many
 from espnet3_flows.inputs.audio_config import RESAMPLERS, AudioConfig, check_audio_settings
-from espnet3_flows.config import ConfigError, check_choices, check_device, check_targets, instantiate, to_plain
+from espnet3_flows.config import ConfigError, check_choices, check_device, to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.frontends.precision import PRECISIONS
 from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner
@@ -21,14 +20,10 @@ from espnet3_flows.utterance_job import (EngineConfig, JobEnvProvider, ShardData
                                          audio_env)
 from espnet3_flows.xvector.outputs import EmbeddingWriter
 from espnet3_flows.xvector.publish import publish_split
+from espnet3_flows.xvector.toolkits import TOOLKITS, XVectorToolkit
 
-TOOLKITS = ("speechbrain", "espnet", "rawnet", "custom")
-#: ``spk_embed_tag`` per toolkit when none is given: ``tts.sh``'s ``espnet_spk`` for ESPnet's own
-#: toolkits, and the name this job always used for the others (their outputs stay where they were)
-DEFAULT_TAGS = {"espnet": "espnet_spk", "rawnet": "espnet_spk"}
-#: ``resampler`` per toolkit when none is given: ESPnet's recipe (``extract_spk_embed.py``) resamples
-#: with ``librosa.resample``
-DEFAULT_RESAMPLERS = {"espnet": "librosa", "rawnet": "librosa"}
+#: The built-in ``xvector.toolkit`` values (a plugin adds others: :data:`~.toolkits.TOOLKITS`)
+BUILTIN_TOOLKITS = ("speechbrain", "espnet", "rawnet", "custom")
 
 
 @dataclass
@@ -40,8 +35,9 @@ class XVectorConfig:
         toolkit: ``speechbrain`` (an ``EncoderClassifier``), ``espnet`` (an ESPnet-SPK model, as
             ``espnet2.bin.spk_inference.Speech2Embedding`` runs it: ``spk_embed_tool=espnet`` of
             ``tts.sh``), ``rawnet`` (the recipe's RawNet3: ten 3-s windows averaged) or ``custom``
-            (``model`` below). The default stays ``speechbrain`` (ESPnet's recipes default to
-            ``espnet``: set it).
+            (``model`` below), or a toolkit an installed plugin registers (entry points
+            ``espnet3_flows.xvector_toolkits``: ``docs/plugins.md``). The default stays
+            ``speechbrain`` (ESPnet's recipes default to ``espnet``: set it).
         pretrained_model: ``speechbrain``: a local model directory (``hyperparams.yaml`` and
             checkpoints) or a hub id already cached locally. ``espnet``: a ``.pth`` with its
             training ``config.yaml`` beside it, a directory holding them (or an unpacked model
@@ -78,7 +74,7 @@ class XVectorConfig:
         savedir: Where speechbrain links the model files (a temporary directory by default).
     """
 
-    toolkit: str = field(default="speechbrain", metadata={"choices": TOOLKITS})
+    toolkit: str = field(default="speechbrain", metadata={"choices": BUILTIN_TOOLKITS, "registry": TOOLKITS})
     pretrained_model: str = ""
     model: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
@@ -95,11 +91,10 @@ class XVectorConfig:
     splits: list[str] = field(default_factory=list)
     savedir: str = ""
 
-
-#: What ``pretrained_model`` names, per toolkit that needs one
-MODEL_KINDS = {"speechbrain": "a local speechbrain model directory",
-               "espnet": "an ESPnet-SPK .pth with its config.yaml, a model directory, or a cached model tag",
-               "rawnet": "the RawNet3 weights file"}
+    @property
+    def kit(self) -> XVectorToolkit:
+        """The registered :class:`~espnet3_flows.xvector.toolkits.XVectorToolkit` of ``toolkit``."""
+        return TOOLKITS.get(self.toolkit)
 
 
 @dataclass
@@ -136,20 +131,17 @@ class XVectorJobConfig(EngineConfig, SplitsConfig):
         if xv.batch_size < 0:
             raise ConfigError(f"xvector.batch_size must be >= 0, got {xv.batch_size}")
         check_choices(xv, "xvector.")
-        xv.spk_embed_tag = xv.spk_embed_tag or DEFAULT_TAGS.get(xv.toolkit, "xvector")
-        xv.resampler = xv.resampler or DEFAULT_RESAMPLERS.get(xv.toolkit, "poly")
+        kit = xv.kit
+        xv.spk_embed_tag = xv.spk_embed_tag or kit.default_tag
+        xv.resampler = xv.resampler or kit.default_resampler
+        if xv.resampler not in RESAMPLERS:  # (a plugin's default)
+            raise ConfigError(f"xvector.resampler: toolkit {xv.toolkit}'s default {xv.resampler!r} is not one of "
+                              f"{RESAMPLERS}")
         if self.is_demo:
             return  # filled in by demo_settings before the run
-        if xv.toolkit in MODEL_KINDS and not xv.pretrained_model:
-            raise ConfigError(f"xvector.pretrained_model is required for toolkit {xv.toolkit} "
-                              f"({MODEL_KINDS[xv.toolkit]})")
-        if xv.toolkit == "rawnet" and xv.sampling_rate != 16000:
-            raise ConfigError(f"xvector.sampling_rate must be 16000 for toolkit rawnet (RawNet3's 3-s windows "
-                              f"are at 16 kHz), got {xv.sampling_rate}")
-        if xv.toolkit == "custom":
-            if "_target_" not in xv.model:
-                raise ConfigError("xvector.toolkit=custom needs xvector.model._target_")
-            check_targets(xv.model, "xvector.model")
+        if kit.model_kind and not xv.pretrained_model:
+            raise ConfigError(f"xvector.pretrained_model is required for toolkit {xv.toolkit} ({kit.model_kind})")
+        kit.check(xv)
         if not self.manifests:
             raise ConfigError("manifests (xvector.manifest_paths) is empty: give at least one split's manifest")
         unknown = [s for s in xv.splits if s not in self.manifests]
@@ -226,48 +218,24 @@ def preflight(cfg: XVectorJobConfig) -> None:
 
 def check_model_source(xv: XVectorConfig) -> None:
     """On the driver, before any cluster: the model loads from local files (nothing is
-    downloaded, ever), and ESPnet's speaker task is installed for ``espnet`` / ``rawnet``."""
-    if xv.toolkit not in MODEL_KINDS:
+    downloaded, ever), and what the toolkit needs is installed (ESPnet's speaker task for
+    ``espnet`` / ``rawnet``)."""
+    kit = xv.kit
+    kit.check_installed(xv)
+    if not kit.model_kind:
         return
     from espnet3_flows.xvector.model import XVectorModelError
 
-    if xv.toolkit in ("espnet", "rawnet"):
-        from espnet3_flows.xvector.espnet_spk import install_hint, missing_spk_modules
-
-        missing = missing_spk_modules()
-        if missing:
-            raise ConfigError(f"xvector.toolkit={xv.toolkit} needs ESPnet's speaker task, which is not installed "
-                              f"(no {', '.join(missing)}): {install_hint()}")
     try:
-        _model_files(xv)
+        kit.model_files(xv)
     except XVectorModelError as exc:
         raise ConfigError(f"xvector.pretrained_model: {exc}") from None
-
-
-def _model_files(xv: XVectorConfig) -> tuple[Path, list[Path], bool]:
-    """The directory the model is loaded from, the files in it that make the model, and whether
-    it is a snapshot in the hub cache (named by its commit); XVectorModelError when missing."""
-    from espnet3_flows.xvector.model import XVectorModelError, resolve_model_source
-
-    local = Path(xv.pretrained_model).expanduser()
-    if xv.toolkit == "espnet":
-        from espnet3_flows.xvector.espnet_spk import resolve_espnet_model
-
-        files = resolve_espnet_model(xv.pretrained_model)
-        return files.root, [files.config, files.weights], not local.exists()
-    if xv.toolkit == "rawnet":
-        if not local.is_file():
-            raise XVectorModelError(f"RawNet3 weights file {xv.pretrained_model!r} does not exist (the recipe's "
-                                    "tools/RawNet/python/RawNet3/models/weights/model.pt)")
-        return local.parent, [local], False
-    root = resolve_model_source(xv.pretrained_model)
-    return root, sorted(p for p in root.rglob("*") if p.is_file()), not local.is_dir()
 
 
 def build_embedder(xv: XVectorConfig) -> Any:
     """The embedding callable of the configured toolkit, built once per worker, run in
     ``xv.precision``."""
-    return with_precision(_toolkit_embedder(xv), xv.device, xv.precision)
+    return with_precision(xv.kit.embedder(xv), xv.device, xv.precision)
 
 
 def with_precision(embed: Any, device: str, precision: str) -> Any:
@@ -284,23 +252,6 @@ def with_precision(embed: Any, device: str, precision: str) -> Any:
 
     run.__dict__.update(getattr(embed, "__dict__", {}))
     return run
-
-
-def _toolkit_embedder(xv: XVectorConfig) -> Any:
-    if xv.toolkit == "custom":
-        return instantiate(xv.model, "xvector.model")
-    if xv.toolkit == "espnet":
-        from espnet3_flows.xvector.espnet_spk import espnet_embedder, load_espnet_spk_model
-
-        return espnet_embedder(load_espnet_spk_model(xv.pretrained_model, xv.device))
-    if xv.toolkit == "rawnet":
-        from espnet3_flows.xvector.rawnet3 import load_recipe_rawnet3, rawnet_embedder
-
-        return rawnet_embedder(load_recipe_rawnet3(xv.pretrained_model, xv.device))
-    from espnet3_flows.xvector.model import load_speechbrain_encoder, speechbrain_embedder
-
-    savedir = xv.savedir or tempfile.mkdtemp(prefix="espnet3-speechbrain-")
-    return speechbrain_embedder(load_speechbrain_encoder(xv.pretrained_model, savedir, xv.device))
 
 
 def build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
@@ -332,14 +283,12 @@ class XVectorRunner(UtteranceRunner):
 
     def hash_config(self) -> Mapping[str, Any]:
         xv = self.cfg.xvector
+        kit = xv.kit
         model = {"toolkit": xv.toolkit, "model": to_plain(xv.model)}
-        if xv.toolkit in MODEL_KINDS:
+        if kit.model_kind:
             model["pretrained_model"] = xv.pretrained_model
             model["fingerprint"] = _model_fingerprint(xv)
-        if xv.toolkit in ("espnet", "rawnet"):
-            from espnet3_flows.frontends.espnet2_frontend import espnet_version
-
-            model["espnet"] = espnet_version()
+        model.update(kit.hashed(xv))
         if xv.resampler != "poly":  # only then: the shards of existing speechbrain runs keep their hashes
             model["resampler"] = xv.resampler
         if xv.precision != "float32":  # likewise
@@ -400,7 +349,7 @@ def _model_fingerprint(xv: XVectorConfig) -> str:
     from espnet3_flows.xvector.model import XVectorModelError
 
     try:
-        root, files, hub = _model_files(xv)
+        root, files, hub = xv.kit.model_files(xv)
     except XVectorModelError:
         return "unresolved:" + xv.pretrained_model  # the preflight reports it before any shard runs
     h = hashlib.sha256(f"{xv.pretrained_model}@{root.name}".encode() if hub else b"")

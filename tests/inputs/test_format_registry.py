@@ -7,7 +7,7 @@ import gzip
 
 import pytest
 
-from espnet3_flows.inputs.formats import ManifestFormat, detect_format, format_named, known_formats
+from espnet3_flows.inputs.formats import FORMATS, ManifestFormat, detect_format, format_named, known_formats
 from espnet3_flows.inputs.manifest import read_manifest_slice
 from espnet3_flows.inputs.planner import plan_manifest
 from espnet3_flows.inputs.records import ManifestError, Utterance
@@ -54,7 +54,7 @@ def pipe_format():
             return Utterance(utt_id, path, line=lineno)
 
     yield PipeSeparated
-    del ManifestFormat.KNOWN_FORMATS["test-pipe-separated"]
+    FORMATS.unregister("test-pipe-separated")
 
 
 def test_a_new_format_registers_by_subclassing_and_plans_like_the_others(tmp_path, pipe_format):

@@ -47,7 +47,7 @@ def test_every_builtin_env_is_one_declaration_and_an_unknown_one_names_them():
     assert set(BUILTIN_ENVS) == {"serial", "local", "local_gpu", "slurm", "pbs", "sge", "lsf", "htcondor", "oar",
                                  "moab", "ssh", "kube", "address"}
     assert [get_backend(e).jobqueue for e in ("slurm", "local", "ssh")] == [True, False, False]
-    with pytest.raises(ConfigError, match="Unknown env 'kubernetes'") as err:
+    with pytest.raises(ConfigError, match="unknown cluster backend 'kubernetes'") as err:
         ParallelConfig(env="kubernetes")
     assert all(e in str(err.value) for e in BUILTIN_ENVS)
 
@@ -81,8 +81,8 @@ def test_a_new_backend_is_one_registration(tmp_path):
         with pytest.raises(ConfigError, match=r"needs not_a_module_here.*pip install 'espnet3-flows\[nothing\]'"):
             ParallelConfig(env="needs-missing")
     finally:
-        backends._BACKENDS.pop("tiny", None)
-        backends._BACKENDS.pop("needs-missing", None)
+        backends.BACKENDS.unregister("tiny")
+        backends.BACKENDS.unregister("needs-missing")
 
 
 @pytest.mark.dask

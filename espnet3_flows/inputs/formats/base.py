@@ -1,19 +1,20 @@
 """The manifest-format registry: what a format declares, and how a manifest finds its format.
 
 A format is a subclass of :class:`ManifestFormat` with a ``name``; defining the class registers
-one instance in :data:`ManifestFormat.KNOWN_FORMATS` (as lhotse's ``AudioBackend`` subclasses
-register themselves). The planner, the shard reader and audio loading ask the registry; nothing
-else names a format. The built-in formats live in modules of this package named in
-:data:`BUILTIN_FORMAT_MODULES`, imported on the first lookup (so that
-:mod:`espnet3_flows.inputs.audio`, which they import, can ask the registry without a cycle).
+one instance in :data:`FORMATS` (as lhotse's ``AudioBackend`` subclasses register themselves).
+The planner, the shard reader and audio loading ask the registry; nothing else names a format.
+The built-in formats live in modules of this package named in :data:`BUILTIN_FORMAT_MODULES`,
+imported on the first lookup (so that :mod:`espnet3_flows.inputs.audio`, which they import, can
+ask the registry without a cycle); another package adds one through the entry-point group
+``espnet3_flows.formats`` (``name = "package.module:FormatClass"``, :mod:`espnet3_flows.registry`).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
+from espnet3_flows.registry import Registry
 from espnet3_flows.inputs.records import ManifestError, SkippedItem, Utterance, entry_kind, fingerprint_target
 
 if TYPE_CHECKING:
@@ -56,8 +57,6 @@ class ManifestFormat:
     Subclass and set ``name`` to register; override what differs from a TSV-like line file.
     """
 
-    #: every registered format by name (filled by ``__init_subclass__``)
-    KNOWN_FORMATS: ClassVar[dict[str, "ManifestFormat"]] = {}
     #: the name plans record (``source["format"]``) and utterances carry (:attr:`Utterance.format`)
     name: ClassVar[str] = ""
     #: formats are asked by :func:`detect_format` in decreasing priority (the TSV fallback is lowest)
@@ -68,7 +67,7 @@ class ManifestFormat:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("name"):
-            ManifestFormat.KNOWN_FORMATS[cls.name] = cls()
+            FORMATS.register(cls.name, cls())
 
     def __repr__(self) -> str:
         return f"<manifest format {self.name!r}>"
@@ -130,15 +129,25 @@ class ManifestFormat:
         raise NotImplementedError(f"format {self.name!r} does not read audio headers itself")
 
 
-def _load_builtins() -> None:
-    for module in BUILTIN_FORMAT_MODULES:
-        importlib.import_module(f"espnet3_flows.inputs.formats.{module}")
+def _accept_format(name: str, obj: Any) -> ManifestFormat:
+    """A plugin's format: its :class:`ManifestFormat` subclass (registered by its definition)."""
+    if not (isinstance(obj, type) and issubclass(obj, ManifestFormat) and obj.name):
+        raise TypeError(f"{obj!r} is not a ManifestFormat subclass with a name")
+    if obj.name != name:
+        raise TypeError(f"the entry point is named {name!r} but the format {obj.name!r}")
+    return FORMATS.find(name) or obj()
+
+
+#: every format by name: the built-in ones, then those of the ``espnet3_flows.formats`` entry points
+FORMATS: Registry[ManifestFormat] = Registry(
+    "manifest format", "format", accept=_accept_format,
+    builtins=tuple(f"espnet3_flows.inputs.formats.{m}" for m in BUILTIN_FORMAT_MODULES),
+    error=ManifestError)
 
 
 def known_formats() -> dict[str, ManifestFormat]:
-    """Every registered format by name, the built-in ones included."""
-    _load_builtins()
-    return dict(ManifestFormat.KNOWN_FORMATS)
+    """Every registered format by name, the built-in ones and the installed packages' included."""
+    return FORMATS.items()
 
 
 def format_named(name: "str | ManifestFormat") -> ManifestFormat:
@@ -149,13 +158,7 @@ def format_named(name: "str | ManifestFormat") -> ManifestFormat:
     """
     if isinstance(name, ManifestFormat):
         return name
-    fmt = ManifestFormat.KNOWN_FORMATS.get(name)
-    if fmt is None:
-        _load_builtins()
-        fmt = ManifestFormat.KNOWN_FORMATS.get(name)
-    if fmt is None:
-        raise ManifestError(f"unknown manifest format {name!r}; known: {sorted(ManifestFormat.KNOWN_FORMATS)}")
-    return fmt
+    return FORMATS.get(name)
 
 
 def detect_format(manifest: str, storage_options: Mapping[str, Any] | None = None) -> ManifestFormat:
@@ -164,7 +167,8 @@ def detect_format(manifest: str, storage_options: Mapping[str, Any] | None = Non
     Raises:
         ManifestError: none applies.
     """
-    for fmt in sorted(known_formats().values(), key=lambda f: -f.priority):
+    formats = known_formats()
+    for fmt in sorted(formats.values(), key=lambda f: -f.priority):
         if fmt.is_applicable(manifest, storage_options):
             return fmt
-    raise ManifestError(f"no manifest format reads {manifest}; known: {sorted(ManifestFormat.KNOWN_FORMATS)}")
+    raise ManifestError(f"no manifest format reads {manifest}; known: {sorted(formats)}")

@@ -1,0 +1,81 @@
+"""``frontend.type: espnet2``, declared for the frontend registry: ESPnet2's frontend by name
+(:mod:`.espnet2_frontend`), or its ``default`` computed by :mod:`.espnet2_default`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from espnet3_flows.config import ConfigError, to_plain
+from espnet3_flows.frontends.espnet2_frontend import (ESPNET2_FRONTENDS, build_espnet2_frontend, check_espnet_installed,
+                                                      check_name, espnet_version, parse_fs, read_espnet_config)
+from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
+from espnet3_flows.frontends.wave_frontends import Frontend, PerUtterance, espnet2_frontend, torch_batching
+
+if TYPE_CHECKING:
+    from espnet3_flows.frontends.frontend import FrontendConfig
+
+#: Version of the fast path of ESPnet2's ``default`` frontend (its features differ from the class's in
+#: float32 rounding, so its shards are not merged with the class's)
+ESPNET2_DEFAULT_IMPLEMENTATION = "espnet3_flows.frontends.espnet2_default/1"
+
+
+class Espnet2Type(FrontendType):
+    """``espnet2``: ESPnet2's frontend by ``frontend.name`` with ``frontend.conf`` (an ``asr.yaml``'s
+    ``frontend`` and ``frontend_conf``, or a trained model's ``frontend.espnet_config``)."""
+
+    name = "espnet2"
+    takes_device = True
+    takes_precision = True
+
+    def check(self, cfg: FrontendConfig) -> None:
+        """Fill ``name`` and ``conf`` from ``espnet_config``; ``fs`` sets ``sampling_rate``."""
+        check_espnet_installed()
+        base_name, base_conf = "", {}
+        if cfg.espnet_config:
+            base_name, base_conf = read_espnet_config(cfg.espnet_config)
+        if cfg.name and base_name and cfg.name != base_name:
+            raise ConfigError(f"frontend.name={cfg.name} but {cfg.espnet_config} says frontend: {base_name}")
+        cfg.name = cfg.name or base_name or "default"
+        check_name(cfg.name)
+        cfg.conf = {**base_conf, **to_plain(cfg.conf)}
+        if "fs" in cfg.conf:
+            cfg.sampling_rate = parse_fs(cfg.conf["fs"])
+        if cfg.name == "default" and not cfg.espnet2_class and cfg.device == "cpu":
+            from espnet3_flows.frontends.espnet2_default import warn_uncovered
+
+            warn_uncovered(cfg.conf)
+
+    def hashed(self, cfg: FrontendConfig, base: Mapping[str, Any]) -> dict[str, Any]:
+        espnet = {**base, "name": cfg.name, "conf": to_plain(cfg.conf), "espnet": espnet_version()}
+        if cfg.fast_espnet2_default:
+            return {**espnet, "implementation": ESPNET2_DEFAULT_IMPLEMENTATION}
+        return {**espnet, **torch_batching(cfg)}
+
+    def modules(self, cfg: FrontendConfig) -> tuple[str, ...]:
+        """ESPnet2's frontend module (and librosa's mel filters, which ``default`` and ``fused``
+        build: ~0.7 s of scipy and numba imports); ``default``'s fast path needs only torch and
+        its own module (and ESPnet2's for the probe of an ESPnet release it was not checked against)."""
+        name = cfg.name or "default"  # (an espnet_config's name is in cfg.name already)
+        path = ESPNET2_FRONTENDS.get(name)
+        if path is None:
+            return ()
+        espnet2 = (path.rpartition(".")[0], *(("librosa.filters",) if name in ("default", "fused") else ()))
+        if cfg.fast_espnet2_default:
+            from espnet3_flows.frontends.espnet2_default import VERIFIED_ESPNET
+
+            fast = ("torch", "espnet3_flows.frontends.espnet2_default")
+            return fast if espnet_version() in VERIFIED_ESPNET else (*fast, *espnet2)  # (the latter for its probe)
+        return espnet2
+
+    def build(self, cfg: FrontendConfig) -> Frontend:
+        if cfg.fast_espnet2_default:
+            from espnet3_flows.frontends.espnet2_default import build_fast_default
+
+            fast = build_fast_default(cfg.conf)
+            if fast is not None:
+                return PerUtterance(fast)
+        return espnet2_frontend(build_espnet2_frontend(cfg.name, cfg.conf), cfg.device, cfg.max_batch_samples,
+                                cfg.precision)
+
+
+FRONTENDS.register(Espnet2Type.name, Espnet2Type())

@@ -1,0 +1,1 @@
+"""A lab's extensions of espnet3-flows, registered by entry points (see ``pyproject.toml``)."""

@@ -1,0 +1,63 @@
+"""The one registry helper every extension point uses (entry points: ``tests/test_plugins.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from espnet3_flows.config import ConfigError
+from espnet3_flows.registry import ENTRY_POINT_GROUPS, Registry, instance_of
+
+
+class Shape:
+    name = ""
+
+
+class Square(Shape):
+    name = "square"
+
+
+def test_builtins_load_once_on_first_use_and_unknown_names_get_the_closest():
+    loaded = []
+
+    def builtins():
+        loaded.append(1)
+        shapes.register("circle", Shape())
+        shapes.register("square", Square())
+
+    shapes = Registry("frontend", "shape.type", builtins=builtins, group="espnet3_flows.test_shapes_none")
+    assert loaded == []  # nothing imported until asked
+    assert shapes.names() == ("circle", "square") and loaded == [1]
+    assert isinstance(shapes.get("square"), Square) and shapes.is_builtin("square")
+    with pytest.raises(ConfigError, match=r"shape.type: unknown frontend 'sqare' \(did you mean 'square'\?\); "
+                                          r"known: circle, square"):
+        shapes.get("sqare")
+    assert loaded == [1]
+    shapes.register("triangle", Shape())
+    assert "triangle" in shapes and not shapes.is_builtin("triangle")
+    shapes.unregister("triangle")
+    assert "triangle" not in shapes and shapes.find("triangle") is None
+
+
+def test_instance_of_takes_a_subclass_or_an_instance_of_the_right_name():
+    accept = instance_of(Shape)
+    assert isinstance(accept("square", Square), Square) and isinstance(accept("square", Square()), Square)
+    with pytest.raises(TypeError, match="not a"):
+        accept("square", object())
+    with pytest.raises(TypeError, match="named 'round' but its object 'square'"):
+        accept("round", Square)
+
+
+def test_every_extension_point_has_its_group():
+    assert set(ENTRY_POINT_GROUPS.values()) == {"espnet3_flows.jobs", "espnet3_flows.formats",
+                                                "espnet3_flows.backends", "espnet3_flows.frontends",
+                                                "espnet3_flows.xvector_toolkits"}
+    from espnet3_flows.frontends.frontend_types import FRONTENDS
+    from espnet3_flows.inputs.formats import FORMATS
+    from espnet3_flows.job_registry import JOBS
+    from espnet3_flows.parallel.backends import BACKENDS
+    from espnet3_flows.xvector.toolkits import TOOLKITS
+
+    registries = (JOBS, FORMATS, BACKENDS, FRONTENDS, TOOLKITS)
+    assert sorted(r.group for r in registries) == sorted(ENTRY_POINT_GROUPS.values())
+    assert [sorted(r.names(plugins=False)) for r in (FRONTENDS, TOOLKITS)] == [
+        ["espnet2", "fbank", "model", "none"], ["custom", "espnet", "rawnet", "speechbrain"]]
