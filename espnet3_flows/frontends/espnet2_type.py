@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from espnet3_flows.config import ConfigError, to_plain
+from espnet3_flows.frontends import espnet2_frontend as espnet2_module
 from espnet3_flows.frontends.espnet2_frontend import (ESPNET2_FRONTENDS, build_espnet2_frontend, check_espnet_installed,
-                                                      check_name, espnet_version, parse_fs, read_espnet_config)
+                                                      check_name, parse_fs, read_espnet_config)
 from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
 from espnet3_flows.frontends.wave_frontends import Frontend, PerUtterance, espnet2_frontend, torch_batching
 
@@ -46,7 +47,7 @@ class Espnet2Type(FrontendType):
             warn_uncovered(cfg.conf)
 
     def hashed(self, cfg: FrontendConfig, base: Mapping[str, Any]) -> dict[str, Any]:
-        espnet = {**base, "name": cfg.name, "conf": to_plain(cfg.conf), "espnet": espnet_version()}
+        espnet = {**base, "name": cfg.name, "conf": to_plain(cfg.conf), "espnet": espnet2_module.espnet_version()}
         if cfg.fast_espnet2_default:
             return {**espnet, "implementation": ESPNET2_DEFAULT_IMPLEMENTATION}
         return {**espnet, **torch_batching(cfg)}
@@ -64,7 +65,7 @@ class Espnet2Type(FrontendType):
             from espnet3_flows.frontends.espnet2_default import VERIFIED_ESPNET
 
             fast = ("torch", "espnet3_flows.frontends.espnet2_default")
-            return fast if espnet_version() in VERIFIED_ESPNET else (*fast, *espnet2)  # (the latter for its probe)
+            return fast if espnet2_module.espnet_version() in VERIFIED_ESPNET else (*fast, *espnet2)  # (the latter for its probe)
         return espnet2
 
     def build(self, cfg: FrontendConfig) -> Frontend:

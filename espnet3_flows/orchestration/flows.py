@@ -29,13 +29,9 @@ from espnet3_flows.orchestration.artifacts import (
 from espnet3_flows.orchestration.job_run import PlannedFlow, current_run, plan_job, runner_modules, running
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
-from espnet3_flows.orchestration.prefect_compat import (
-    cache_flow_context_serialization,
-    cache_settings_serialization,
-    prompt_heartbeat_stop,
-    share_tls_contexts,
-    untokenized_task_keys,
-)
+from espnet3_flows.orchestration.prefect_compat import prompt_heartbeat_stop, share_tls_contexts, untokenized_task_keys
+from espnet3_flows.orchestration.prefect_context_cache import (cache_flow_context_serialization,
+                                                               cache_settings_serialization)
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import make_task_runner, prestart_workers
 from espnet3_flows.timeline import mark

@@ -1,4 +1,5 @@
-"""Every patch of Prefect's internals this project makes, in one place, each behind a version guard.
+"""Every patch of Prefect's internals this project makes, each behind a version guard: here, and the
+context caches in :mod:`.prefect_context_cache` (which install through the guards below).
 
 They are speed-ups, not fixes: with a Prefect version they were not verified against
 (:data:`VERIFIED_PREFECT`), none is installed, a warning says so, and runs are correct but
@@ -23,17 +24,9 @@ and hostname checks on), and Prefect never modifies a verified context after cre
 unverified context of ``PREFECT_API_TLS_INSECURE_SKIP_VERIFY`` (built without a CA file and then
 modified by Prefect) is never shared. A changed CA file (size or mtime) gets a new context.
 
-**Settings serialized once.** Prefect's settings context serialized once per flow on the driver, and validated once per
-worker, not once per task.
-
-Prefect 3.8's ``DaskTaskRunner.submit`` ships the caller's context with every task
-(``prefect.context.serialize_context``), and most of that is ``SettingsContext.serialize()``: a
-pydantic dump of the whole settings model, ~30 ms of the driver's CPU per shard task
-(``benchmarks/bench_overhead.py``). Every task of a flow run carries the same settings, so
-:func:`cache_settings_serialization` keeps the last serialization and hands out copies of it
-while the current settings context is the very same object (same profile and settings
-objects). New settings (``temporary_settings``, another profile) are new objects, so they are
-serialized afresh; the copies mean no caller can change what a later task receives.
+**Contexts serialized and validated once** (:mod:`.prefect_context_cache`): the settings and flow
+run contexts Prefect ships with every task, dumped once per flow on the driver and validated once
+per worker.
 
 **Heartbeats that stop at once.** :func:`prompt_heartbeat_stop`: a flow run's heartbeat thread
 wakes when the run ends instead of finishing a one-second sleep (0–1 s at the end of every run).
@@ -44,12 +37,11 @@ lost, Prefect's queued events and logs are dropped instead of drained at exit (~
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import ssl
 import threading
-from typing import Any, Callable
+from typing import Any
 
 from espnet3_flows import patches
 
@@ -80,7 +72,7 @@ def prefect_verified() -> bool:
     return False
 
 
-def _unpatched(owner: Any, name: str, verified: bool = True) -> tuple[bool, Any]:
+def unpatched_target(owner: Any, name: str, verified: bool = True) -> tuple[bool, Any]:
     """What a patch wraps: ``(True, original)`` for ``owner``'s own ``name`` (in its ``__dict__``);
     ``(True, None)`` when our wrapper is there already; ``(False, None)`` when it cannot be
     installed: Prefect (or ``verified``, a further version check) is not a verified version, or
@@ -154,44 +146,7 @@ def share_tls_contexts() -> bool:
 _MARK = "_espnet3_cached_serialization"
 
 
-def cache_settings_serialization() -> bool:
-    """Make ``SettingsContext.serialize`` reuse its last result for the same context (idempotent).
-
-    Returns:
-        Whether the cache is installed (``False`` if Prefect's class has no ``serialize``).
-    """
-    from prefect.context import SettingsContext
-
-    return _memoize_serialize(SettingsContext,
-                              lambda self, secrets: (self, self.profile, self.settings, secrets), copy.deepcopy)
-
-
-def _memoize_serialize(cls: type, key_of: Callable[[Any, bool], tuple[Any, ...]],
-                       copy_of: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
-    """Make ``cls.serialize`` return a copy (``copy_of``) of its last result while ``key_of(self,
-    include_secrets)`` holds the same objects (compared by identity); idempotent. ``False`` when
-    Prefect is not a verified version or ``cls`` has no ``serialize`` of its own."""
-    ok, original = _unpatched(cls, "serialize")
-    if original is None:
-        return ok
-    lock = threading.Lock()
-    last: dict[str, Any] = {}
-
-    def serialize(self: Any, include_secrets: bool = True) -> dict[str, Any]:
-        key = key_of(self, include_secrets)
-        with lock:
-            hit = last.get("key")
-            if hit is not None and len(hit) == len(key) and all(a is b for a, b in zip(hit, key)):
-                return copy_of(last["value"])
-        value = original(self, include_secrets=include_secrets)
-        with lock:
-            last.update(key=key, value=value)
-        return copy_of(value)
-
-    return _patch(cls, "serialize", serialize, original)
-
-
-def _patch(owner: Any, name: str, wrapper: Any, original: Any) -> bool:
+def install_wrapper(owner: Any, name: str, wrapper: Any, original: Any) -> bool:
     """Set ``owner.name = wrapper`` (a wrapper of ``original``, marked as ours so that installing it
     again is a no-op); returns ``True``."""
     wrapper.__doc__ = original.__doc__
@@ -199,102 +154,6 @@ def _patch(owner: Any, name: str, wrapper: Any, original: Any) -> bool:
     setattr(wrapper, _MARK, True)
     setattr(owner, name, wrapper)
     return True
-
-
-def cache_settings_hydration() -> bool:
-    """On a worker: validate each distinct serialized settings context once, not once per task,
-    and each flow run's context once per worker thread.
-
-    Prefect 3.8's task engine rebuilds the caller's context for every task it runs
-    (``prefect.context.hydrated_context``), and ``SettingsContext(**serialized)`` makes
-    pydantic-settings build a whole ``Settings`` again: read the environment, the profiles and
-    the TOML files. In a profile of a collect-stats flow that was 38 % of a worker's CPU
-    (``py-spy``, 400 shards). Every task of a flow carries the same settings, so this keeps the
-    validated settings per serialized form (its JSON text) and enters a fresh context built from
-    them for each task; different settings are validated afresh.
-
-    The flow run's context is the same for every task of a flow run too, but Prefect validates it
-    again for each (``FlowRunContext(**serialized)``, with a new API client and a copy of the
-    flow's task runner: ~1.8 ms of a worker's CPU per shard task, 13 % of Prefect's part, in a
-    profile of 1,000). This validates it once per worker thread and flow run, and enters a copy of
-    it for each task whose per-run collections (results, dynamic keys, assets) are new, as
-    Prefect's would be. Idempotent.
-
-    Returns:
-        Whether the cache is installed (``False`` when Prefect's task engine has no
-        ``hydrated_context`` to wrap).
-    """
-    import contextlib
-    import json
-    from collections import OrderedDict
-
-    import prefect.task_engine as task_engine
-    from prefect.context import FlowRunContext, SettingsContext
-
-    ok, original = _unpatched(task_engine, "hydrated_context")
-    if original is None:
-        return ok
-    lock = threading.Lock()
-    validated: OrderedDict[str, Any] = OrderedDict()
-    per_thread = threading.local()
-
-    def flow_run_context(serialized: dict[str, Any], key: str, client: Any) -> tuple[Any, Any] | None:
-        """(API client, validated flow run context) for this thread, built once per flow run."""
-        flow_run = serialized.get("flow_run")
-        run_id = flow_run.get("id") if isinstance(flow_run, dict) else getattr(flow_run, "id", None)
-        if run_id is None or "flow" not in serialized:
-            return None
-        cached = getattr(per_thread, "flow_run", None)
-        if cached is None or cached[0] != (str(run_id), key):
-            from prefect._internal.result_records import ResultRecordMetadata
-            from prefect.client.orchestration import get_client
-            from prefect.flows import Flow
-            from prefect.tasks import Task
-
-            FlowRunContext.model_rebuild(_types_namespace={"Flow": Flow, "Task": Task,
-                                                           "ResultRecordMetadata": ResultRecordMetadata})
-            client = client or get_client(sync_client=True)
-            task_runner = serialized["flow"].task_runner.duplicate().__enter__()  # kept for the thread's tasks
-            template = FlowRunContext(**serialized, client=client, task_runner=task_runner, detached=True)
-            cached = per_thread.flow_run = ((str(run_id), key), client, template)
-        return cached[1], cached[2]
-
-    def fresh_copy(template: Any, serialized: dict[str, Any]) -> Any:
-        """The context Prefect would build: the validated fields, new per-run collections."""
-        new = {name: field.default_factory() for name, field in type(template).model_fields.items()
-               if field.default_factory is not None and name not in serialized}
-        return template.model_copy(update=new)
-
-    @contextlib.contextmanager
-    def hydrated_context(serialized_context: dict[str, Any] | None = None, client: Any = None):
-        settings = (serialized_context or {}).get("settings_context")
-        if not settings:
-            with original(serialized_context, client):
-                yield
-            return
-        key = json.dumps(settings, sort_keys=True, default=str)
-        with lock:
-            ctx = validated.get(key)
-        if ctx is None:
-            ctx = SettingsContext(**settings)  # validated once per distinct settings
-            with lock:
-                validated[key] = ctx
-                while len(validated) > 4:
-                    validated.popitem(last=False)
-        rest = {k: v for k, v in serialized_context.items() if k != "settings_context"}  # type: ignore[union-attr]
-        with SettingsContext.model_construct(profile=ctx.profile, settings=ctx.settings):  # a fresh context object
-            serialized_flow = rest.get("flow_run_context")
-            cached = flow_run_context(serialized_flow, key, client) if serialized_flow else None
-            if cached is None:
-                with original(rest, client):
-                    yield
-                return
-            cached_client, template = cached
-            rest.pop("flow_run_context")
-            with fresh_copy(template, serialized_flow), original(rest, cached_client):
-                yield
-
-    return _patch(task_engine, "hydrated_context", hydrated_context, original)
 
 
 def untokenized_task_keys() -> bool:
@@ -315,7 +174,7 @@ def untokenized_task_keys() -> bool:
     from prefect.tasks import Task
     from prefect_dask.client import PrefectDaskClient
 
-    ok, original = _unpatched(PrefectDaskClient, "submit",
+    ok, original = unpatched_target(PrefectDaskClient, "submit",
                               getattr(prefect_dask, "__version__", None) in VERIFIED_PREFECT_DASK)
     if original is None:
         return ok
@@ -325,33 +184,7 @@ def untokenized_task_keys() -> bool:
             pure = False
         return original(self, func, *args, key=key, pure=pure, **kwargs)
 
-    return _patch(PrefectDaskClient, "submit", submit, original)
-
-
-def cache_flow_context_serialization() -> bool:
-    """Make ``EngineContext.serialize`` (the flow run's context, shipped with every task a
-    ``DaskTaskRunner`` submits) reuse its last result while nothing it covers changed (idempotent).
-
-    Prefect 3.8 dumps the flow run's context with pydantic on every submit (the flow run, the
-    flow, its parameters, the result store), ~1.8 ms of the driver's CPU per shard task in a
-    profile of 600. The cache is keyed by the identity of every field the dump covers and by the
-    flow run's state, so a new flow run, new parameters or a state change dumps afresh; callers
-    get a copy of the top-level dict (Dask pickles it at once).
-
-    Returns:
-        Whether installed (``False`` if Prefect's class has no ``serialize``).
-    """
-    from prefect.context import EngineContext
-
-    fields = ("flow_run", "flow", "parameters", "log_prints", "start_time", "input_keyset", "persist_result",
-              "result_store")
-
-    def key_of(self: Any, include_secrets: bool) -> tuple[Any, ...]:
-        run = getattr(self, "flow_run", None)
-        return (self, include_secrets, getattr(run, "state_type", None), getattr(run, "state_name", None),
-                *(getattr(self, f, None) for f in fields))
-
-    return _memoize_serialize(EngineContext, key_of, dict)
+    return install_wrapper(PrefectDaskClient, "submit", submit, original)
 
 
 def prompt_heartbeat_stop() -> bool:
@@ -373,7 +206,7 @@ def prompt_heartbeat_stop() -> bool:
 
     import prefect.flow_engine as flow_engine
 
-    ok, original = _unpatched(flow_engine, "_send_heartbeats")
+    ok, original = unpatched_target(flow_engine, "_send_heartbeats")
     if original is None:
         return ok
     least = getattr(flow_engine, "MINIMUM_HEARTBEAT_INTERVAL", 30)
@@ -410,7 +243,7 @@ def prompt_heartbeat_stop() -> bool:
             if join_on_exit:
                 thread.join(timeout=2)
 
-    return _patch(flow_engine, "_send_heartbeats", send_heartbeats, original)
+    return install_wrapper(flow_engine, "_send_heartbeats", send_heartbeats, original)
 
 
 def drop_undeliverable_api_work() -> int:

@@ -11,7 +11,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from espnet3_flows.orchestration import console
 from espnet3_flows.orchestration.local_server import drain_prefect_clients
-from espnet3_flows.orchestration.prefect_compat import cache_settings_hydration, share_tls_contexts
+from espnet3_flows.orchestration.prefect_compat import share_tls_contexts
+from espnet3_flows.orchestration.prefect_context_cache import cache_settings_hydration
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES
 
 

@@ -6,7 +6,7 @@ import prefect
 import prefect.flow_engine as flow_engine  # configures Prefect's logging: at import, not inside a test's caplog
 import pytest
 
-from espnet3_flows.orchestration import prefect_compat
+from espnet3_flows.orchestration import prefect_compat, prefect_context_cache
 
 
 def test_installed_prefect_is_the_verified_one():
@@ -34,9 +34,9 @@ def test_an_unverified_prefect_gets_no_patch(monkeypatch, caplog):
               EngineContext.__dict__["serialize"], PrefectDaskClient.__dict__["submit"], flow_engine._send_heartbeats)
     with caplog.at_level("WARNING"):
         assert not prefect_compat.share_tls_contexts()
-        assert not prefect_compat.cache_settings_serialization()
-        assert not prefect_compat.cache_settings_hydration()
-        assert not prefect_compat.cache_flow_context_serialization()
+        assert not prefect_context_cache.cache_settings_serialization()
+        assert not prefect_context_cache.cache_settings_hydration()
+        assert not prefect_context_cache.cache_flow_context_serialization()
         assert not prefect_compat.untokenized_task_keys()
         assert not prefect_compat.prompt_heartbeat_stop()
     assert (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context,
@@ -49,7 +49,7 @@ def test_flow_context_serialized_once_per_flow_run_and_equal_to_prefects(prefect
     from prefect import flow
     from prefect.context import EngineContext
 
-    assert prefect_compat.cache_flow_context_serialization()
+    assert prefect_context_cache.cache_flow_context_serialization()
     original = EngineContext.serialize.__wrapped__
 
     @flow
@@ -98,7 +98,7 @@ def test_flow_run_context_validated_once_per_thread_with_fresh_collections(prefe
     from prefect import flow
     from prefect.context import FlowRunContext, serialize_context
 
-    assert prefect_compat.cache_settings_hydration()
+    assert prefect_context_cache.cache_settings_hydration()
 
     @flow
     def ship(n: int) -> dict:
@@ -167,8 +167,9 @@ def test_one_switch_turns_every_patch_off(monkeypatch):
         for (owner, name), value in zip(targets, saved):
             setattr(owner, name, getattr(value, "__wrapped__", value) if name != "ssl" else __import__("ssl"))
         before = [vars(owner).get(name) for owner, name in targets]
-        assert not any([prefect_compat.share_tls_contexts(), prefect_compat.cache_settings_serialization(),
-                        prefect_compat.cache_settings_hydration(), prefect_compat.cache_flow_context_serialization(),
+        assert not any([prefect_compat.share_tls_contexts(), prefect_context_cache.cache_settings_serialization(),
+                        prefect_context_cache.cache_settings_hydration(),
+                        prefect_context_cache.cache_flow_context_serialization(),
                         prefect_compat.untokenized_task_keys(), prefect_compat.prompt_heartbeat_stop()])
         assert [vars(owner).get(name) for owner, name in targets] == before
     finally:

@@ -7,7 +7,7 @@ import json
 from prefect.context import SettingsContext
 from prefect.settings import PREFECT_API_KEY, PREFECT_LOGGING_LEVEL, temporary_settings
 
-from espnet3_flows.orchestration.prefect_compat import cache_settings_serialization
+from espnet3_flows.orchestration.prefect_context_cache import cache_settings_serialization
 
 
 def test_same_result_as_prefect_and_every_caller_gets_its_own_copy():
@@ -47,7 +47,7 @@ def test_the_patches_target_the_pinned_prefect():
 def test_workers_validate_each_settings_context_once_and_still_see_the_callers_settings():
     import prefect.task_engine as task_engine
 
-    from espnet3_flows.orchestration.prefect_compat import cache_settings_hydration
+    from espnet3_flows.orchestration.prefect_context_cache import cache_settings_hydration
 
     assert cache_settings_hydration() and cache_settings_hydration()  # idempotent
     hydrate = task_engine.hydrated_context

@@ -1,0 +1,209 @@
+"""Prefect's contexts serialized once per flow on the driver and validated once per worker, not
+once per task: patches of Prefect's internals, installed through :mod:`.prefect_compat`'s guards
+(a verified Prefect version, ``ESPNET3_FLOWS_PATCHES`` not ``off``).
+
+**Settings serialized once.** Prefect's settings context serialized once per flow on the driver, and validated once per
+worker, not once per task.
+
+Prefect 3.8's ``DaskTaskRunner.submit`` ships the caller's context with every task
+(``prefect.context.serialize_context``), and most of that is ``SettingsContext.serialize()``: a
+pydantic dump of the whole settings model, ~30 ms of the driver's CPU per shard task
+(``benchmarks/bench_overhead.py``). Every task of a flow run carries the same settings, so
+:func:`cache_settings_serialization` keeps the last serialization and hands out copies of it
+while the current settings context is the very same object (same profile and settings
+objects). New settings (``temporary_settings``, another profile) are new objects, so they are
+serialized afresh; the copies mean no caller can change what a later task receives.
+
+:func:`cache_flow_context_serialization` does the same for the flow run's context on the driver,
+and :func:`cache_settings_hydration` validates each on a worker once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+from espnet3_flows.orchestration.prefect_compat import install_wrapper, unpatched_target
+
+
+def cache_settings_serialization() -> bool:
+    """Make ``SettingsContext.serialize`` reuse its last result for the same context (idempotent).
+
+    Returns:
+        Whether the cache is installed (``False`` if Prefect's class has no ``serialize``).
+    """
+    from prefect.context import SettingsContext
+
+    return _memoize_serialize(SettingsContext,
+                              lambda self, secrets: (self, self.profile, self.settings, secrets), copy.deepcopy)
+
+
+def _memoize_serialize(cls: type, key_of: Callable[[Any, bool], tuple[Any, ...]],
+                       copy_of: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
+    """Make ``cls.serialize`` return a copy (``copy_of``) of its last result while ``key_of(self,
+    include_secrets)`` holds the same objects (compared by identity); idempotent. ``False`` when
+    Prefect is not a verified version or ``cls`` has no ``serialize`` of its own."""
+    ok, original = unpatched_target(cls, "serialize")
+    if original is None:
+        return ok
+    lock = threading.Lock()
+    last: dict[str, Any] = {}
+
+    def serialize(self: Any, include_secrets: bool = True) -> dict[str, Any]:
+        key = key_of(self, include_secrets)
+        with lock:
+            hit = last.get("key")
+            if hit is not None and len(hit) == len(key) and all(a is b for a, b in zip(hit, key)):
+                return copy_of(last["value"])
+        value = original(self, include_secrets=include_secrets)
+        with lock:
+            last.update(key=key, value=value)
+        return copy_of(value)
+
+    return install_wrapper(cls, "serialize", serialize, original)
+
+
+def cache_settings_hydration() -> bool:
+    """On a worker: validate each distinct serialized settings context once, not once per task,
+    and each flow run's context once per worker thread.
+
+    Prefect 3.8's task engine rebuilds the caller's context for every task it runs
+    (``prefect.context.hydrated_context``), and ``SettingsContext(**serialized)`` makes
+    pydantic-settings build a whole ``Settings`` again: read the environment, the profiles and
+    the TOML files. In a profile of a collect-stats flow that was 38 % of a worker's CPU
+    (``py-spy``, 400 shards). Every task of a flow carries the same settings, so this keeps the
+    validated settings per serialized form (its JSON text) and enters a fresh context built from
+    them for each task; different settings are validated afresh.
+
+    The flow run's context is the same for every task of a flow run too, but Prefect validates it
+    again for each (``FlowRunContext(**serialized)``, with a new API client and a copy of the
+    flow's task runner: ~1.8 ms of a worker's CPU per shard task, 13 % of Prefect's part, in a
+    profile of 1,000). This validates it once per worker thread and flow run, and enters a copy of
+    it for each task whose per-run collections (results, dynamic keys, assets) are new, as
+    Prefect's would be. Idempotent.
+
+    Returns:
+        Whether the cache is installed (``False`` when Prefect's task engine has no
+        ``hydrated_context`` to wrap).
+    """
+    import prefect.task_engine as task_engine
+
+    ok, original = unpatched_target(task_engine, "hydrated_context")
+    if original is None:
+        return ok
+    cache = _HydrationCache(original)
+
+    def hydrated_context(serialized_context: dict[str, Any] | None = None, client: Any = None) -> Any:
+        return cache.hydrated_context(serialized_context, client)
+
+    return install_wrapper(task_engine, "hydrated_context", hydrated_context, original)
+
+
+class _HydrationCache:
+    """The state of :func:`cache_settings_hydration`'s wrapper of ``hydrated_context``: validated
+    settings by their JSON text (the last few), and per worker thread the last flow run's context."""
+
+    def __init__(self, original: Callable[..., Any]):
+        self.original = original
+        self.lock = threading.Lock()
+        self.validated: OrderedDict[str, Any] = OrderedDict()
+        self.per_thread = threading.local()
+
+    def settings(self, serialized: dict[str, Any]) -> tuple[str, Any]:
+        """``(key, validated SettingsContext)``: validated once per distinct settings."""
+        from prefect.context import SettingsContext
+
+        key = json.dumps(serialized, sort_keys=True, default=str)
+        with self.lock:
+            ctx = self.validated.get(key)
+        if ctx is None:
+            ctx = SettingsContext(**serialized)
+            with self.lock:
+                self.validated[key] = ctx
+                while len(self.validated) > 4:
+                    self.validated.popitem(last=False)
+        return key, ctx
+
+    def flow_run_context(self, serialized: dict[str, Any], key: str, client: Any) -> tuple[Any, Any] | None:
+        """(API client, validated flow run context) for this thread, built once per flow run."""
+        from prefect.context import FlowRunContext
+
+        flow_run = serialized.get("flow_run")
+        run_id = flow_run.get("id") if isinstance(flow_run, dict) else getattr(flow_run, "id", None)
+        if run_id is None or "flow" not in serialized:
+            return None
+        cached = getattr(self.per_thread, "flow_run", None)
+        if cached is None or cached[0] != (str(run_id), key):
+            from prefect._internal.result_records import ResultRecordMetadata
+            from prefect.client.orchestration import get_client
+            from prefect.flows import Flow
+            from prefect.tasks import Task
+
+            FlowRunContext.model_rebuild(_types_namespace={"Flow": Flow, "Task": Task,
+                                                           "ResultRecordMetadata": ResultRecordMetadata})
+            client = client or get_client(sync_client=True)
+            task_runner = serialized["flow"].task_runner.duplicate().__enter__()  # kept for the thread's tasks
+            template = FlowRunContext(**serialized, client=client, task_runner=task_runner, detached=True)
+            cached = self.per_thread.flow_run = ((str(run_id), key), client, template)
+        return cached[1], cached[2]
+
+    @staticmethod
+    def fresh_copy(template: Any, serialized: dict[str, Any]) -> Any:
+        """The context Prefect would build: the validated fields, new per-run collections."""
+        new = {name: field.default_factory() for name, field in type(template).model_fields.items()
+               if field.default_factory is not None and name not in serialized}
+        return template.model_copy(update=new)
+
+    @contextlib.contextmanager
+    def hydrated_context(self, serialized_context: dict[str, Any] | None = None, client: Any = None):
+        """Prefect's ``hydrated_context``, with the settings and the flow run's context reused."""
+        from prefect.context import SettingsContext
+
+        settings = (serialized_context or {}).get("settings_context")
+        if not settings:
+            with self.original(serialized_context, client):
+                yield
+            return
+        key, ctx = self.settings(settings)
+        rest = {k: v for k, v in serialized_context.items() if k != "settings_context"}  # type: ignore[union-attr]
+        with SettingsContext.model_construct(profile=ctx.profile, settings=ctx.settings):  # a fresh context object
+            serialized_flow = rest.get("flow_run_context")
+            cached = self.flow_run_context(serialized_flow, key, client) if serialized_flow else None
+            if cached is None:
+                with self.original(rest, client):
+                    yield
+                return
+            cached_client, template = cached
+            rest.pop("flow_run_context")
+            with self.fresh_copy(template, serialized_flow), self.original(rest, cached_client):
+                yield
+
+
+def cache_flow_context_serialization() -> bool:
+    """Make ``EngineContext.serialize`` (the flow run's context, shipped with every task a
+    ``DaskTaskRunner`` submits) reuse its last result while nothing it covers changed (idempotent).
+
+    Prefect 3.8 dumps the flow run's context with pydantic on every submit (the flow run, the
+    flow, its parameters, the result store), ~1.8 ms of the driver's CPU per shard task in a
+    profile of 600. The cache is keyed by the identity of every field the dump covers and by the
+    flow run's state, so a new flow run, new parameters or a state change dumps afresh; callers
+    get a copy of the top-level dict (Dask pickles it at once).
+
+    Returns:
+        Whether installed (``False`` if Prefect's class has no ``serialize``).
+    """
+    from prefect.context import EngineContext
+
+    fields = ("flow_run", "flow", "parameters", "log_prints", "start_time", "input_keyset", "persist_result",
+              "result_store")
+
+    def key_of(self: Any, include_secrets: bool) -> tuple[Any, ...]:
+        run = getattr(self, "flow_run", None)
+        return (self, include_secrets, getattr(run, "state_type", None), getattr(run, "state_name", None),
+                *(getattr(self, f, None) for f in fields))
+
+    return _memoize_serialize(EngineContext, key_of, dict)
