@@ -105,10 +105,10 @@ status:
 	@$(STACK) status
 
 bench: install
-	$(PY) benchmarks/run.py
+	$(PY) -m benchmarks
 
 bench-quick: install
-	$(PY) benchmarks/run.py --quick
+	$(PY) -m benchmarks --quick
 
 clean:  ## outputs and build leftovers of this checkout
 	rm -rf exp/ .pytest_cache build *.egg-info

@@ -8,12 +8,11 @@ to [0.5, 30] s, whole 10 ms frames) and the same budget: lhotse's ``max_duration
 means too. Padding is measured identically for both:
 ``(padded - real) / padded`` frames with ``padded = sum(batch size * longest)``.
 
-Run ``python benchmarks/run.py --only batching [--quick]``.
+Run ``python -m benchmarks --only batching [--quick]``.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -21,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks import common
 
 from espnet3_flows.batching import BatchConfig, LengthTable, build_batch_plan, padding_stats  # noqa: E402
 

@@ -27,19 +27,17 @@ End-to-end throughput is utterances / wall time. Steady-state throughput is utte
 shard phase (first shard start to last shard end, from the ``done`` records), i.e. without
 start-up and merge; "compute-only" is utterances / (sum of shard compute seconds / 2 workers).
 
-Run ``python benchmarks/run.py --only collect_stats [--quick]``.
+Run ``python -m benchmarks --only collect_stats [--quick]``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks import common
 
 NAME = "collect_stats"
 FLOW = "flow (Prefect + LocalCluster 2×1), cold"

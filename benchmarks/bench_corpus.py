@@ -4,7 +4,7 @@ Issue "Corpus scale". The corpus is N hard links to 300 short (0.1–0.5 s, 16 k
 links per directory, under ``$ESPNET3_BENCH_DATA/corpus-short`` (made once with ``os.link``,
 extended as larger sizes need more), with one TSV manifest ``utt_id<TAB>path`` per size, sorted
 by id. Every run is the product's command line in its own process, against the Prefect API
-server ``benchmarks/run.py`` started:
+server ``python -m benchmarks`` started:
 ``python flows/collect_stats.py manifests.train=M output_dir=OUT frontend.type=none
 shard_size=1000 parallel.env=local parallel.n_workers=2`` (``none``: lengths from the headers).
 
@@ -19,21 +19,19 @@ shard_size=1000 parallel.env=local parallel.n_workers=2`` (``none``: lengths fro
   notes say so (fingerprints then stat each file 10 times).
 
 Sizes: ``$ESPNET3_BENCH_CORPUS_SIZES`` = ``SMALL,LARGE,PLAN`` (default 10000,1000000,10000000;
-1000,2000,5000 with ``--quick``). Run ``python benchmarks/run.py --only corpus [--quick]``.
+1000,2000,5000 with ``--quick``). Run ``python -m benchmarks --only corpus [--quick]``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import process_tree  # noqa: E402
-from process_tree import run_failed  # noqa: E402
+from benchmarks import common
+from benchmarks import process_tree
+from benchmarks.process_tree import run_failed
 
 NAME = "corpus"
 SHARD = 1000
@@ -219,7 +217,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         f"Corpus: hard links to {SOURCES} WAVs of 0.1–0.5 s (16 kHz), {PER_DIR:,} per directory; TSV sorted by id. "
         "Every link is one inode of 300, so the audio is in the page cache after the first read; a real corpus of "
         "distinct files reads more from disk.",
-        process_tree.cli_runs_note(NAME, quick) + " The flow runs share the Prefect API server benchmarks/run.py "
+        process_tree.cli_runs_note(NAME, quick) + " The flow runs share the Prefect API server `python -m benchmarks` "
         "started.",
         *notes,
     ]

@@ -33,8 +33,8 @@ depend on padding). Targets (issue "Faster than ESPnet2's own stage 10"): from
 below, ≥ 1.0× with one and ≥ 0.75× with none (issue "Everyday runs start fast"); the fast path's
 compute ≥ 2× ESPnet2's per core; the same statistics. The older ≥ 3× end to end stays listed.
 
-Run ``python benchmarks/run.py --only espnet2 [--quick]``
-(``ESPNET3_BENCH_ESPNET2_UTTS=20000 python benchmarks/run.py --only espnet2`` for a large corpus).
+Run ``python -m benchmarks --only espnet2 [--quick]``
+(``ESPNET3_BENCH_ESPNET2_UTTS=20000 python -m benchmarks --only espnet2`` for a large corpus).
 """
 
 from __future__ import annotations
@@ -45,9 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import process_tree  # noqa: E402
+from benchmarks import common
+from benchmarks import process_tree
 
 NAME = "espnet2"
 HERE = Path(__file__).resolve().parent

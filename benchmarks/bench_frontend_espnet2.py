@@ -21,18 +21,16 @@ utterance are compared with the class's (max abs. and rel. error), and their sta
 float64 sum and sum of squares). Targets: ≥ 2× ESPnet2's class per core, errors at float32
 rounding.
 
-Run ``python benchmarks/run.py --only frontend_espnet2 [--quick]``.
+Run ``python -m benchmarks --only frontend_espnet2 [--quick]``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks import common
 
 NAME = "frontend_espnet2"
 CONFS = {"ESPnet2's default (n_fft 512, hop 128, 80 mels)": {"n_fft": 512, "hop_length": 128, "n_mels": 80,

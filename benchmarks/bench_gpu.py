@@ -26,7 +26,7 @@ Parts (``--only``), each timed through the product's own code on ``--device``:
 every step the device takes has run on the CPU first. On the device machine run it through
 ``benchmarks/gpu_check.sh`` (installs the carried wheels, runs the ``gpu`` tests, then this).
 
-Run ``python benchmarks/bench_gpu.py --device cuda [--quick] [--only hubert fbank ...]``; results go to
+Run ``python -m benchmarks.bench_gpu --device cuda [--quick] [--only hubert fbank ...]``; results go to
 ``$ESPNET3_BENCH_RESULTS/gpu.json`` (one row per measurement) and ``gpu/<part>.json``.
 """
 
@@ -44,8 +44,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402  (puts the checkout on sys.path and sets HF_HUB_OFFLINE)
+from benchmarks import common
 
 NAME = "gpu"
 SR = common.SAMPLE_RATE

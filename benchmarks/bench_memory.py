@@ -12,7 +12,7 @@
   read, file fingerprints (one listing per directory) and shard hashing. Targets: < 10 s and
   peak RSS < 1 GB.
 
-Run ``python benchmarks/run.py --only memory [--quick]``.
+Run ``python -m benchmarks --only memory [--quick]``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import process_tree  # noqa: E402
+from benchmarks import common
+from benchmarks import process_tree
 
 NAME = "memory"
 MB = 1024 ** 2
@@ -40,7 +39,7 @@ FLOW_PEAKS = {"driver_peak": "driver peak RSS MB", "worker_peak": "largest worke
 # ---- children ---------------------------------------------------------------------------------
 def child_flow(manifest: str, output_dir: str) -> dict[str, Any]:
     """Run the flow once (in a fresh process); report wall time and its exact peak RSS."""
-    import bench_collect_stats as cs
+    from benchmarks import bench_collect_stats as cs
 
     with common.prefect_session():
         t0 = time.perf_counter()
@@ -85,7 +84,7 @@ def child_plan(manifest: str, output_dir: str) -> dict[str, Any]:
 def _spawn(mode: str, source: Path, dest: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run this file as ``--child MODE SOURCE DEST REPORT`` under the sampler; (child's report, sampled run)."""
     report = dest / "bench-memory-report.json"  # written when the child is done, removed with ``dest``
-    run = process_tree.run_checked([sys.executable, __file__, "--child", mode, source, dest, report],
+    run = process_tree.run_checked([*common.module_command(__spec__.name), "--child", mode, source, dest, report],
                                    common.DATA / "logs" / NAME / f"{mode}.log", interval=INTERVAL)
     return json.loads(report.read_text()), run
 

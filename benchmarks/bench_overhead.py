@@ -16,20 +16,18 @@ On the cached benchmark corpus (2,000 utterances of 2–6 s; 200 with ``--quick`
   orchestration adds per shard beyond the workers' compute) and the slope of a least-squares fit
   ``wall = fixed + slope × shards`` over the sweep (the marginal wall cost of one more shard).
 
-Run ``python benchmarks/run.py --only overhead [--quick]``.
+Run ``python -m benchmarks --only overhead [--quick]``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_collect_stats as cs  # noqa: E402
-import common  # noqa: E402
+from benchmarks import bench_collect_stats as cs
+from benchmarks import common
 
 NAME = "overhead"
 

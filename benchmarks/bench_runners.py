@@ -14,7 +14,7 @@ runner module beside it, as a user writes them), and times the call inside the s
   merges in this process. Target ≤ 1.5 s for the call.
 
 ``--quick``: 20 items of 0.1 s, one repetition. Repetitions (``$ESPNET3_BENCH_RUNNERS_REPEATS``,
-default 3) interleave the cases. Run ``python benchmarks/run.py --only runners [--quick]``.
+default 3) interleave the cases. Run ``python -m benchmarks --only runners [--quick]``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks import common
 
 NAME = "runners"
 ROOT = Path(__file__).resolve().parents[1]

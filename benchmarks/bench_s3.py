@@ -16,7 +16,7 @@ Both must give the same fingerprint (size and ETag) for every object. Targets (i
 scale"): now ≥ 5× faster than before, and the driver's memory bounded (its growth over the
 imports does not grow with N beyond the bounded cache).
 
-Run ``python benchmarks/run.py --only s3 [--quick]``.
+Run ``python -m benchmarks --only s3 [--quick]``.
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import process_tree  # noqa: E402
+from benchmarks import common
+from benchmarks import process_tree
 
 NAME = "s3"
 PER_PREFIX = 100
@@ -122,7 +121,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             for rep in range(reps):
                 for method in ("before", "now"):
                     out = work / f"{method}-{rep}.json"
-                    process_tree.run_checked([sys.executable, __file__, "--child", method, paths_file, options, out],
+                    process_tree.run_checked([*common.module_command(__spec__.name), "--child", method, paths_file, options, out],
                                              work / f"{method}-{rep}.log")
                     r = json.loads(out.read_text())
                     digests[method] = r.pop("fingerprints")

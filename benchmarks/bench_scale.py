@@ -3,7 +3,7 @@
 Issue "Orchestration at scale". Every flow run is the product's command line, in its own process:
 ``python flows/collect_stats.py manifests.train=M output_dir=OUT shard_size=30 parallel.env=local
 parallel.n_workers=2`` (fbank frontend, the default), against the Prefect API server that
-``benchmarks/run.py`` starts once (so no run pays a server start). For each size, side by side:
+``python -m benchmarks`` starts once (so no run pays a server start). For each size, side by side:
 
 - **engine cold**: the engine without Prefect in a fresh process (``CollectStatsRunner(cfg,
   "train").run(...)`` on a ``LocalCluster`` of the same 2 workers, see :func:`run_engine`);
@@ -27,7 +27,7 @@ zero-padded, so sort order is numeric order). The fixed cost of a CLI run (inter
 config, Prefect flow start, no server start) is the no-op rerun of a 10-utterance manifest.
 
 Sizes: ``$ESPNET3_BENCH_SCALE_SHARDS`` (comma-separated shard counts; default 1000,4000; 60 with
-``--quick``). Run ``python benchmarks/run.py --only scale [--quick]``.
+``--quick``). Run ``python -m benchmarks --only scale [--quick]``.
 """
 
 from __future__ import annotations
@@ -42,10 +42,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import process_tree  # noqa: E402
-from process_tree import run_failed  # noqa: E402
+from benchmarks import common
+from benchmarks import process_tree
+from benchmarks.process_tree import run_failed
 
 NAME = "scale"
 SHARD = 30
@@ -142,7 +141,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     notes: list[str] = []
 
     def measured(label: str, manifest: Path, out: Path, mark: int | None = None, **row: Any) -> dict[str, Any]:
-        cmd = ([sys.executable, __file__, "--engine", str(manifest), str(out), str(SHARD)] if row["section"] == "engine"
+        cmd = ([*common.module_command(__spec__.name), "--engine", str(manifest), str(out), str(SHARD)] if row["section"] == "engine"
                else process_tree.flow_cli("collect_stats", *flow_args(manifest, out)))
         shown = f"{row['utterances']:,} utterances {label}" + (f" #{row['rep']}" if row.get("rep") else "")
         rows.append({**row, **process_tree.measured_run(NAME, shown, cmd, out, quick, mark), "run": label})
@@ -201,9 +200,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         "the +10 % one).",
         "Every run is a fresh process: the flow is `python flows/collect_stats.py manifests.train=M output_dir=OUT "
         f"shard_size={SHARD} parallel.env=local parallel.n_workers={common.WORKERS}`; the engine is "
-        "`CollectStatsRunner(cfg, 'train').run(parallel=cfg.parallel)` in `python benchmarks/bench_scale.py --engine`. "
+        "`CollectStatsRunner(cfg, 'train').run(parallel=cfg.parallel)` in `python -m benchmarks.bench_scale --engine`. "
         "Wall time is the whole process (interpreter start, imports, cluster start and stop, merge). The flow "
-        "runs share the Prefect API server benchmarks/run.py started: no run pays a server start"
+        "runs share the Prefect API server `python -m benchmarks` started: no run pays a server start"
         + (f" (that server started in {common.PREFECT['start_seconds']:.1f} s)." if common.PREFECT.get("start_seconds")
            else "."),
         f"Fixed cost of a CLI run: the no-op rerun of a {FIXED_UTTS}-utterance manifest"

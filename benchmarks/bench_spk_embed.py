@@ -16,22 +16,19 @@ Each repetition times every method once, in rotating order, by wall clock and pr
 every row also gives its worst cosine and max abs difference against the sequential reference.
 GPU throughput is measured by the same code with ``--device cuda`` where a GPU is present.
 
-Run ``python benchmarks/run.py --only spk_embed [--quick]`` (or this file with ``--device``).
+Run ``python -m benchmarks --only spk_embed [--quick]`` (or this file with ``--device``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import common  # noqa: E402
+from benchmarks import common
 
 NAME = "spk_embed"
 RAWNET_UTTS = 6  # the recipe runs ten 3-s windows per utterance: the full-size RawNet3 is slow on a CPU
@@ -173,7 +170,7 @@ def run(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
              "instance norm, mean normalisation, convolutions, AFMS and pooling. Ours batches the encoder with "
              "those layers length-aware and computes the cheap features per utterance.",
              "GPU throughput: not measured here (no GPU on this machine); "
-             "`python benchmarks/bench_spk_embed.py --device cuda` runs the same rows on one."]
+             "`python -m benchmarks.bench_spk_embed --device cuda` runs the same rows on one."]
     return common.write_result(NAME, quick, rows, targets, notes, plot=lambda path: _plot(rows, path))
 
 

@@ -18,7 +18,7 @@ the flow run's start, the workers
 (cluster start and envs built), the first shard, the other shards and the merges, the flow's end
 (reports, cluster teardown, final state), the server's stop and the process exit.
 
-Run ``python benchmarks/run.py --only startup [--quick]`` (repeats: ``ESPNET3_BENCH_STARTUP_REPEATS``,
+Run ``python -m benchmarks --only startup [--quick]`` (repeats: ``ESPNET3_BENCH_STARTUP_REPEATS``,
 default 5).
 """
 
@@ -29,9 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-import process_tree  # noqa: E402
+from benchmarks import common
+from benchmarks import process_tree
 
 NAME = "startup"
 FLOOR = "import torch, lhotse, prefect, distributed, soundfile"

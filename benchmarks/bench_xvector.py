@@ -9,12 +9,11 @@ order, by wall clock and by process CPU time (the fairer measure on a shared mac
 gives the median and min-max throughput, the speedup over "alone" by both clocks, and the
 minimum cosine similarity between batched and one-by-one embeddings.
 
-Run ``python benchmarks/run.py --only xvector [--quick]``.
+Run ``python -m benchmarks --only xvector [--quick]``.
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,8 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402  (puts the checkout on sys.path and sets HF_HUB_OFFLINE)
+from benchmarks import common
 
 from espnet3_flows.xvector import embed_waveforms, load_speechbrain_encoder, speechbrain_embedder  # noqa: E402
 from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir  # noqa: E402

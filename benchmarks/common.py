@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# the benchmarks' own child processes (``python -m benchmarks.<module>``) find this package and
+# the checkout wherever they run
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 #: Generated corpora, Prefect's database and scratch outputs live here, outside the checkout.
 DATA = Path(os.environ.get("ESPNET3_BENCH_DATA") or Path.home() / ".cache" / "espnet3-flows" / "bench-data")
@@ -26,6 +27,12 @@ os.environ.setdefault("PREFECT_HOME", str(DATA / "prefect-home"))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+def module_command(module: str) -> list[str]:
+    """The command line that runs the benchmark module ``module`` (``benchmarks.bench_x``) as a
+    script in a child process."""
+    return [sys.executable, "-m", module]
+
 
 #: Shard size of the collect-stats runs unless a benchmark sweeps it: 2,000 utterances make 8 shards.
 #: From bench_overhead's sweep (results/overhead.json, run before the per-shard fixes of "Prefect
@@ -367,7 +374,7 @@ def describe_machine(m: dict[str, Any] | None = None) -> str:
 
 def command(name: str, quick: bool) -> str:
     """The command line that reproduces a benchmark."""
-    return f"python benchmarks/run.py --only {name}" + (" --quick" if quick else "")
+    return f"python -m benchmarks --only {name}" + (" --quick" if quick else "")
 
 
 def write_result(name: str, quick: bool, rows: list[dict[str, Any]], targets: list[dict[str, Any]],

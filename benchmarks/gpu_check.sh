@@ -59,11 +59,11 @@ fi
 timeout 300 "$PYTHON" -m pytest -q -rfEs -p no:cacheprovider -o addopts="" "${select[@]}" "${tests[@]}"
 tests_rc=$?
 ESPNET3_BENCH_RESULTS=$OUT ESPNET3_BENCH_DATA=${ESPNET3_BENCH_DATA:-/tmp/gpu-check-data} \
-  timeout 330 "$PYTHON" benchmarks/bench_gpu.py --device "$DEVICE" $QUICK ${ONLY[@]:+--only "${ONLY[@]}"} \
+  timeout 330 "$PYTHON" -m benchmarks.bench_gpu --device "$DEVICE" $QUICK ${ONLY[@]:+--only "${ONLY[@]}"} \
   >"$OUT/.bench.out"
 bench_rc=$?
 grep -v '^|\|^$\|^Device:' "$OUT/.bench.out"  # its progress lines; the table follows
 echo "gpu_check: tests exit $tests_rc, benchmarks exit $bench_rc, $((SECONDS - t0)) s in all"
-"$PYTHON" benchmarks/bench_gpu.py --table "$OUT/gpu.json"
+"$PYTHON" -m benchmarks.bench_gpu --table "$OUT/gpu.json"
 rm -f "$OUT/.bench.out"
 [ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]

@@ -33,8 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from benchmarks import common
 
 #: Marks of a Dask worker process in its command line (spawned: ``multiprocessing.spawn``
 #: ``spawn_main``; forked from the forkserver: the server's ``multiprocessing.forkserver`` line).

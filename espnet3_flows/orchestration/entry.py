@@ -129,14 +129,7 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     early = take_early_run(job, args)  # planned by the flow script before its imports (start_early)
     args = [a for a in args if a not in ("--dry-run", "--print-config", *CONSOLE_FLAGS)]
     try:
-        if early is not None:
-            cfg = early.cfg
-        else:
-            path, overrides = split_cli_args(args)
-            from espnet3_flows.inputs.demo import demo_not_generated  # (soundfile, fsspec: not at import)
-
-            with demo_not_generated() if dry_run else contextlib.nullcontext():
-                cfg = resolve_config(job, path, {}, overrides)
+        cfg = early.cfg if early is not None else _resolve(job, args, dry_run)
         if print_config:  # the merged config as YAML (credentials redacted), usable as --config
             print(OmegaConf.to_yaml(OmegaConf.create(mask_secrets(cfg))), end="")
             return 0
@@ -145,6 +138,22 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
         quiet_workers_of(cfg.parallel.backend, verbose)  # workers on this machine: the same quiet rules there
     except Exception as exc:  # noqa: BLE001 - a config, manifest or storage error: one line
         return _report(exc, verbose)
+    return _run(job, cfg, early, verbose, run_links)
+
+
+def _resolve(job: str, args: Sequence[str], dry_run: bool) -> Any:
+    """The job's config from the command line's ``--config FILE`` and ``key=value`` overrides (a
+    dry run generates no demo corpus)."""
+    path, overrides = split_cli_args(list(args))
+    from espnet3_flows.inputs.demo import demo_not_generated  # (soundfile, fsspec: not at import)
+
+    with demo_not_generated() if dry_run else contextlib.nullcontext():
+        return resolve_config(job, path, {}, overrides)
+
+
+def _run(job: str, cfg: Any, early: Any, verbose: bool, run_links: bool) -> int:
+    """Plan (or take the early plan) while the private API server starts, run the flow, print
+    the summary; the exit status."""
     planned: list[PlannedFlow] = []
 
     def plan_now() -> bool:  # overlaps the private API server's start

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.dask, pytest.mark.prefect]
 
 @pytest.fixture(scope="module")
 def quick_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One ``benchmarks/run.py --quick`` into a temporary results directory (the repository's
+    """One ``python -m benchmarks --quick`` into a temporary results directory (the repository's
     results stay untouched), with its own Prefect server and database."""
     tmp = tmp_path_factory.mktemp("bench")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
