@@ -45,6 +45,8 @@ import numpy as np
 import torch
 
 from benchmarks import common
+from benchmarks.gpu_measure import feature_error, min_cosine, peak_memory_mb, profile_table, reset_peak, timed
+from benchmarks.gpu_report import table, targets
 
 NAME = "gpu"
 SR = common.SAMPLE_RATE
@@ -58,70 +60,11 @@ def waves(count: int, low: float, high: float, seed: int) -> list[np.ndarray]:
     return [(0.05 * rng.standard_normal(int(SR * rng.uniform(low, high)), dtype=np.float32)) for _ in range(count)]
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def timed(device: str, fn: Callable[[], Any]) -> tuple[float, Any]:
-    """Seconds of ``fn()`` with the device drained before and after, and its value."""
-    sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    sync(device)
-    return time.perf_counter() - t0, out
-
-
-def peak_memory_mb(device: str) -> float | None:
-    return common.mb(torch.cuda.max_memory_allocated()) if device.startswith("cuda") else None
-
-
-def reset_peak(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
 def seconds(ws: Sequence[np.ndarray]) -> float:
     return float(sum(len(w) for w in ws)) / SR
 
 
-def feature_error(ours: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> dict[str, float]:
-    """Worst max |Δ| / max |ref| and worst relative RMS over utterances."""
-    worst_max = worst_rms = 0.0
-    for a, b in zip(ours, ref):
-        if a.shape != b.shape:
-            return {"max_rel": float("inf"), "rel_rms": float("inf")}
-        d = a.astype(np.float64) - b
-        worst_max = max(worst_max, float(np.abs(d).max() / max(np.abs(b).max(), 1e-30)))
-        worst_rms = max(worst_rms, float(np.sqrt((d ** 2).mean() / max((b.astype(np.float64) ** 2).mean(), 1e-30))))
-    return {"max_rel": worst_max, "rel_rms": worst_rms}
-
-
-def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    cos = (a64 * b64).sum(1) / (np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1))
-    return float(cos.min())
-
-
 # ---- parts -------------------------------------------------------------------------------
-def profile_table(device: str, fn: Callable[[], Any], rows: int = 12) -> str:
-    """torch.profiler's busiest operators of ``fn()`` on ``device`` (by device time on a GPU)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    with profile(activities=activities) as prof:
-        fn()
-        sync(device)
-    for key in (("self_device_time_total", "self_cuda_time_total") if device.startswith("cuda") else ()) + (
-            "self_cpu_time_total",):
-        try:
-            return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
-        except (AttributeError, KeyError, ValueError):
-            continue
-    return ""
-
-
 def part_hubert(device: str, quick: bool) -> dict[str, Any]:
     from espnet3_flows.frontends.frontend import model_frontend
     from espnet3_flows.frontends.precision import precision_scope
@@ -366,40 +309,6 @@ def device_name(device: str) -> str:
     return f"CPU ({common.machine()['cpu']}), torch {torch.__version__}"
 
 
-def targets(rows: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:
-    """The issue's targets, from the rows measured (GPU runs only)."""
-    if not device.startswith("cuda"):
-        return []
-
-    def best(part: str, key: str, pred: Callable[[dict[str, Any]], bool] = lambda r: True) -> float:
-        vals = [r[key] for r in rows if r["part"] == part and pred(r) and r.get(key) is not None]
-        return max(vals) if vals else 0.0
-
-    out = []
-    if any(r["part"] == "hubert" for r in rows):
-        low = max(best("hubert", "x_realtime", lambda r: r["precision"] == p and r["mode"] == "batched")
-                  for p in ("bf16", "fp16"))
-        f32 = best("hubert", "x_realtime", lambda r: r["precision"] == "float32" and r["mode"] == "batched")
-        out += [common.target("HuBERT-base, reduced precision", ">= 10,000x real time per GPU", low, low >= 10_000),
-                common.target("HuBERT-base, float32", ">= 3,000x real time per GPU", f32, f32 >= 3_000)]
-    if any(r["part"] == "fbank" for r in rows):
-        fb = best("fbank", "x_realtime", lambda r: "gathered" in r["mode"])
-        rel = best("fbank", "stats_rel_diff")
-        out += [common.target("fbank (80-dim) on the GPU", ">= 50,000x real time", fb, fb >= 50_000),
-                common.target("fbank stats vs the CPU run", "rel. <= 1e-5", rel, rel <= 1e-5)]
-    for part, goal in (("ecapa", 5_000), ("rawnet3", None)):
-        if any(r["part"] == part for r in rows):
-            ups = best(part, "utt_per_s")
-            cos = min(r["min_cosine_vs_alone"] for r in rows if r["part"] == part and r["precision"] == "float32")
-            if goal:
-                out.append(common.target(f"{part} x-vectors", f">= {goal:,} utt/s per GPU", ups, ups >= goal))
-            out.append(common.target(f"{part}: batched vs alone", "worst cosine >= 0.99999", cos, cos >= 0.99999))
-    if any(r["part"] == "local_gpu" for r in rows):
-        rel = best("local_gpu", "stats_rel_diff")
-        out.append(common.target("local_gpu collect-stats vs the CPU", "rel. <= 1e-5", rel, rel <= 1e-5))
-    return out
-
-
 def run(quick: bool = False, device: str | None = None, parts: Sequence[str] = PARTS) -> dict[str, Any]:
     """Run ``parts`` on ``device`` (a CUDA GPU when one is visible, else the CPU); a part that fails
     is recorded with its error and the others still run."""
@@ -424,51 +333,6 @@ def run(quick: bool = False, device: str | None = None, parts: Sequence[str] = P
     notes += [f"{part} FAILED: {why}" for part, why in failures.items()]
     return common.write_result(NAME, quick, rows, targets(rows, device), notes, device=device_name(device),
                                failures=failures, command=f"benchmarks/gpu_check.sh{' --quick' if quick else ''}")
-
-
-def sci(value: float | None) -> str:
-    return "–" if value is None else f"{value:.1e}"
-
-
-def table(result: dict[str, Any]) -> str:
-    """One table per part."""
-    rows = result["rows"]
-    out = [f"Device: {result.get('device')}"]
-    hub = [r for r in rows if r["part"] == "hubert"]
-    if hub:
-        out.append(common.markdown_table(
-            ["HuBERT-base", "precision", "max_batch_samples", "audio s", "x real time", "peak MB", "max |Δ|/max", "rel RMS"],
-            [[r["mode"], r["precision"], r["max_batch_samples"], f"{r['audio_s']:.0f}", f"{r['x_realtime']:,.0f}",
-              common.fmt(r["peak_mb"], 0), sci(r["max_rel"]), sci(r["rel_rms"])] for r in hub]))
-    fb = [r for r in rows if r["part"] == "fbank"]
-    if fb:
-        out.append(common.markdown_table(
-            ["fbank", "audio s", "x real time", "peak MB", "max |Δ| vs CPU", "stats rel. diff"],
-            [[r["mode"], f"{r['audio_s']:.0f}", f"{r['x_realtime']:,.0f}", common.fmt(r.get("peak_mb"), 0),
-              common.fmt(r.get("max_abs_feature_diff"), 7), common.fmt(r.get("stats_rel_diff"), 9)] for r in fb]))
-    for part in ("ecapa", "rawnet3"):
-        xs = [r for r in rows if r["part"] == part]
-        if xs:
-            out.append(common.markdown_table(
-                [part, "precision", "utts", "utt/s", "audio s/s", "worst cosine vs float32 alone", "peak MB"],
-                [[f"batch {r['batch']}", r["precision"], r["utts"], f"{r['utt_per_s']:,.0f}", f"{r['audio_s'] / r['wall_s']:,.0f}",
-                  f"{r['min_cosine_vs_alone']:.7f}", common.fmt(r["peak_mb"], 0)] for r in xs]))
-    lg = [r for r in rows if r["part"] == "local_gpu"]
-    if lg:
-        out.append(common.markdown_table(
-            ["collect-stats (engine)", "shards", "computed", "wall s", "stats rel. diff vs CPU"],
-            [[r["mode"], r["shards"], r["computed"], f"{r['wall_s']:.1f}", common.fmt(r.get("stats_rel_diff"), 9)]
-             for r in lg]))
-    dp = [r for r in rows if r["part"] == "datapath"]
-    if dp:
-        out.append(common.markdown_table(
-            ["decoding FLAC (load_many)", "utts", "audio s", "audio s/s", "per core used"],
-            [[f"{r['threads']} thread(s) of {r['cores']} cores", r["utts"], f"{r['audio_s']:.0f}",
-              f"{r['audio_s_per_s']:,.0f}", f"{r['per_core']:,.0f}"] for r in dp]))
-    if result.get("targets"):
-        out.append(common.targets_table(result["targets"]))
-    out += [f"FAILED {part}: {why}" for part, why in (result.get("failures") or {}).items()]
-    return "\n\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

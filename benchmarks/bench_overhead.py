@@ -73,63 +73,41 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    """Measure, write ``overhead.json`` / ``.png`` and return the result."""
-    n = 200 if quick else 2000
-    n_more = n + n // 10
-    reps = 1 if quick else 3
-    sweep_reps = 1 if quick else 2
-    sizes = [25, 100] if quick else [8, 16, 32, 64, 128, 256]
-    shard_size = common.SHARD_SIZE
-    manifest = common.corpus_manifest(n)
-    common.corpus_manifest(n_more)
-    paths = common.manifest_paths(manifest)
-    kernel: list[float] = []
-    life_sizes = [25] if quick else [shard_size, 64]
-    life: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    sweep: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    cluster_start: list[float] = []
+@contextlib.contextmanager
+def _engine_client(cluster_start: list[float]) -> Iterator[Any]:
+    """A warm 2-worker cluster's client for the engine's runs (its start appended to ``cluster_start``).
+    prefect-dask's DaskTaskRunner silently runs on any Dask client alive in the process instead of
+    starting the configured cluster, so the engine's client lives only while the engine runs."""
+    cluster, client, start = cs.start_cluster(trim=False)  # workers as the product's clusters start them
+    cluster_start.append(start)
+    try:
+        warm = common.corpus_manifest(20)
+        cs.engine_run(warm, 20, 10, client=client)  # worker imports and env, not timed
+        yield client
+    finally:
+        client.close()
+        cluster.close()
 
-    @contextlib.contextmanager
-    def engine_client() -> Iterator[Any]:
-        # prefect-dask's DaskTaskRunner silently runs on any Dask client alive in the process instead of
-        # starting the configured cluster, so the engine's client lives only while the engine runs
-        cluster, client, start = cs.start_cluster(trim=False)  # workers as the product's clusters start them
-        cluster_start.append(start)
-        try:
-            warm = common.corpus_manifest(20)
-            cs.engine_run(warm, 20, 10, client=client)  # worker imports and env, not timed
-            yield client
-        finally:
-            client.close()
-            cluster.close()
 
-    def alternate(items: list[Any], rep: int) -> list[Any]:
-        return items if rep % 2 == 0 else items[::-1]
+def _alternate(items: list[Any], rep: int) -> list[Any]:
+    return items if rep % 2 == 0 else items[::-1]
 
-    def grid(rep: int, sizes_: list[int], point: Any, into: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
-        """One measurement per (runner kind, shard size), in alternating order; the engine's client lives only
-        while the engine runs."""
-        for kind in alternate(["engine", "flow"], rep):
-            with contextlib.ExitStack() as stack:
-                client = stack.enter_context(engine_client()) if kind == "engine" else None
-                for size in alternate(sizes_, rep):
-                    with common.preserved_environ():
-                        into.setdefault((kind, size), []).append(point(kind, size, client))
 
-    with common.prefect_session(), common.preserved_environ():
-        cs.kernel_loop(paths[:5])
-        for rep in range(reps):
-            kernel.append(cs.kernel_loop(paths)["wall"])
-            grid(rep, life_sizes, lambda kind, size, client: _lifecycle(kind, n, n_more, size, client), life)
-            print(f"[bench] {NAME}: lifecycle repetition {rep + 1}/{reps} done")
-        for rep in range(sweep_reps):
-            grid(rep, sizes, lambda kind, size, client: _sweep_point(kind, manifest, n, size, client), sweep)
-            kernel.append(cs.kernel_loop(paths)["wall"])
-            print(f"[bench] {NAME}: sweep repetition {rep + 1}/{sweep_reps} done")
+def _grid(rep: int, sizes: list[int], point: Any, into: dict[tuple[str, int], list[dict[str, Any]]],
+          cluster_start: list[float]) -> None:
+    """One measurement per (runner kind, shard size), in alternating order; the engine's client lives only
+    while the engine runs."""
+    for kind in _alternate(["engine", "flow"], rep):
+        with contextlib.ExitStack() as stack:
+            client = stack.enter_context(_engine_client(cluster_start)) if kind == "engine" else None
+            for size in _alternate(sizes, rep):
+                with common.preserved_environ():
+                    into.setdefault((kind, size), []).append(point(kind, size, client))
 
-    kernel_s = common.spread(kernel)["median"]
-    kernel_work = kernel_s / common.WORKERS
+
+def _lifecycle_rows(life: dict[tuple[str, int], list[dict[str, Any]]], n: int,
+                    n_more: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows and targets of the no-op rerun and the +10 % append, per runner kind and shard size."""
     rows: list[dict[str, Any]] = []
     targets = []
     for (kind, size), runs in life.items():
@@ -156,6 +134,13 @@ def run(quick: bool = False) -> dict[str, Any]:
                                      round(inc_ratio["median"], 3), inc_ratio["median"] <= 0.12))
         targets.append(common.target(f"{at}: +10 % appended, utterances computed / cold run's", "≤ 0.12",
                                      round(r0["inc_items"] / n, 3), r0["inc_items"] / n <= 0.12))
+    return rows, targets
+
+
+def _sweep_rows(sweep: dict[tuple[str, int], list[dict[str, Any]]], sizes: list[int], n: int,
+                kernel_work: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows of the shard-size sweep and, per runner kind, the fit ``wall = fixed + slope × shards``."""
+    rows: list[dict[str, Any]] = []
     fits = {}
     for kind in ("engine", "flow"):
         xs, ys = [], []
@@ -176,6 +161,42 @@ def run(quick: bool = False) -> dict[str, Any]:
         fits[kind] = {"fixed_s": fixed, "slope_ms_per_shard": 1000 * slope}
         rows.append({"section": "per-shard fit", "method": kind, "fixed_plus_compute_s": fixed,
                      "slope_ms_per_shard": 1000 * slope, "sizes": sizes})
+    return rows, fits
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Measure, write ``overhead.json`` / ``.png`` and return the result."""
+    n = 200 if quick else 2000
+    n_more = n + n // 10
+    reps = 1 if quick else 3
+    sweep_reps = 1 if quick else 2
+    sizes = [25, 100] if quick else [8, 16, 32, 64, 128, 256]
+    manifest = common.corpus_manifest(n)
+    common.corpus_manifest(n_more)
+    paths = common.manifest_paths(manifest)
+    kernel: list[float] = []
+    life_sizes = [25] if quick else [common.SHARD_SIZE, 64]
+    life: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    sweep: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    cluster_start: list[float] = []
+    with common.prefect_session(), common.preserved_environ():
+        cs.kernel_loop(paths[:5])
+        for rep in range(reps):
+            kernel.append(cs.kernel_loop(paths)["wall"])
+            _grid(rep, life_sizes, lambda kind, size, client: _lifecycle(kind, n, n_more, size, client), life,
+                  cluster_start)
+            print(f"[bench] {NAME}: lifecycle repetition {rep + 1}/{reps} done")
+        for rep in range(sweep_reps):
+            _grid(rep, sizes, lambda kind, size, client: _sweep_point(kind, manifest, n, size, client), sweep,
+                  cluster_start)
+            kernel.append(cs.kernel_loop(paths)["wall"])
+            print(f"[bench] {NAME}: sweep repetition {rep + 1}/{sweep_reps} done")
+
+    kernel_s = common.spread(kernel)["median"]
+    kernel_work = kernel_s / common.WORKERS
+    rows, targets = _lifecycle_rows(life, n, n_more)
+    sweep_rows, fits = _sweep_rows(sweep, sizes, n, kernel_work)
+    rows += sweep_rows
     flow_walls = {size: common.spread([r["wall"] for r in sweep[("flow", size)]])["median"] for size in sizes}
     best = min(flow_walls.values())
     recommended = min(size for size, w in flow_walls.items() if w <= 1.05 * best)

@@ -121,8 +121,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             for rep in range(reps):
                 for method in ("before", "now"):
                     out = work / f"{method}-{rep}.json"
-                    process_tree.run_checked([*common.module_command(__spec__.name), "--child", method, paths_file, options, out],
-                                             work / f"{method}-{rep}.log")
+                    child = [*common.module_command(__spec__.name), "--child", method, paths_file, options, out]
+                    process_tree.run_checked(child, work / f"{method}-{rep}.log")
                     r = json.loads(out.read_text())
                     digests[method] = r.pop("fingerprints")
                     row = {"method": method, "rep": rep, "objects": n, "prefixes": n // PER_PREFIX,

@@ -141,8 +141,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     notes: list[str] = []
 
     def measured(label: str, manifest: Path, out: Path, mark: int | None = None, **row: Any) -> dict[str, Any]:
-        cmd = ([*common.module_command(__spec__.name), "--engine", str(manifest), str(out), str(SHARD)] if row["section"] == "engine"
-               else process_tree.flow_cli("collect_stats", *flow_args(manifest, out)))
+        engine = [*common.module_command(__spec__.name), "--engine", str(manifest), str(out), str(SHARD)]
+        cmd = engine if row["section"] == "engine" else process_tree.flow_cli("collect_stats", *flow_args(manifest, out))
         shown = f"{row['utterances']:,} utterances {label}" + (f" #{row['rep']}" if row.get("rep") else "")
         rows.append({**row, **process_tree.measured_run(NAME, shown, cmd, out, quick, mark), "run": label})
         return rows[-1]
@@ -190,6 +190,13 @@ def run(quick: bool = False) -> dict[str, Any]:
             common.clean_scratch(out)
 
     targets = make_targets(rows, sizes, fixed_wall)
+    notes = _notes(sizes, quick, fixed_wall, notes)
+    return common.write_result(NAME, quick, rows, targets, notes, plot=lambda path: _plot(rows, path),
+                               sizes_shards=sizes, shard_size=SHARD, fixed_cost_s=fixed_wall)
+
+
+def _notes(sizes: list[int], quick: bool, fixed_wall: float | None, found: list[str]) -> list[str]:
+    """The result's notes (what ran, how to read it), then ``found`` (what the runs reported)."""
     notes = [
         f"Sizes {', '.join(f'{n:,} shards ({n * SHARD:,} utterances)' for n in sizes)}; shard_size {SHARD}, "
         f"{common.WORKERS} local workers × 1 thread, fbank frontend; the engine and the flow run cold "
@@ -213,12 +220,11 @@ def run(quick: bool = False) -> dict[str, Any]:
         "peak at the end with it.",
         "Shards computed: the run's summary.json (shards_computed), else the done records it wrote. Shards "
         "receiving a new item: from the plan the insertion run published (shards/manifest.json).",
-        *notes,
+        *found,
     ]
     if len(sizes) < 2:
         notes.append("One size only: the 4,000-vs-1,000-shard driver target needs two sizes (full run).")
-    return common.write_result(NAME, quick, rows, targets, notes, plot=lambda path: _plot(rows, path),
-                               sizes_shards=sizes, shard_size=SHARD, fixed_cost_s=fixed_wall)
+    return notes
 
 
 def cold_repeats(quick: bool) -> int:

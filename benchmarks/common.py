@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from benchmarks.charts import bar_chart, pyplot, save_figure  # noqa: F401 - common's names for the benchmarks
+from benchmarks.machine import describe_machine, machine  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 # the benchmarks' own child processes (``python -m benchmarks.<module>``) find this package and
@@ -319,59 +320,6 @@ def targets_table(targets: Sequence[dict[str, Any]]) -> str:
     return markdown_table(["target", "goal", "measured", ""], lines, "llrl")
 
 
-_MACHINE: dict[str, Any] | None = None
-
-
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on: CPU, cores, memory, load, library versions, commit."""
-    global _MACHINE
-    if _MACHINE is not None:
-        return _MACHINE
-    from importlib import metadata
-
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem_gb = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem_gb = round(int(line.split()[1]) / 1024 ** 2, 1)
-    versions = {}
-    for pkg in ("torch", "lhotse", "prefect", "prefect-dask", "distributed", "numpy", "speechbrain"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            versions[pkg] = metadata.version(pkg)
-    commit = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
-    _MACHINE = {
-        "cpu": cpu,
-        "arch": platform.machine(),
-        "logical_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "memory_gb": mem_gb,
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "versions": versions,
-        "commit": commit,
-    }
-    return _MACHINE
-
-
-def describe_machine(m: dict[str, Any] | None = None) -> str:
-    """One line for tables and the README."""
-    m = m or machine()
-    v = m["versions"]
-    return (f"{m['cpu']}, {m['usable_cores']} cores, {m['memory_gb']} GB RAM, {m['os']}, Python {m['python']}; "
-            f"torch {v.get('torch')}, lhotse {v.get('lhotse')}, prefect {v.get('prefect')}, "
-            f"distributed {v.get('distributed')}; load average at start {m['load_average_at_start']}")
-
-
 def command(name: str, quick: bool) -> str:
     """The command line that reproduces a benchmark."""
     return f"python -m benchmarks --only {name}" + (" --quick" if quick else "")
@@ -404,35 +352,6 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON-able: {type(obj).__name__}")
 
 
-def pyplot() -> Any:
-    """matplotlib's pyplot on the Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
-    """Lay out, write and close a benchmark figure."""
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)
-
-
-def bar_chart(path: Path, labels: Sequence[str], values: Sequence[float], xlabel: str, title: str = "",
-              color: str = "#4c72b0", height: float = 3.0) -> None:
-    """A horizontal bar per row (the first row on top), written to ``path``."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, height))
-    ax.barh(list(labels)[::-1], list(values)[::-1], color=color)
-    ax.set_xlabel(xlabel)
-    if title:
-        ax.set_title(title)
-    save_figure(fig, path)
-
-
 def write_lines(path: Path, lines: Iterable[str]) -> Path:
     """Write text lines atomically (a temporary file, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -449,7 +368,8 @@ def mb(value: float | None) -> float | None:
 
 
 def script_main(name: str) -> None:
-    """``python benchmarks/bench_<name>.py [--quick]``: ``run.py --only <name>``, the README left alone."""
-    import run
+    """``python -m benchmarks.bench_<name> [--quick]``: ``python -m benchmarks --only <name>``, the
+    README left alone."""
+    from benchmarks import run
 
     sys.exit(run.main(["--only", name, "--no-readme", *sys.argv[1:]]))

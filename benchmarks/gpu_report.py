@@ -1,0 +1,87 @@
+"""The GPU benchmark's report (:mod:`benchmarks.bench_gpu`): its targets and its tables, one per part."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from benchmarks import common
+
+
+def targets(rows: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:
+    """The issue's targets, from the rows measured (GPU runs only)."""
+    if not device.startswith("cuda"):
+        return []
+
+    def best(part: str, key: str, pred: Callable[[dict[str, Any]], bool] = lambda r: True) -> float:
+        vals = [r[key] for r in rows if r["part"] == part and pred(r) and r.get(key) is not None]
+        return max(vals) if vals else 0.0
+
+    out = []
+    if any(r["part"] == "hubert" for r in rows):
+        low = max(best("hubert", "x_realtime", lambda r: r["precision"] == p and r["mode"] == "batched")
+                  for p in ("bf16", "fp16"))
+        f32 = best("hubert", "x_realtime", lambda r: r["precision"] == "float32" and r["mode"] == "batched")
+        out += [common.target("HuBERT-base, reduced precision", ">= 10,000x real time per GPU", low, low >= 10_000),
+                common.target("HuBERT-base, float32", ">= 3,000x real time per GPU", f32, f32 >= 3_000)]
+    if any(r["part"] == "fbank" for r in rows):
+        fb = best("fbank", "x_realtime", lambda r: "gathered" in r["mode"])
+        rel = best("fbank", "stats_rel_diff")
+        out += [common.target("fbank (80-dim) on the GPU", ">= 50,000x real time", fb, fb >= 50_000),
+                common.target("fbank stats vs the CPU run", "rel. <= 1e-5", rel, rel <= 1e-5)]
+    for part, goal in (("ecapa", 5_000), ("rawnet3", None)):
+        if any(r["part"] == part for r in rows):
+            ups = best(part, "utt_per_s")
+            cos = min(r["min_cosine_vs_alone"] for r in rows if r["part"] == part and r["precision"] == "float32")
+            if goal:
+                out.append(common.target(f"{part} x-vectors", f">= {goal:,} utt/s per GPU", ups, ups >= goal))
+            out.append(common.target(f"{part}: batched vs alone", "worst cosine >= 0.99999", cos, cos >= 0.99999))
+    if any(r["part"] == "local_gpu" for r in rows):
+        rel = best("local_gpu", "stats_rel_diff")
+        out.append(common.target("local_gpu collect-stats vs the CPU", "rel. <= 1e-5", rel, rel <= 1e-5))
+    return out
+
+
+def sci(value: float | None) -> str:
+    """``1.2e-05``, or a dash for nothing measured."""
+    return "–" if value is None else f"{value:.1e}"
+
+
+def table(result: dict[str, Any]) -> str:
+    """One table per part."""
+    rows = result["rows"]
+    out = [f"Device: {result.get('device')}"]
+    hub = [r for r in rows if r["part"] == "hubert"]
+    if hub:
+        out.append(common.markdown_table(
+            ["HuBERT-base", "precision", "max_batch_samples", "audio s", "x real time", "peak MB", "max |Δ|/max", "rel RMS"],
+            [[r["mode"], r["precision"], r["max_batch_samples"], f"{r['audio_s']:.0f}", f"{r['x_realtime']:,.0f}",
+              common.fmt(r["peak_mb"], 0), sci(r["max_rel"]), sci(r["rel_rms"])] for r in hub]))
+    fb = [r for r in rows if r["part"] == "fbank"]
+    if fb:
+        out.append(common.markdown_table(
+            ["fbank", "audio s", "x real time", "peak MB", "max |Δ| vs CPU", "stats rel. diff"],
+            [[r["mode"], f"{r['audio_s']:.0f}", f"{r['x_realtime']:,.0f}", common.fmt(r.get("peak_mb"), 0),
+              common.fmt(r.get("max_abs_feature_diff"), 7), common.fmt(r.get("stats_rel_diff"), 9)] for r in fb]))
+    for part in ("ecapa", "rawnet3"):
+        xs = [r for r in rows if r["part"] == part]
+        if xs:
+            out.append(common.markdown_table(
+                [part, "precision", "utts", "utt/s", "audio s/s", "worst cosine vs float32 alone", "peak MB"],
+                [[f"batch {r['batch']}", r["precision"], r["utts"], f"{r['utt_per_s']:,.0f}", f"{r['audio_s'] / r['wall_s']:,.0f}",
+                  f"{r['min_cosine_vs_alone']:.7f}", common.fmt(r["peak_mb"], 0)] for r in xs]))
+    lg = [r for r in rows if r["part"] == "local_gpu"]
+    if lg:
+        out.append(common.markdown_table(
+            ["collect-stats (engine)", "shards", "computed", "wall s", "stats rel. diff vs CPU"],
+            [[r["mode"], r["shards"], r["computed"], f"{r['wall_s']:.1f}", common.fmt(r.get("stats_rel_diff"), 9)]
+             for r in lg]))
+    dp = [r for r in rows if r["part"] == "datapath"]
+    if dp:
+        out.append(common.markdown_table(
+            ["decoding FLAC (load_many)", "utts", "audio s", "audio s/s", "per core used"],
+            [[f"{r['threads']} thread(s) of {r['cores']} cores", r["utts"], f"{r['audio_s']:.0f}",
+              f"{r['audio_s_per_s']:,.0f}", f"{r['per_core']:,.0f}"] for r in dp]))
+    if result.get("targets"):
+        out.append(common.targets_table(result["targets"]))
+    out += [f"FAILED {part}: {why}" for part, why in (result.get("failures") or {}).items()]
+    return "\n\n".join(out)
