@@ -26,7 +26,7 @@ def quick_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subpr
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(tmp / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--results-dir",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--results-dir",
                            str(tmp / "results")], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     return tmp / "results", proc
 
@@ -63,8 +63,7 @@ def test_quick_run_leaves_the_readme_alone(quick_results) -> None:
 # they are not part of the quick run above; this checks their bookkeeping without running a flow.
 _BOOKKEEPING = r"""
 import json, sys
-sys.path.insert(0, "benchmarks")
-import bench_corpus, bench_scale, process_tree, run
+from benchmarks import bench_corpus, bench_scale, process_tree, run
 
 assert {"scale", "corpus"} <= set(run.BENCHMARKS)
 classify = process_tree.classify_process
