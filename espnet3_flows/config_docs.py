@@ -1,17 +1,17 @@
-"""The README's configuration tables, made from the config classes' docstrings.
+"""The configuration tables of ``docs/configuration.md``, made from the config classes' docstrings.
 
 Each config key's meaning is written once, in the ``Attributes:`` section of its config
-dataclass; ``--help``, the Prefect UI form and the README's tables all read it there (defaults
-come from the fields, fixed values from their ``choices``). The README holds each table between
+dataclass; ``--help``, the Prefect UI form and these tables all read it there (defaults
+come from the fields, fixed values from their ``choices``). The page holds each table between
 ``<!-- config-table: NAME -->`` and ``<!-- /config-table -->``; NAME is a job (its config class,
 from :mod:`espnet3_flows.job_registry`), ``engine`` (the keys every job has,
 :class:`~espnet3_flows.utterance_job.EngineConfig`) or ``parallel``
 (:class:`~espnet3_flows.parallel.parallel_config.ParallelConfig`), optionally followed by
 ``collapse=SECTION[,SECTION]``: sections shown as one row (a section documented in another table).
 A job's table lists its own keys; the engine's keys it shares unchanged are one row pointing at
-the engine's table. ``tests/test_config_docs.py`` fails when the README differs from this::
+the engine's table. ``tests/test_config_docs.py`` fails when the page differs from this::
 
-    python -m espnet3_flows.config_docs           # rewrite README.md's tables
+    python -m espnet3_flows.config_docs           # rewrite docs/configuration.md's tables
     python -m espnet3_flows.config_docs --check   # exit 1, naming the tables that differ
 """
 
@@ -31,7 +31,7 @@ from espnet3_flows.config import describe_keys
 REGENERATE = "python -m espnet3_flows.config_docs"
 #: ``<!-- config-table: NAME [collapse=a,b] -->`` ... ``<!-- /config-table -->``
 MARKER = re.compile(r"(<!-- config-table: (?P<spec>[^>]*?) -->\n)(?P<body>.*?)(<!-- /config-table -->)", re.DOTALL)
-#: where the README sends a reader for the keys that tables collapse into one row
+#: where the page sends a reader for the keys that tables collapse into one row
 ANCHORS = {"engine": "#engine-configuration-keys-of-every-job", "parallel": "#parallel-configuration-parallel"}
 #: a Sphinx cross-reference, ``:class:`~pkg.mod.Name``` (``~``: shown by its last part)
 _ROLE = re.compile(r":(?:class|func|mod|meth|data|attr):`(~?)([^`]+)`")
@@ -125,7 +125,7 @@ def config_table(name: str, collapse: Sequence[str] = ()) -> str:
         doc = docs.get(key, "")
         if not doc:
             raise ConfigDocsError(f"{schema.__name__}: key {key!r} has no description in its class's Attributes: "
-                                  "document it there (the README, --help and the UI form read it)")
+                                  "document it there (docs/configuration.md, --help and the UI form read it)")
         if section is not None:  # expanded: its keys follow, the section itself has no row
             if section is ParallelConfig and name != "parallel":
                 skip += (key + ".",)
@@ -163,7 +163,7 @@ def _parse(spec: str) -> tuple[str, list[str]]:
 
 
 def render(text: str) -> str:
-    """``text`` (the README) with every config table made anew from the config classes."""
+    """``text`` (the page) with every config table made anew from the config classes."""
     def table(match: re.Match[str]) -> str:
         name, collapse = _parse(match.group("spec"))
         return f"{match.group(1)}{config_table(name, collapse)}{match.group(4)}"
@@ -183,11 +183,11 @@ def stale_tables(text: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``[--check] [README.md]``: rewrite the tables (or, with ``--check``, report stale ones)."""
+    """``[--check] [PAGE]`` (default ``docs/configuration.md``): rewrite the tables (or, with ``--check``, report stale ones)."""
     args = list(sys.argv[1:] if argv is None else argv)
     check = "--check" in args
     paths = [a for a in args if a != "--check"]
-    path = Path(paths[0] if paths else Path(__file__).resolve().parents[1] / "README.md")
+    path = Path(paths[0] if paths else Path(__file__).resolve().parents[1] / "docs" / "configuration.md")
     text = path.read_text()
     stale = stale_tables(text)
     if check:

@@ -18,7 +18,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from espnet3_flows.registry import ENTRY_POINT_GROUPS, Registry
+from espnet3_flows.registry import ENTRY_POINT_GROUPS, Registry, instance_of
 
 ENTRY_POINT_GROUP = ENTRY_POINT_GROUPS["job"]
 
@@ -79,14 +79,6 @@ class JobSpec:
         return demo(cfg) if demo is not None else None
 
 
-def _accept_spec(name: str, spec: Any) -> JobSpec:
-    if not isinstance(spec, JobSpec):
-        raise TypeError(f"{spec!r} is not a JobSpec")
-    if spec.name != name:
-        raise TypeError(f"the entry point is named {name!r} but its JobSpec {spec.name!r}")
-    return spec
-
-
 def _register_package_jobs() -> None:
     """This project's jobs: each package of it with a ``jobspec.py``."""
     import espnet3_flows
@@ -103,7 +95,7 @@ def _register_package_jobs() -> None:
 
 
 #: every job by name: this project's packages, then the entry points of ``espnet3_flows.jobs``
-JOBS: Registry[JobSpec] = Registry("job", "job", builtins=_register_package_jobs, accept=_accept_spec,
+JOBS: Registry[JobSpec] = Registry("job", "job", builtins=_register_package_jobs, accept=instance_of(JobSpec),
                                    group=ENTRY_POINT_GROUP)
 
 

@@ -74,7 +74,7 @@ class EngineConfig:
     Attributes:
         storage_options: fsspec options for the outputs and remote inputs (``key``, ``secret``,
             ``client_kwargs.endpoint_url``, ...); never written to outputs or logs, and never a
-            flow parameter (README, "Credentials").
+            flow parameter (``docs/credentials.md``).
         shard_size: Mean utterances per shard: the unit of caching, retry and parallelism.
             Boundaries are content-defined (a shard ends after an utterance whose id hash says
             so, at least ``shard_size/2`` and at most ``2·shard_size`` utterances in), so

@@ -1,5 +1,5 @@
-"""The README's configuration tables are made from the config classes' docstrings, and the
-README names no config key that the configs lack."""
+"""docs/configuration.md's tables are made from the config classes' docstrings, and neither the
+README nor any page of docs/ names a config key that the configs lack."""
 
 from __future__ import annotations
 
@@ -15,18 +15,20 @@ from espnet3_flows.config import describe_keys
 from espnet3_flows.job_registry import available_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "configuration.md"
+#: every page a user reads: the README and docs/
+PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 
 
-def test_the_readme_tables_are_what_the_docstrings_make():
-    text = README.read_text()
+def test_the_tables_are_what_the_docstrings_make():
+    text = PAGE.read_text()
     stale = config_docs.stale_tables(text)
-    assert not stale, (f"README.md's config tables {stale} differ from the config classes' docstrings (the one "
-                       f"source of each key's meaning): run `{config_docs.REGENERATE}` and commit README.md")
+    assert not stale, (f"docs/configuration.md's config tables {stale} differ from the config classes' docstrings (the one "
+                       f"source of each key's meaning): run `{config_docs.REGENERATE}` and commit docs/configuration.md")
 
 
 def test_every_packaged_job_engine_and_parallel_have_a_table():
-    names = config_docs.table_names(README.read_text())
+    names = config_docs.table_names(PAGE.read_text())
     packaged = [n for n, spec in available_jobs().items() if spec.schema.startswith("espnet3_flows.")]
     assert sorted(names) == sorted([*packaged, "engine", "parallel"])
 
@@ -103,16 +105,16 @@ def _resolves(key: str, keys: set[str], mappings: set[str], sections: set[str]) 
     return any(".".join(parts[:i]) in mappings for i in range(1, len(parts)))
 
 
-def test_the_readme_names_no_config_key_the_configs_lack():
+def test_the_docs_name_no_config_key_the_configs_lack():
     """Keys in prose and examples (``frontend.type``, ``parallel.options.queue=cpu``, the
     ``key=value`` words of the README's command lines) are keys of a job's config."""
     keys, mappings, sections = _keys()
-    text = README.read_text()
+    text = "\n".join(page.read_text() for page in PAGES)
     dotted = re.compile(rf"(?<![\w./-])((?:{'|'.join(sorted(sections))})\.[A-Za-z_*][\w<>]*(?:\.[A-Za-z_<>*][\w<>]*)*)")
-    files = {"scp", "ark", "txt", "yaml", "pt", "npz", "json", "tsv", "png"}  # xvector.scp, tokens.txt: file names
+    files = {"scp", "ark", "txt", "yaml", "pt", "npz", "json", "tsv", "png", "py", "md"}  # xvector.scp, parallel.py: files
     named = {m.group(1) for m in dotted.finditer(text) if m.group(1).rsplit(".", 1)[-1] not in files}
     unknown = sorted(k for k in named if not _resolves(k, keys, mappings, sections))
-    assert not unknown, f"README.md names config keys that no job has: {unknown}"
+    assert not unknown, f"README.md or docs/ name config keys that no job has: {unknown}"
     assert {"frontend.espnet_config", "tokens.token_type", "parallel.options.queue"} <= named  # it looks
     commands = re.sub(r"\\\n\s*", " ", "\n".join(re.findall(r"```(?:bash|sh)?\n(.*?)```", text, re.DOTALL)))
     bad = []
@@ -127,4 +129,4 @@ def test_the_readme_names_no_config_key_the_configs_lack():
             key = word.strip("'\"").partition("=")[0]
             if "=" in word and not key.startswith("-") and not _resolves(key, own | aliases, mappings | aliases, set()):
                 bad.append(f"{key} ({line.strip()[:60]}...)")
-    assert not bad, f"README.md's command lines set keys their job lacks: {bad}"
+    assert not bad, f"the command lines of README.md and docs/ set keys their job lacks: {bad}"

@@ -74,7 +74,7 @@ def test_no_import_cycles():
 
 #: The layers, top down, by the package's first-level names: a module imports its own layer and the
 #: ones below it, never one above. Everything not named here is the base (config, errors, hashing,
-#: storage, sharding, ...). README, "Development", describes them.
+#: storage, sharding, ...). docs/development.md describes them.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry", ("__main__", "flows", "config_docs")),
     ("orchestration", ("orchestration",)),

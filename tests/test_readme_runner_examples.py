@@ -1,4 +1,4 @@
-"""The README's "Bring your own runner" and "Coming from ESPnet3" examples, run as written: the
+"""The examples of docs/runners.md and docs/coming-from-espnet3.md, run as written: the
 Provider/Runner pair in this process, the same runner under ``runner_flow`` on a 2-worker
 LocalCluster, a flow file of a user's own, outside this package, deployed with the README's
 ``prefect.yaml`` to a real Prefect server, triggered, its outputs read; and the HuBERT statistics
@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGES = ("docs/runners.md", "docs/coming-from-espnet3.md")
 _EXAMPLE = re.compile(r"<!-- example: ([\w-]+)[^>]*-->\n```(?:python|yaml)\n(.*?)```", re.S)
 
 
 def examples() -> dict[str, str]:
-    """README example name → its code."""
-    return {m[1]: m[2] for m in _EXAMPLE.finditer((ROOT / "README.md").read_text())}
+    """Example name → its code, from the pages that hold them."""
+    return {m[1]: m[2] for page in PAGES for m in _EXAMPLE.finditer((ROOT / page).read_text())}
 
 
 def _definitions() -> str:
@@ -34,7 +35,7 @@ def _run_example(name: str, namespace: dict) -> dict:
     runs) in a namespace that is no importable module: Dask ships its classes by value, as it
     does a script's or a notebook's."""
     namespace["__name__"] = "__main__"
-    exec(compile(examples()[name], f"README.md:{name}", "exec"), namespace)
+    exec(compile(examples()[name], f"docs:{name}", "exec"), namespace)
     return namespace
 
 
@@ -60,7 +61,7 @@ def test_provider_runner_example(tmp_path, monkeypatch, capsys):
 def test_runner_flow_example(prefect_harness, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     ns = {"__name__": "readme_runner_flow"}
-    exec(compile(_definitions(), "README.md", "exec"), ns)  # the provider and runner, then the example
+    exec(compile(_definitions(), "docs/runners.md", "exec"), ns)  # the provider and runner, then the example
     _run_example("runner-flow", ns)
     shards = len(list((tmp_path / "exp/my_text").glob("split.*/done")))
     assert ns["result"] == {"shards": shards} and shards > 1

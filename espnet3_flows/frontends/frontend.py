@@ -43,8 +43,8 @@ class FrontendConfig:
             extracted; ESPnet2's ``extract_feats_in_collect_stats=False``), ``model`` (any torch
             module built from ``model`` whose ``collect_feats(speech, speech_lengths, **kwargs)``
             returns ``{"feats": [B,T,D], "feats_lengths": [B]}``, as in ESPnet2/ESPnet3) or
-            ``espnet2`` (ESPnet2's frontend by ``name``, configured as in an ``asr.yaml``: README,
-            "ESPnet2 frontends"; ``default`` is computed exactly and faster unless
+            ``espnet2`` (ESPnet2's frontend by ``name``, configured as in an ``asr.yaml``:
+            ``docs/configuration.md``, "ESPnet2 frontends"; ``default`` is computed exactly and faster unless
             ``espnet2_class``); or a type an installed plugin registers (entry points
             ``espnet3_flows.frontends``: ``docs/plugins.md``), with its options in ``conf``.
         sampling_rate: Rate audio is resampled to (exact polyphase) before feature extraction.

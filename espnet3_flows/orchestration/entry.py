@@ -304,14 +304,14 @@ def usage(job: str) -> str:
              "  --print-config print the merged config (file < overrides, credentials redacted) as YAML and exit",
              "  --verbose      print every log line (Dask, Prefect's engines) and tracebacks; by default the",
              "                 console shows this project's messages, warnings and one `error:` line", "",
-             "  where shards run (parallel.env; README.md, Parallel configuration):",
+             "  where shards run (parallel.env; docs/configuration.md, Parallel configuration):",
              "    parallel.env=local parallel.n_workers=8               a local cluster of 8 processes",
              "    parallel.env=slurm parallel.options.queue=gpu         SLURM jobs (dask-jobqueue)",
              "    parallel.env=ssh 'parallel.options.hosts=[head,node1,node2]'   workstations over SSH",
              "    parallel.env=serial                                   this process, no Dask", "",
              "  your data (a TSV of utt_id, path[, text[, speaker]], a Kaldi data directory or lhotse cuts):",
              "    manifests.train=data/train.tsv manifests.dev=data/dev output_dir=exp/mine", "",
-             "keys (default): the first sentence of each; README.md, Configuration, has the whole text:"]
+             "keys (default): the first sentence of each; docs/configuration.md has the whole text:"]
 
     from espnet3_flows.utterance_job import EngineConfig
 

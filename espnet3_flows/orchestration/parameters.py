@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from espnet3_flows.config import describe_keys
 
-#: Config keys that never become flow parameters (credentials: see README, "Credentials")
+#: Config keys that never become flow parameters (credentials: see ``docs/credentials.md``)
 SECRET_KEYS = frozenset({"storage_options"})
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from espnet3_flows.config import ConfigError, did_you_mean
-from espnet3_flows.registry import Registry
+from espnet3_flows.registry import Registry, instance_of
 
 if TYPE_CHECKING:
     from espnet3_flows.parallel.parallel_config import ParallelConfig
@@ -109,17 +109,8 @@ class Backend:
         return import_object(self.cluster, f"parallel.env={self.name}", self.extra)
 
 
-def _accept_backend(name: str, obj: Any) -> Backend:
-    """A plugin's backend: a :class:`Backend` named as its entry point."""
-    if not isinstance(obj, Backend):
-        raise TypeError(f"{obj!r} is not an espnet3_flows.parallel.backends.Backend")
-    if obj.name != name:
-        raise TypeError(f"the entry point is named {name!r} but the backend {obj.name!r}")
-    return obj
-
-
 #: every ``parallel.env`` by name: the built-in ones (below), then those of installed packages
-BACKENDS: Registry[Backend] = Registry("cluster backend", "parallel.env", accept=_accept_backend)
+BACKENDS: Registry[Backend] = Registry("cluster backend", "parallel.env", accept=instance_of(Backend))
 
 
 def register_backend(backend: Backend) -> Backend:

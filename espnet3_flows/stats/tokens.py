@@ -28,7 +28,7 @@ class TokenConfig:
         token_type: ``char``, ``word``, ``bpe`` or ``phn`` as in ESPnet2; ``none``: no
             ``text_shape``; empty (default): ``frontend.espnet_config``'s, if it names one, else
             none. With one, collect-stats writes ``text_shape`` and ``text_shape.<token_type>``
-            as ``asr.sh`` stage 10 does (README, "Replacing ``asr.sh`` stage 10").
+            as ``asr.sh`` stage 10 does (``docs/configuration.md``, "Replacing ``asr.sh`` stage 10").
         token_list: The token list: a file (one token a line, ESPnet2's ``tokens.txt``) or the
             list itself (a trained model's ``config.yaml`` holds it inline). Unknown tokens
             count as ``<unk>``, as in ESPnet2.

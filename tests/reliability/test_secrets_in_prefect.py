@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.prefect_server, pytest.mark.s3, pytest.mark.slow, pyte
 SECRET = f"sEcReT-{uuid.uuid4().hex}-do-not-leak"
 ACCESS_KEY = "AKIA" + uuid.uuid4().hex[:16].upper()
 NEEDLES = {"secret": SECRET, "access key id": ACCESS_KEY}
-#: A credential given to a deployment's run as a parameter: refused, but kept by Prefect (README, "Credentials")
+#: A credential given to a deployment's run as a parameter: refused, but kept by Prefect (docs/credentials.md)
 REFUSED = f"rEfUsEd-{uuid.uuid4().hex}"
 POOL = "secrets-pool"
 DEPLOYMENT = "collect-stats/secrets-test"

@@ -21,7 +21,7 @@ from tests.support.servers import MotoServer, cli_env
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.prefect, pytest.mark.s3, pytest.mark.slow]
 SLOW = "tests.orchestration.slow_model.SlowFramer"
-#: deadlines set small through storage_options (README, "Failure behaviour")
+#: deadlines set small through storage_options (docs/failure-behaviour.md)
 DEADLINES = ["storage_options.config_kwargs.connect_timeout=1", "storage_options.config_kwargs.read_timeout=2",
              "storage_options.config_kwargs.retries.total_max_attempts=1"]
 
