@@ -7,7 +7,8 @@ come from the fields, fixed values from their ``choices``). The page holds each 
 from :mod:`espnet3_flows.job_registry`), ``engine`` (the keys every job has,
 :class:`~espnet3_flows.utterance_job.EngineConfig`) or ``parallel``
 (:class:`~espnet3_flows.parallel.parallel_config.ParallelConfig`), optionally followed by
-``collapse=SECTION[,SECTION]``: sections shown as one row (a section documented in another table).
+``collapse=SECTION[,SECTION]``: sections shown as one row (a section documented in another table);
+or ``backends``: the built-in ``parallel.env`` values, from their declarations.
 A job's table lists its own keys; the engine's keys it shares unchanged are one row pointing at
 the engine's table. ``tests/test_config_docs.py`` fails when the page differs from this::
 
@@ -108,6 +109,8 @@ def config_table(name: str, collapse: Sequence[str] = ()) -> str:
     """
     from espnet3_flows.parallel.parallel_config import ParallelConfig
 
+    if name == "backends":
+        return backends_table()
     schema = table_schema(name)
     docs, defaults = describe_keys(schema), _defaults(schema)
     unknown = [c for c in collapse if c not in defaults or not isinstance(defaults[c], dict)]
@@ -149,6 +152,17 @@ def config_table(name: str, collapse: Sequence[str] = ()) -> str:
         rows.append(f"| {keys} | | the engine's keys, the same for every job: see "
                     f"[Engine configuration]({ANCHORS['engine']}) |")
     return "\n".join(rows) + "\n"
+
+
+def backends_table() -> str:
+    """The table of the built-in ``parallel.env`` values, from their declarations
+    (:mod:`espnet3_flows.parallel.backends`; installed plugins' are not listed)."""
+    from espnet3_flows.parallel.backends import BACKENDS, backend_rows
+
+    builtin = {n: b for n, b in BACKENDS.items().items() if BACKENDS.is_builtin(n)}
+    lines = ["| `parallel.env` | what | cluster | `n_workers` counts | needs | extra |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["| " + " | ".join(markdown(cell) for cell in row) + " |" for row in backend_rows(builtin)]
+    return "\n".join(lines) + "\n"
 
 
 def _parse(spec: str) -> tuple[str, list[str]]:

@@ -27,10 +27,10 @@ def test_the_tables_are_what_the_docstrings_make():
                        f"source of each key's meaning): run `{config_docs.REGENERATE}` and commit docs/configuration.md")
 
 
-def test_every_packaged_job_engine_and_parallel_have_a_table():
+def test_every_packaged_job_engine_parallel_and_the_envs_have_a_table():
     names = config_docs.table_names(PAGE.read_text())
     packaged = [n for n, spec in available_jobs().items() if spec.schema.startswith("espnet3_flows.")]
-    assert sorted(names) == sorted([*packaged, "engine", "parallel"])
+    assert sorted(names) == sorted([*packaged, "engine", "parallel", "backends"])
 
 
 @pytest.mark.parametrize("job", sorted(available_jobs()))

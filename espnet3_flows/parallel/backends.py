@@ -58,6 +58,7 @@ class Backend:
         env_option: Where the workers' environment variables go in ``options`` (dotted), for
             backends whose workers do not inherit this process's environment; empty for those
             that do.
+        doc: One sentence for the generated table of envs (``docs/configuration.md``).
     """
 
     name: str
@@ -76,6 +77,7 @@ class Backend:
     check: Callable[[Any], None] | None = field(default=None, compare=False)
     requires: str = ""
     env_option: str = ""
+    doc: str = ""
 
     def __post_init__(self) -> None:
         if self.workers not in WORKER_MODES:
@@ -236,24 +238,58 @@ def _kube_defaults(cfg: ParallelConfig) -> dict[str, Any]:
     return {"n_workers": cfg.n_workers or 1}
 
 
-register_backend(Backend("serial", in_process=True))
+register_backend(Backend("serial", in_process=True,
+                         doc="In this process, one shard after the other, no Dask (ESPnet3's earlier ``local``, and "
+                             "its runner with no parallel config)."))
 register_backend(Backend("local", "distributed.LocalCluster", workers="n_workers", on_this_machine=True, forks=True,
-                         may_inline=True, defaults=_local_defaults))
+                         may_inline=True, defaults=_local_defaults,
+                         doc="A process ``LocalCluster`` on this machine (``n_workers`` 0: one per core), its workers "
+                             "forked from a forkserver that imported the job's libraries once."))
 register_backend(Backend("local_gpu", "dask_cuda.LocalCUDACluster", workers="n_workers", on_this_machine=True,
-                         extra="gpu", defaults=_local_gpu_defaults))
+                         extra="gpu", defaults=_local_gpu_defaults,
+                         doc="A worker per visible GPU, each seeing only its own (``n_workers`` 0: every GPU); "
+                             "dask-cuda needs ``constraints-gpu.txt``'s dask."))
 for _name, _cls in (("slurm", "SLURMCluster"), ("pbs", "PBSCluster"), ("sge", "SGECluster"), ("lsf", "LSFCluster"),
                     ("htcondor", "HTCondorCluster"), ("oar", "OARCluster"), ("moab", "MoabCluster")):
-    register_backend(Backend(_name, f"dask_jobqueue.{_cls}", workers="scale", jobqueue=True))
+    register_backend(Backend(_name, f"dask_jobqueue.{_cls}", workers="scale", jobqueue=True,
+                             doc=f"Batch jobs of dask-jobqueue's ``{_cls}`` (``options``: its ``queue``, ``cores``, "
+                                 "``memory``, ``walltime``, ...; the rest from the site's ``jobqueue.yaml``), "
+                                 "``n_workers`` of them or ``adapt``'s bounds."))
 register_backend(Backend("ssh", "distributed.SSHCluster", workers="hosts", required=("hosts",), defaults=_ssh_defaults,
                          also_accepts="distributed.SpecCluster", check=_check_ssh, requires="asyncssh", extra="ssh",
-                         env_option="worker_options.env"))
+                         env_option="worker_options.env",
+                         doc="Workers on other machines over SSH: ``options.hosts``' first runs the scheduler, each "
+                             "other one a worker of ``n_workers`` processes."))
 register_backend(Backend("kube", "espnet3_flows.parallel.kube.kube_cluster", workers="n_workers", extra="kubernetes",
                          defaults=_kube_defaults, also_accepts="dask_kubernetes.operator.KubeCluster",
-                         requires="dask_kubernetes.operator", env_option="env"))
-register_backend(Backend("address", connects=True))
+                         requires="dask_kubernetes.operator", env_option="env",
+                         doc="Pods of dask-kubernetes' operator ``KubeCluster`` (``options.image``, ``resources``, "
+                             "``namespace``), ``n_workers`` of them."))
+register_backend(Backend("address", connects=True,
+                         doc="The Dask cluster someone else started, at ``address`` or ``scheduler_file``: used and "
+                             "left running."))
 
 #: The envs of the built-in backends
 BUILTIN_ENVS = BACKENDS.names(plugins=False)
+
+
+#: How each ``workers`` mode turns ``n_workers`` into workers, for the generated table
+WORKER_MODE_DOCS = {"n_workers": "workers, started with the cluster",
+                    "scale": "jobs, ``cluster.scale(n)`` (or ``adapt``)",
+                    "hosts": "processes per host"}
+
+
+def backend_rows(backends: Mapping[str, Backend] | None = None) -> list[list[str]]:
+    """The table of envs, a row each: ``env``, what it is, its cluster class, what ``n_workers``
+    counts, the options it needs, the extra that installs it (Markdown cells)."""
+    rows = []
+    for name, b in (backends or BACKENDS.items()).items():
+        cluster = f"``{b.cluster}``" if b.cluster else ("a running one" if b.connects else "none")
+        workers = "—" if not b.makes_cluster else WORKER_MODE_DOCS[b.workers]
+        needs = ", ".join(f"``options.{k}``" for k in b.required) or "—"
+        extra = f"``[{b.extra}]``" if b.extra else "—"
+        rows.append([f"``{name}``", b.doc or "—", cluster, workers, needs, extra])
+    return rows
 
 
 def builtin_defaults(cfg: ParallelConfig, backend: Backend) -> Mapping[str, Any]:

@@ -19,19 +19,12 @@ class ParallelConfig:
     """The ``parallel:`` section: where shards run.
 
     Attributes:
-        env: ``serial`` (in this process, no Dask: ESPnet3's earlier ``local``, and its runner
-            with no parallel config), ``local`` (a process ``LocalCluster`` of ``n_workers``, as
-            ESPnet3's current runner and ``parallel_map`` read ``local``),
-            ``local_gpu`` (``dask_cuda.LocalCUDACluster``, one GPU per worker; ``make install
-            EXTRAS=dev,espnet,gpu CONSTRAINTS=constraints-gpu.txt``: dask-cuda needs dask
-            2026.7.1), a batch scheduler of dask-jobqueue (``slurm``, ``pbs``, ``sge``, ``lsf``,
-            ``htcondor``, ``oar``, ``moab``), ``ssh`` (``distributed.SSHCluster`` on
-            ``options.hosts``; the ``ssh`` extra), ``kube`` (dask-kubernetes' operator
-            ``KubeCluster``; the ``kubernetes`` extra), or ``address``: the Dask cluster someone
-            else started (named by ``address`` or ``scheduler_file``), which is used and left
-            running. The envs are a registry (:mod:`espnet3_flows.parallel.backends`: per env its
-            cluster class or factory, how ``n_workers`` becomes workers, its options and
-            defaults).
+        env: Where shards run: ``local`` (a process ``LocalCluster`` on this machine), ``serial``
+            (this process), ``local_gpu``, a batch scheduler of dask-jobqueue (``slurm``,
+            ``pbs``, ``sge``, ``lsf``, ``htcondor``, ``oar``, ``moab``), ``ssh``, ``kube``, or
+            ``address`` (a running Dask cluster, used and left running). Each is one declaration
+            (:mod:`espnet3_flows.parallel.backends`); ``docs/configuration.md``'s table of envs is
+            made from them.
         n_workers: Workers to start; 0 means one per CPU core (``local``), one per visible
             GPU (``local_gpu``), 1 job (batch schedulers, unless ``adapt`` is set), one worker
             per host after the first (``ssh``; else worker processes per host) or 1 pod (``kube``).

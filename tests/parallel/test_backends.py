@@ -52,6 +52,15 @@ def test_every_builtin_env_is_one_declaration_and_an_unknown_one_names_them():
     assert all(e in str(err.value) for e in BUILTIN_ENVS)
 
 
+def test_every_builtin_env_is_documented_in_the_generated_table():
+    from espnet3_flows.config_docs import backends_table
+
+    table = backends_table()
+    for env in BUILTIN_ENVS:
+        assert get_backend(env).doc.endswith("."), env
+        assert f"| `{env}` | {get_backend(env).doc.replace('``', '`')} |" in table
+
+
 def test_ssh_and_kube_options_are_checked_when_the_config_is():
     with pytest.raises(ConfigError, match="needs parallel.options.hosts"):
         ParallelConfig(env="ssh")
