@@ -1,5 +1,7 @@
-"""Every command line of the README, run as a user pastes it (from the checkout's root, `$PY` the
-venv's interpreter), with its example paths moved under a temporary directory:
+"""Every command line of the README and of docs/running.md, run as a user pastes it (`$PY` the
+venv's interpreter), with example paths moved under a temporary directory (the README's from the
+checkout's root; docs/running.md's relative ones from a directory holding its `data/` manifests,
+with the checkout's `flows/` and `conf/` beside them):
 
 - `$PY ...` lines run here. The one that needs a SLURM cluster runs with `--dry-run` added (it
   plans and checks its cluster options against dask-jobqueue's SLURMCluster, then writes nothing;
@@ -28,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.prefect, pytest.mark.dask, pytest.mark.slow]
 
 
-def readme_commands() -> list[str]:
-    """The README's shell commands, continuation lines joined, comments dropped."""
-    text = (ROOT / "README.md").read_text()
+def readme_commands(page: str = "README.md") -> list[str]:
+    """A page's shell commands, continuation lines joined, comments dropped."""
+    text = (ROOT / page).read_text()
     blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     lines = re.sub(r"\\\n\s*", " ", "\n".join(blocks)).splitlines()
     return [line.split("  #")[0].strip() for line in lines if line.strip()]
@@ -89,3 +91,43 @@ def test_the_readme_py_lines_run_as_written(tmp_path):
     assert (exp / "stats" / "train" / "feats_stats.npz").is_file() and (exp / "stats" / "valid").is_dir()
     assert (exp / "xvectors" / "espnet_spk" / "train" / "espnet_spk.scp").is_file()
     assert len(ran) == 6
+
+
+def _tsv(path: Path, audio: Path, utts: int) -> None:
+    rng = np.random.default_rng(utts)
+    audio.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(utts):
+        wav = audio / f"{path.stem}{i:02d}.wav"
+        sf.write(wav, (0.1 * rng.standard_normal(16000)).astype(np.float32), 16000)
+        lines.append(f"{path.stem}{i:02d}\t{wav}\tsome text\tspk{i % 2}\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(lines))
+
+
+def test_the_running_page_commands_run_as_written(tmp_path):
+    from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
+
+    work = tmp_path / "work"
+    for split in ("train", "valid"):
+        _tsv(work / "data" / f"{split}.tsv", tmp_path / "audio", 6)
+    for linked in ("flows", "conf"):
+        (work / linked).symlink_to(ROOT / linked)
+    build_random_ecapa_dir(tmp_path / "models" / "ecapa")
+    env = cli_env(tmp_path / "prefect-home", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
+    commands = [c for c in readme_commands("docs/running.md") if c.startswith("$PY ")]
+    assert len(commands) == 7
+    for command in commands:
+        command = command.replace("/models/ecapa", str(tmp_path / "models" / "ecapa"))
+        if "stats_slurm" in command:
+            command += " --dry-run"
+        if "espnet3_flows.batching --shape-file" in command:  # what `make demo` leaves there
+            (work / "exp" / "collect_stats" / "train").mkdir(parents=True, exist_ok=True)
+            (work / "exp" / "collect_stats" / "train" / "feats_shape").write_bytes(
+                (work / "exp" / "stats" / "train" / "feats_shape").read_bytes())
+        done = subprocess.run(["bash", "-c", command.replace("$PY", sys.executable)], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+    assert (work / "exp" / "stats" / "valid" / "feats_stats.npz").is_file()
+    assert (work / "exp" / "xvectors" / "xvector" / "train" / "xvector.scp").is_file()
+    assert (work / "exp" / "batches" / "train.txt").is_file()

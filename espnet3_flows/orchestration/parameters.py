@@ -45,8 +45,10 @@ def _default(f: dataclasses.Field) -> Any:
 def _annotation(f: dataclasses.Field, kind: Any) -> Any:
     """The field's type, or a ``Literal`` of its ``choices`` (field metadata): a drop-down in the UI
     (for a field backed by a registry, its names: the installed plugins' included)."""
+    choices = list(f.metadata.get("choices") or ())
     registry = f.metadata.get("registry")
-    choices = registry.names() if registry is not None else f.metadata.get("choices")
+    if registry is not None:  # the built-in names in their order, then the installed plugins'
+        choices += [name for name in registry.names() if name not in choices]
     return typing.Literal[tuple(choices)] if choices else kind
 
 
