@@ -130,4 +130,4 @@ def test_the_running_page_commands_run_as_written(tmp_path):
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
     assert (work / "exp" / "stats" / "valid" / "feats_stats.npz").is_file()
     assert (work / "exp" / "xvectors" / "xvector" / "train" / "xvector.scp").is_file()
-    assert (work / "exp" / "batches" / "train.txt").is_file()
+    assert (work / "exp" / "batches" / "batches" / "train.txt").is_file()  # DIR/batches/<split>.txt
