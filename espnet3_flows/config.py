@@ -114,13 +114,17 @@ def load_config(
 def check_choices(obj: Any, prefix: str = "", skip: Collection[str] = ()) -> None:
     """Raise :class:`ConfigError` for a field of the config dataclass ``obj`` whose value is not
     one of its ``choices`` (field metadata, the same list the UI form offers as a drop-down),
-    naming the key, the choices and the closest one. Fields named in ``skip`` are not checked, nor
-    fields whose metadata names a ``registry`` (:class:`~espnet3_flows.registry.Registry`: its
-    ``choices`` are the built-in names, and the owner checks the value with ``registry.get``,
-    which knows the installed plugins' names too)."""
+    naming the key, the choices and the closest one. A field whose metadata names a ``registry``
+    (:class:`~espnet3_flows.registry.Registry`: its ``choices`` are the built-in names) is checked
+    by ``registry.get``, which knows the installed plugins' names too. Fields named in ``skip``
+    are not checked."""
     for f in dataclasses.fields(obj):
         choices = f.metadata.get("choices")
-        if choices and f.name not in skip and "registry" not in f.metadata:
+        if f.name in skip or not choices:
+            continue
+        if "registry" in f.metadata:
+            f.metadata["registry"].get(getattr(obj, f.name))
+        else:
             check_choice(f"{prefix}{f.name}", getattr(obj, f.name), choices)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from espnet3_flows.config import ConfigError, check_choices
-from espnet3_flows.parallel.backends import BACKENDS, BUILTIN_ENVS, Backend, backend_of, get_backend
+from espnet3_flows.parallel.backends import BACKENDS, BUILTIN_ENVS, Backend, backend_of
 
 START_METHODS = ("forkserver", "spawn")
 
@@ -96,8 +96,7 @@ class ParallelConfig:
     allow_overwrite_lock: bool = False
 
     def __post_init__(self) -> None:
-        get_backend(self.env)  # a built-in backend, a plugin's, or the error naming them
-        check_choices(self, "parallel.")
+        check_choices(self, "parallel.")  # env: a built-in backend, a plugin's, or the error naming them
         if self.cluster_class and self.env != ParallelConfig.env:  # env left at its default
             raise ConfigError(f"parallel.cluster_class runs {self.cluster_class}; leave parallel.env unset with it "
                               f"(parallel.env is {self.env!r})")
