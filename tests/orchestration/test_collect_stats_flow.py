@@ -17,10 +17,14 @@ pytestmark = pytest.mark.prefect
 
 def _artifacts(prefix: str) -> dict[str, object]:
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from tests.support.prefect_readback import read_all
 
     async def read():
         async with get_client() as client:
-            return await client.read_artifacts()
+            return await read_all(client.read_artifacts,
+                                  artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=prefix)))
 
     # the latest version of each key: other tests in the session publish the same keys
     found = sorted(asyncio.run(read()), key=lambda a: a.created)
@@ -37,17 +41,15 @@ def _task_run_states(flow_name: str, expected: int = 0) -> dict[str, str]:
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.sorting import FlowRunSort
 
+    from tests.support.prefect_readback import read_all
+
     async def read() -> dict[str, str]:
         async with get_client() as client:
             runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
                                                sort=FlowRunSort.START_TIME_DESC, limit=1)
-            tasks: list = []
-            while True:  # the API returns at most 200 a page
-                page = await client.read_task_runs(
-                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])), offset=len(tasks), limit=200)
-                tasks += page
-                if len(page) < 200:
-                    return {t.name: t.state_type.value if t.state_type else "NONE" for t in tasks}
+            tasks = await read_all(client.read_task_runs,
+                                   flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])))
+            return {t.name: t.state_type.value if t.state_type else "NONE" for t in tasks}
 
     deadline = time.monotonic() + 60
     while True:

@@ -380,8 +380,10 @@ def _flow_runs(name: str) -> list:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
+    from tests.support.prefect_readback import read_all
+
     async def read():
         async with get_client() as client:
-            return await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[name])), limit=200)
+            return await read_all(client.read_flow_runs, flow_filter=FlowFilter(name=FlowFilterName(any_=[name])))
 
     return asyncio.run(read())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from datetime import datetime, timezone
 
 import pytest
 import s3fs
@@ -22,6 +23,7 @@ def test_secret_appears_nowhere_the_run_wrote(prefect_harness, demo_corpus, moto
     cfg = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": url, "storage_options": options,
            "shard_size": 4, "on_error": "skip", "parallel": {"env": "serial"}}
     caplog.set_level(logging.DEBUG)
+    started = datetime.now(timezone.utc)
     summary = run_job("collect_stats", cfg, progress=True)["valid"]
     assert summary["shards"] > 1 and summary["utterances"] == 12
 
@@ -36,11 +38,15 @@ def test_secret_appears_nowhere_the_run_wrote(prefect_harness, demo_corpus, moto
 
     from prefect.client.orchestration import get_client
 
+    from tests.support.prefect_readback import read_all
+
     async def stored():
         async with get_client() as client:
-            return await client.read_artifacts(), await client.read_flow_runs(limit=50)
+            return await read_all(client.read_artifacts), await read_all(client.read_flow_runs)
 
     artifacts, runs = asyncio.run(stored())
+    # every record of the session's server, this run's among them (one page would hold any 200)
+    assert any(a.key == "collect-stats-valid-report" and started <= a.created for a in artifacts)
     assert SECRET not in json.dumps([a.data for a in artifacts], default=str)
     assert SECRET not in json.dumps([r.parameters for r in runs], default=str)
 

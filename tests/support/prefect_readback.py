@@ -16,7 +16,9 @@ def _dump(model: Any) -> Any:
     return model.model_dump(mode="json") if hasattr(model, "model_dump") else model
 
 
-async def _paged(read, **kwargs) -> list[Any]:
+async def read_all(read, **kwargs) -> list[Any]:
+    """Every record a paged ``client.read_*`` method returns, page by page: one call returns at
+    most ``PAGE`` (a shared test server holds more than that, in no order a test can rely on)."""
     out: list[Any] = []
     while True:
         page = await read(limit=PAGE, offset=len(out), **kwargs)
@@ -34,8 +36,8 @@ async def read_everything(api_url: str, pool: str) -> dict[str, Any]:
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         async with get_client() as client:
             http = client._client  # the API's httpx client (base URL = api_url)
-            flow_runs = await _paged(client.read_flow_runs)
-            task_runs = await _paged(client.read_task_runs)
+            flow_runs = await read_all(client.read_flow_runs)
+            task_runs = await read_all(client.read_task_runs)
             dump: dict[str, Any] = {
                 "flow_runs": [_dump(r) for r in flow_runs],
                 "flow_run_states": {str(r.id): [_dump(s) for s in await client.read_flow_run_states(r.id)]
@@ -43,13 +45,13 @@ async def read_everything(api_url: str, pool: str) -> dict[str, Any]:
                 "task_runs": [_dump(r) for r in task_runs],
                 "task_run_states": {str(r.id): [_dump(s) for s in await client.read_task_run_states(r.id)]
                                     for r in task_runs},
-                "flows": [_dump(f) for f in await _paged(client.read_flows)],
-                "deployments": [_dump(d) for d in await _paged(client.read_deployments)],
+                "flows": [_dump(f) for f in await read_all(client.read_flows)],
+                "deployments": [_dump(d) for d in await read_all(client.read_deployments)],
                 "work_pools": [_dump(p) for p in await client.read_work_pools()],
                 "workers": [_dump(w) for w in await client.read_workers_for_work_pool(pool)],
                 "block_documents": [_dump(b) for b in await client.read_block_documents(include_secrets=False)],
-                "artifacts": [_dump(a) for a in await _paged(client.read_artifacts)],
-                "logs": [_dump(entry) for entry in await _paged(client.read_logs)],
+                "artifacts": [_dump(a) for a in await read_all(client.read_artifacts)],
+                "logs": [_dump(entry) for entry in await read_all(client.read_logs)],
                 "variables": [_dump(v) for v in await client.read_variables()],
             }
             for name, body in (("block_documents_raw", {}),
@@ -90,7 +92,7 @@ async def wait_for_final_events(api_url: str, timeout: float = 60.0) -> None:
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         async with get_client() as client:
             while True:
-                final = {f"prefect.flow-run.{r.id}": r.state.name for r in await _paged(client.read_flow_runs)
+                final = {f"prefect.flow-run.{r.id}": r.state.name for r in await read_all(client.read_flow_runs)
                          if r.state is not None and r.state.is_final()}
                 seen = {(e["resource"]["prefect.resource.id"], e["event"]) for e in await _events(client._client)}
                 missing = [rid for rid, name in final.items() if (rid, f"prefect.flow-run.{name}") not in seen]
