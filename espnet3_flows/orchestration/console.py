@@ -182,7 +182,7 @@ def quiet_workers_of(backend: Any, verbose: bool) -> None:
     """A command line's rule: its workers are quiet unless ``verbose`` when they print to its
     terminal (``backend`` runs them in process or on this machine); batch-scheduler jobs keep
     their full logs in their own files."""
-    quiet_local_workers(not verbose and (backend.in_process or backend.on_this_machine))
+    quiet_local_workers(not verbose and backend.output_here)
 
 
 def apply_from_environment() -> None:

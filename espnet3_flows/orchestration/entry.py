@@ -279,7 +279,7 @@ def _dry_run(job: str, cfg: Any) -> int:
     print(f"{job} (dry run): {run.total_shards} shard(s) in {len(run.runners)} split(s), planned in "
           f"{run.plan_seconds:.1f} s; output {cfg.output_dir}")
     print(f"  cluster: {describe_parallel(cfg.parallel)}")
-    if run.pending_shards and cfg.parallel.runs_here(run.pending_shards) and not cfg.parallel.backend.in_process:
+    if run.pending_shards and cfg.parallel.runs_here(run.pending_shards) and not cfg.parallel.in_process:
         print(f"  (none started: {run.pending_shards} shard(s) to compute run in this process, "
               f"parallel.inline_shards={cfg.parallel.inline_shards})")
     for split in run.runners:

@@ -168,7 +168,7 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
             check_main_imported()  # an unguarded script ends here, while the server starts, not once it is up
             return True
 
-        with prefect_api(needs_server=not cfg.backend.in_process, while_starting=start_workers):
+        with prefect_api(needs_server=not cfg.in_process, while_starting=start_workers):
             return flow_of(run)
 
 
@@ -230,7 +230,7 @@ def _in_flow() -> bool:
 def warn_if_dask_client_open(parallel: Any) -> bool:
     """Warn when a Dask client is already open in this process: prefect-dask's task runner then
     runs every task on that client's cluster and ignores ``parallel``. Returns whether it warned."""
-    if parallel.backend.in_process:
+    if parallel.in_process:
         return False
     from distributed import default_client
 
@@ -251,7 +251,7 @@ def warn_if_api_unreachable(parallel: Any) -> bool:
     from prefect.settings import PREFECT_API_URL
 
     url = str(PREFECT_API_URL.value() or "")
-    if not parallel.backend.connects or not any(h in url for h in ("//127.", "//localhost", "//[::1]")):
+    if not parallel.on_running_cluster or not any(h in url for h in ("//127.", "//localhost", "//[::1]")):
         return False
     log.warning("parallel.env=address with the Prefect API at %s: Dask workers on other hosts cannot reach a "
                 "loopback address; start a Prefect server they can reach and set PREFECT_API_URL", url)
@@ -297,7 +297,7 @@ class PrefectExecutor:
                 self.client = task_runner.client  # starts the cluster
         if self.client is not None:
             prepare_client(self.client, run.parallel)
-        self.address = run.parallel.backend.connects
+        self.address = run.parallel.on_running_cluster
         self.ready: float | None = None
         # Prefect's exponential backoff (first, 2x, 4x, ...) jittered by up to 50 %, so shards that
         # failed together (a store outage) do not all retry at the same instant

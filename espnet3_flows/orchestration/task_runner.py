@@ -21,14 +21,13 @@ def make_task_runner(cfg: ParallelConfig) -> Any:
     builds from ``cfg`` when the runner's client is first used (scaled as the backend says, and
     closed with the flow), the same cluster ``runner.run`` would start.
     """
-    backend = cfg.backend
-    if backend.in_process:
+    if cfg.in_process:
         from prefect.task_runners import ThreadPoolTaskRunner
 
         return ThreadPoolTaskRunner(max_workers=1)
     from prefect_dask import DaskTaskRunner
 
-    if backend.connects:
+    if cfg.on_running_cluster:
         return DaskTaskRunner(address=scheduler_address(cfg))  # no workers of ours to start
     cluster_spec(cfg)  # the options are checked now, not when the cluster starts inside the flow
     return DaskTaskRunner(cluster_class=make_cluster, cluster_kwargs={"cfg": cfg})

@@ -6,27 +6,12 @@ and checked to run this project on every worker."""
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
-import json
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
-
 from espnet3_flows.config import ConfigError
-from espnet3_flows.parallel.backends import (
-    Backend,
-    builtin_defaults,
-    check_options,
-)
-from espnet3_flows.parallel.forkserver import (
-    DASK_TRIM_DEFAULT,
-    local_worker_start,
-    main_import_checked,
-    without_inherited_trim_threshold,
-    worker_start_method,
-)
+from espnet3_flows.parallel.backends import Backend, ClusterSpec
+from espnet3_flows.parallel.forkserver import DASK_TRIM_DEFAULT, without_inherited_trim_threshold
 from espnet3_flows.parallel.main_guard import refuse_while_importing_main
 
 if TYPE_CHECKING:
@@ -34,92 +19,23 @@ if TYPE_CHECKING:
 
 _LOG = logging.getLogger(__name__)
 
-#: Seconds a shard waits with no worker at all on a ``local``/``local_gpu`` cluster before it
-#: fails (Dask's ``distributed.scheduler.no-workers-timeout``, which wins when set): their nannies
-#: restart a dead worker within seconds, so an empty cluster for this long has none left to come.
-LOCAL_NO_WORKERS_TIMEOUT = 60.0
 
-
-@dataclass(frozen=True)
-class ClusterSpec:
-    """A resolved cluster: its backend, class or factory, keyword arguments, workers, adaptivity.
-
-    Attributes:
-        backend: The backend.
-        class_path: The cluster class or factory.
-        kwargs: Its keyword arguments (``options``, the backend's defaults and the worker settings).
-        n_workers: Workers to scale to after construction (``scale`` backends), else as given.
-        adapt: Adaptive scaling bounds (``scale`` backends).
-    """
-
-    backend: Backend
-    class_path: str
-    kwargs: dict[str, Any]
-    n_workers: int
-    adapt: dict[str, Any]
-
-    @property
-    def is_jobqueue(self) -> bool:
-        """Whether the cluster submits batch jobs."""
-        return self.backend.jobqueue
-
-    def describe(self) -> str:
-        """One line: the backend, its cluster and options (credentials masked), how it scales
-        (``--dry-run`` prints it)."""
-        from espnet3_flows.credentials import redact
-
-        shown = json.dumps(redact({k: v for k, v in self.kwargs.items() if k != "env" or not self.backend.forks}),
-                           default=str, sort_keys=True)
-        scale = (f", adapt {self.adapt}" if self.adapt else f", scaled to {self.n_workers} worker(s)") \
-            if self.backend.workers == "scale" else ""
-        return f"{self.backend.name}: {self.class_path}({shown}){scale}"
-
-
-#: Per-job size for batch schedulers when neither ``parallel.options`` nor the site's
-#: ``jobqueue.yaml`` (``jobqueue.<scheduler>.<key>``) gives one: one single-process worker of
-#: 1 core and 2 GB per job (dask-jobqueue itself has no default and refuses to start).
-JOBQUEUE_FALLBACKS = {"cores": 1, "memory": "2GB", "processes": 1}
 #: Worker environments' setting of Dask's malloc trimming (their nannies add it when it is unset)
 _TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
-_TRIM_ENV = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_"
 
 
 def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
     """Resolve ``cfg`` to its backend's cluster and checked keyword arguments.
 
     Raises:
-        ConfigError: for a backend that starts no cluster (``serial``, ``address``), an unknown
+        ConfigError: for an env that starts no cluster (``serial``, ``address``), an unknown
             option name (with the closest valid one), a missing required one, or a cluster package
             that is not installed (naming its extra).
     """
     backend = cfg.backend
-    if not backend.makes_cluster:
-        what = "connects to a running one" if backend.connects else "runs in this process"
-        raise ConfigError(f"parallel.env={backend.name}: no cluster to build (it {what})")
-    factory = backend.load()
-    check_options(cfg, backend, factory)
-    kwargs = dict(cfg.options)
-    for key, value in builtin_defaults(cfg, backend).items():
-        kwargs.setdefault(key, value)
-    n = cfg.n_workers
-    if backend.workers == "n_workers" and n:
-        kwargs.setdefault("n_workers", n)
-    elif backend.workers == "hosts" and n:
-        kwargs["worker_options"] = {**kwargs.get("worker_options", {}), "n_workers": n}  # processes per host
-    elif backend.workers == "scale":
-        n = n or (0 if cfg.adapt else 1)
-    if backend.jobqueue:
-        import dask
-
-        for key, fallback in JOBQUEUE_FALLBACKS.items():
-            # dask-jobqueue reads a site's jobqueue.yaml (~/.config/dask/jobqueue.yaml, DASK_CONFIG)
-            # only for arguments not passed: a fallback is passed only where the site set none
-            if dask.config.get(f"jobqueue.{backend.name}.{key}", None) is None:
-                kwargs.setdefault(key, fallback)
-        if not cfg.trim_worker_memory:  # the batch jobs' nannies add no MALLOC_TRIM_THRESHOLD_
-            prologue = list(kwargs.get("job_script_prologue") or [])
-            kwargs["job_script_prologue"] = [*prologue, f"export {_TRIM_ENV}=None"]
-    return ClusterSpec(backend, backend.cluster, kwargs, n, dict(cfg.adapt) if backend.workers == "scale" else {})
+    if not isinstance(backend, Backend):
+        raise ConfigError(f"parallel.env={backend.name}: no cluster to build ({backend.describe(cfg)})")
+    return backend.spec(cfg)
 
 
 @contextlib.contextmanager
@@ -146,20 +62,8 @@ def make_cluster(cfg: ParallelConfig) -> Any:
     """
     refuse_while_importing_main("a Dask cluster")
     spec = cluster_spec(cfg)
-    factory = spec.backend.load()
     with worker_settings(cfg):
-        method, kwargs = local_worker_start(cfg, spec.kwargs) if spec.backend.forks else ("spawn", spec.kwargs)
-        checked = main_import_checked(method) if spec.backend.forks else contextlib.nullcontext()
-        with worker_start_method(method), checked:
-            cluster = factory(**kwargs)
-            if spec.backend.on_this_machine:
-                keep_restarted_workers(cluster)
-            if spec.backend.workers == "scale":
-                if spec.adapt:
-                    cluster.adapt(**spec.adapt)
-                else:
-                    cluster.scale(spec.n_workers)
-    return cluster
+        return spec.backend.start(spec, cfg)
 
 
 def keep_restarted_workers(cluster: Any) -> None:
@@ -187,29 +91,14 @@ def keep_restarted_workers(cluster: Any) -> None:
 
 def describe_parallel(cfg: ParallelConfig) -> str:
     """Which backend a run of ``cfg`` uses, and how (``--dry-run`` prints it)."""
-    backend = cfg.backend
-    if backend.in_process:
-        return f"{backend.name}: in this process, no Dask"
-    if backend.connects:
-        where = cfg.address or f"the scheduler of {cfg.scheduler_file}"
-        return f"{backend.name}: the running cluster at {where} (left running)"
-    return cluster_spec(cfg).describe()
+    return cfg.backend.describe(cfg)
 
 
 def with_worker_env(cfg: ParallelConfig, variables: dict[str, str]) -> ParallelConfig:
     """``cfg`` with ``variables`` in its workers' environment, for backends whose workers do not
     inherit this process's (``ssh``: ``options.worker_options.env``, ``kube``: ``options.env``);
     the user's own entries win. Unchanged for the others."""
-    where = cfg.backend.env_option
-    if not where or not variables:
-        return cfg
-    options = copy.deepcopy(cfg.options)
-    node = options
-    *parents, leaf = where.split(".")
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[leaf] = {**variables, **(node.get(leaf) or {})}
-    return dataclasses.replace(cfg, options=options)
+    return cfg.backend.with_worker_env(cfg, variables)
 
 
 def prepare_client(client: Any, cfg: ParallelConfig) -> None:
@@ -221,10 +110,10 @@ def prepare_client(client: Any, cfg: ParallelConfig) -> None:
     """
     from espnet3_flows.parallel.dask_plugins import ClusterSettings
 
-    if not cfg.backend.makes_cluster:
+    backend = cfg.backend
+    if not isinstance(backend, Backend):
         return
-    no_workers_timeout = LOCAL_NO_WORKERS_TIMEOUT if cfg.backend.on_this_machine else None
-    client.register_plugin(ClusterSettings(cfg.allowed_failures, no_workers_timeout=no_workers_timeout))
+    client.register_plugin(ClusterSettings(cfg.allowed_failures, no_workers_timeout=backend.no_workers_timeout))
     check_workers_import(client)
 
 

@@ -79,10 +79,10 @@ def build_client(config: ParallelConfig | Any | None = None) -> Any:
 
     cfg = _config(config)
     backend = cfg.backend
-    if backend.in_process:
+    if cfg.in_process:
         raise ConfigError(f"parallel.env={backend.name} runs in this process: there is no client to build "
                           "(parallel_map and parallel_for run the function here)")
-    if backend.connects:
+    if cfg.on_running_cluster:
         address = scheduler_address(cfg)
         try:
             return Client(address)
@@ -158,7 +158,7 @@ def get_client(config: ParallelConfig | Any | None = None, setup_fn: Callable[[]
     cfg = _config(config)
     with contextlib.ExitStack() as stack:
         client = build_client(cfg)
-        owned = cfg.backend.makes_cluster
+        owned = cfg.backend.owns_cluster
         if owned:
             stack.callback(client.cluster.close)  # after the client (callbacks run last in, first out)
         stack.callback(client.close)
@@ -177,7 +177,7 @@ def get_client(config: ParallelConfig | Any | None = None, setup_fn: Callable[[]
 def _register(client: Any, plugin: Any, stack: contextlib.ExitStack, cfg: ParallelConfig) -> None:
     """Register ``plugin`` on every worker; on a cluster someone else runs, unregister it at the end."""
     client.register_plugin(plugin)
-    if cfg.backend.connects:
+    if cfg.on_running_cluster:
         stack.callback(_unregister_plugin, client, plugin)
 
 
@@ -196,7 +196,7 @@ def _mapping_target(client: Any, setup_fn: Callable[[], Any] | None) -> Iterator
     """(client or ``None`` for this process, the env's token on the workers, the env here)."""
     if client is None:
         cfg = get_parallel_config()
-        if cfg.backend.in_process:
+        if cfg.in_process:
             yield None, None, build_setup_env(setup_fn) if setup_fn is not None else {}
             return
         with get_client(cfg, setup_fn=setup_fn) as own:

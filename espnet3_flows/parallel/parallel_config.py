@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from espnet3_flows.config import ConfigError, check_choices
-from espnet3_flows.parallel.backends import BACKENDS, BUILTIN_ENVS, Backend, backend_of
+from espnet3_flows.parallel.backends import BACKENDS, BUILTIN_ENVS, Placement, backend_of
+from espnet3_flows.parallel.backends.address import RunningCluster, check_scheduler_address
+from espnet3_flows.parallel.backends.serial import InThisProcess
 
 START_METHODS = ("forkserver", "spawn")
 
@@ -22,9 +24,9 @@ class ParallelConfig:
         env: Where shards run: ``local`` (a process ``LocalCluster`` on this machine), ``serial``
             (this process), ``local_gpu``, a batch scheduler of dask-jobqueue (``slurm``,
             ``pbs``, ``sge``, ``lsf``, ``htcondor``, ``oar``, ``moab``), ``ssh``, ``kube``, or
-            ``address`` (a running Dask cluster, used and left running). Each is one declaration
-            (:mod:`espnet3_flows.parallel.backends`); ``docs/configuration.md``'s table of envs is
-            made from them.
+            ``address`` (a running Dask cluster, used and left running). Each is a class, one module
+            each (:mod:`espnet3_flows.parallel.backends`); ``docs/configuration.md``'s table of
+            envs is made from them.
         n_workers: Workers to start; 0 means one per CPU core (``local``), one per visible
             GPU (``local_gpu``), 1 job (batch schedulers, unless ``adapt`` is set), one worker
             per host after the first (``ssh``; else worker processes per host) or 1 pod (``kube``).
@@ -41,7 +43,7 @@ class ParallelConfig:
         allowed_failures: How often a shard's task may lose its worker before Dask gives up on
             it (the shard then fails). On ``local`` and ``local_gpu`` a dead worker is restarted
             by its nanny for as long as the cluster runs, and a shard that finds no worker at all
-            for 60 s fails (:data:`~espnet3_flows.parallel.cluster.LOCAL_NO_WORKERS_TIMEOUT`): a run ends, it never hangs.
+            for 60 s fails (:data:`~espnet3_flows.parallel.backends.local.LOCAL_NO_WORKERS_TIMEOUT`): a run ends, it never hangs.
         trim_worker_memory: Keep Dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` in worker
             processes. Off by default: setting it disables glibc's dynamic mmap threshold, so
             every waveform or feature array over 128 KiB is a fresh mmap that is page-faulted
@@ -109,57 +111,28 @@ class ParallelConfig:
         bad_adapt = set(self.adapt) - {"minimum", "maximum", "minimum_jobs", "maximum_jobs", "interval", "wait_count", "target_duration"}
         if bad_adapt:
             raise ConfigError(f"parallel.adapt: unknown keys {sorted(bad_adapt)}")
-        backend = backend_of(self)
-        if backend.connects:
-            _check_address_config(self)
-        elif self.address or self.scheduler_file:
-            key = "address" if self.address else "scheduler_file"
-            raise ConfigError(f"parallel.{key} names a running scheduler, used only with parallel.env=address "
-                              f"(parallel.env is {self.env!r})")
-        elif backend.makes_cluster:
-            if self.options or backend.required or backend.check is not None:
-                from espnet3_flows.parallel.cluster import cluster_spec
-
-                cluster_spec(self)  # validates options now, not on the cluster (imports its class)
-            else:
-                backend.check_installed()
+        backend_of(self).check_config(self)  # the env's own checks (its options, or a scheduler's address)
 
     @property
-    def backend(self) -> Backend:
-        """The backend this config runs on (see :mod:`espnet3_flows.parallel.backends`)."""
+    def backend(self) -> Placement:
+        """Where this config's shards run (see :mod:`espnet3_flows.parallel.backends`)."""
         return backend_of(self)
 
+    @property
+    def in_process(self) -> bool:
+        """Whether every shard runs in this process, with no Dask (``serial``)."""
+        return isinstance(self.backend, InThisProcess)
+
+    @property
+    def on_running_cluster(self) -> bool:
+        """Whether the shards run on a cluster someone else runs (``address``): used, left running."""
+        return isinstance(self.backend, RunningCluster)
+
     def runs_here(self, pending_shards: int) -> bool:
-        """Whether a run with ``pending_shards`` shards to compute runs them in this process: a
-        backend that always does (``serial``), or one that may (``local``) with at most
+        """Whether a run with ``pending_shards`` shards to compute runs them in this process: an
+        env that always does (``serial``), or one that may (``local``) with at most
         ``inline_shards`` of them."""
-        backend = self.backend
-        return backend.in_process or (backend.may_inline and 0 < pending_shards <= self.inline_shards)
-
-
-def _check_address_config(cfg: ParallelConfig) -> None:
-    if bool(cfg.address) == bool(cfg.scheduler_file):
-        raise ConfigError("parallel.env=address needs exactly one of parallel.address (e.g. tcp://host:8786) "
-                          "or parallel.scheduler_file (written by `dask scheduler --scheduler-file PATH`)"
-                          + ("; both are set" if cfg.address else ""))
-    fixed = {"n_workers": cfg.n_workers, "options": cfg.options, "adapt": cfg.adapt,
-             "trim_worker_memory": cfg.trim_worker_memory}
-    for key, value in fixed.items():
-        if value:
-            raise ConfigError(f"parallel.{key} cannot be set with parallel.env=address: the running cluster's "
-                              "workers were started by someone else, with their own settings")
-    if cfg.address:
-        _check_scheduler_address(cfg.address, "parallel.address")
-
-
-def _check_scheduler_address(address: str, where: str) -> None:
-    from distributed.comm import parse_address
-    from distributed.comm.registry import backends
-
-    protocol, location = parse_address(address)
-    if protocol not in backends or not location:
-        raise ConfigError(f"{where}: {address!r} is not a Dask scheduler address such as tcp://host:8786 "
-                          f"(protocols: {', '.join(sorted(backends))})")
+        return self.backend.runs_here(self, pending_shards)
 
 
 def scheduler_address(cfg: ParallelConfig) -> str:
@@ -170,7 +143,7 @@ def scheduler_address(cfg: ParallelConfig) -> str:
         ConfigError: for another env, or a scheduler file that is missing, unreadable, not
             JSON or without a valid ``address``.
     """
-    if not cfg.backend.connects:
+    if not cfg.on_running_cluster:
         raise ConfigError(f"parallel.env={cfg.env} has no running scheduler to connect to; use parallel.env=address")
     if cfg.address:
         return cfg.address
@@ -187,7 +160,7 @@ def scheduler_address(cfg: ParallelConfig) -> str:
     if not isinstance(address, str) or not address:
         raise ConfigError(f"parallel.scheduler_file: {path} has no \"address\" field; "
                           "is it a file written by `dask scheduler --scheduler-file`?")
-    _check_scheduler_address(address, f"parallel.scheduler_file ({path})")
+    check_scheduler_address(address, f"parallel.scheduler_file ({path})")
     return address
 
 

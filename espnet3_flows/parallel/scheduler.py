@@ -275,10 +275,10 @@ def engine_executor(planned: PlannedRunner, client: Any = None, parallel: Any = 
         return
     cfg = run_parallel_config(parallel)
     if cfg is None or cfg.runs_here(len(planned.pending)):
-        yield InProcessExecutor(fail_fast=cfg is None or cfg.backend.in_process)
+        yield InProcessExecutor(fail_fast=cfg is None or cfg.in_process)
         return
     with get_client(cfg) as own:
-        yield DaskExecutor(own, owned=cfg.backend.makes_cluster)
+        yield DaskExecutor(own, owned=cfg.backend.owns_cluster)
 
 
 def run_planned(planned: Sequence[PlannedRunner], executor: ShardExecutor, *, progress: bool = True,

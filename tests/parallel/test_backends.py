@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +21,9 @@ import yaml
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel import backends
-from espnet3_flows.parallel.backends import BUILTIN_ENVS, Backend, get_backend, register_backend
-from espnet3_flows.parallel.cluster import check_workers_import, cluster_spec, with_worker_env
+from espnet3_flows.parallel.backends import BUILTIN_ENVS, Backend, ScaledBackend, get_backend, register_backend
+from espnet3_flows.parallel.backends.jobqueue import BatchJobs
+from espnet3_flows.parallel.cluster import check_workers_import, cluster_spec, make_cluster, with_worker_env
 from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.parallel import get_client, parallel_map
 from tests.parallel.jobs_for_tests import ArrayProvider, ScaleSumRunner
@@ -46,10 +48,49 @@ def _double(x):
 def test_every_builtin_env_is_one_declaration_and_an_unknown_one_names_them():
     assert set(BUILTIN_ENVS) == {"serial", "local", "local_gpu", "slurm", "pbs", "sge", "lsf", "htcondor", "oar",
                                  "moab", "ssh", "kube", "address"}
-    assert [get_backend(e).jobqueue for e in ("slurm", "local", "ssh")] == [True, False, False]
+    kinds = {e: type(get_backend(e)) for e in BUILTIN_ENVS}
+    assert {e for e, k in kinds.items() if k is BatchJobs} == {"slurm", "pbs", "sge", "lsf", "htcondor", "oar", "moab"}
+    # the two run modes are not cluster backends: nothing to build, and they say so
+    assert [e for e in BUILTIN_ENVS if not isinstance(get_backend(e), Backend)] == ["serial", "address"]
+    for env in ("serial", "address"):
+        with pytest.raises(ConfigError, match=f"parallel.env={env}: no cluster to build"):
+            cluster_spec(ParallelConfig(env=env, address="tcp://127.0.0.1:1" if env == "address" else ""))
     with pytest.raises(ConfigError, match="unknown cluster backend 'kubernetes'") as err:
         ParallelConfig(env="kubernetes")
     assert all(e in str(err.value) for e in BUILTIN_ENVS)
+
+
+def test_every_builtin_env_is_a_class_in_a_module_of_its_own():
+    modules = {env: type(get_backend(env)).__module__.rpartition(".")[2] for env in BUILTIN_ENVS}
+    # one module per kind (the seven dask-jobqueue schedulers share theirs)
+    assert modules == {**{e: e for e in ("serial", "local", "local_gpu", "ssh", "kube", "address")},
+                       **{e: "jobqueue" for e in ("slurm", "pbs", "sge", "lsf", "htcondor", "oar", "moab")}}
+    # a class per module: what differs between them is in its methods
+    assert len({type(get_backend(e)) for e in BUILTIN_ENVS}) == len(set(modules.values())) == 7
+
+
+@pytest.mark.dask
+def test_a_scaled_backend_starts_empty_and_scales(tmp_path):
+    """A subclass that overrides only how n_workers becomes workers: constructed without workers,
+    then ``cluster.scale(n)`` (or ``adapt``), as the dask-jobqueue backends are."""
+    register_backend(ScaledBackend("tiny_scaled", "tests.parallel.test_backends.tiny_cluster"))
+    try:
+        cfg = ParallelConfig(env="tiny_scaled", n_workers=2, options={"n_workers": 0})
+        spec = cluster_spec(cfg)
+        assert (spec.kwargs, spec.n_workers, spec.adapt) == ({"n_workers": 0}, 2, {})
+        assert spec.describe().endswith(", scaled to 2 worker(s)")
+        cluster = make_cluster(cfg)
+        try:
+            deadline = time.monotonic() + 60
+            while len(cluster.scheduler_info["workers"]) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert len(cluster.scheduler_info["workers"]) == 2
+        finally:
+            cluster.close()
+        adaptive = cluster_spec(ParallelConfig(env="tiny_scaled", adapt={"minimum": 0, "maximum": 3}))
+        assert adaptive.n_workers == 0 and adaptive.adapt == {"minimum": 0, "maximum": 3}
+    finally:
+        backends.BACKENDS.unregister("tiny_scaled")
 
 
 def test_every_builtin_env_is_documented_in_the_generated_table():
@@ -77,7 +118,7 @@ def test_ssh_and_kube_options_are_checked_when_the_config_is():
 
 @pytest.mark.dask
 def test_a_new_backend_is_one_registration(tmp_path):
-    register_backend(Backend("tiny", "tests.parallel.test_backends.tiny_cluster", workers="n_workers"))
+    register_backend(Backend("tiny", "tests.parallel.test_backends.tiny_cluster"))
     try:
         cfg = ParallelConfig(env="tiny", n_workers=2, options={"threads": 1})
         assert cluster_spec(cfg).kwargs == {"threads": 1, "n_workers": 2}

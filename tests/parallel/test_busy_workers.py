@@ -72,7 +72,7 @@ def test_worker_slots_read_from_the_config(parallel, slots):
 
 def test_local_gpu_counts_the_visible_gpus(monkeypatch):
     # this machine has no GPU: its count is what torch would say on an 8-GPU node
-    monkeypatch.setattr("espnet3_flows.parallel.backends.visible_gpu_count", lambda: 8)
+    monkeypatch.setattr("espnet3_flows.parallel.backends.local_gpu.visible_gpu_count", lambda: 8)
     assert worker_slots(_unchecked(env="local_gpu")) == 8
     assert worker_slots(_unchecked(env="local_gpu", n_workers=2)) == 2
 

@@ -37,12 +37,14 @@ def test_unknown_cluster_option_fails_at_construction():
 
 
 def test_cluster_specs():
+    from espnet3_flows.parallel.backends.jobqueue import BatchJobs
+
     local = cluster_spec(ParallelConfig(env="local", n_workers=3))
     assert local.class_path == "distributed.LocalCluster" and local.kwargs["n_workers"] == 3
     assert local.kwargs["processes"] is True and local.kwargs["threads_per_worker"] == 1
     assert cluster_spec(ParallelConfig(env="local")).kwargs["n_workers"] == os.cpu_count()
     slurm = cluster_spec(ParallelConfig(env="slurm", n_workers=4, options={"queue": "debug", "walltime": "01:00:00"}))
-    assert slurm.is_jobqueue and slurm.n_workers == 4 and slurm.kwargs["queue"] == "debug"
+    assert isinstance(slurm.backend, BatchJobs) and slurm.n_workers == 4 and slurm.kwargs["queue"] == "debug"
     assert cluster_spec(ParallelConfig(env="pbs", adapt={"minimum": 0, "maximum": 8})).adapt == {"minimum": 0, "maximum": 8}
     with pytest.raises(ConfigError, match="adapt"):
         ParallelConfig(env="slurm", adapt={"max": 3})
@@ -238,9 +240,9 @@ def test_a_shard_with_no_worker_left_fails_rather_than_waits(monkeypatch):
 
     import dask
 
-    from espnet3_flows.parallel import cluster as cluster_module
+    from espnet3_flows.parallel.backends.local import OnThisMachine
 
-    monkeypatch.setattr(cluster_module, "LOCAL_NO_WORKERS_TIMEOUT", 0.5)
+    monkeypatch.setattr(OnThisMachine, "no_workers_timeout", 0.5)
     cfg = ParallelConfig(env="local", n_workers=1)
     with _prepared_cluster(cfg) as (cluster, client):
         assert cluster.scheduler.no_workers_timeout == 0.5

@@ -14,4 +14,5 @@ def process_cluster(n_workers: int = 1, threads_per_worker: int = 1):
                         dashboard_address=":0")
 
 
-BACKEND = Backend("lab_processes", "lab_plugins.backends.process_cluster", workers="n_workers")
+BACKEND = Backend("lab_processes", "lab_plugins.backends.process_cluster",
+                  doc="Spawned worker processes on this machine that import the lab's package anew.")

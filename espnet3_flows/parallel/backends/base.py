@@ -1,0 +1,352 @@
+"""What a ``parallel.env`` is, as classes.
+
+A :class:`Placement` is where a run's shards go. Two are run modes, not clusters: this process
+(:class:`~.serial.InThisProcess`) and a cluster someone else runs
+(:class:`~.address.RunningCluster`). Every other env is a :class:`Backend`: a Dask cluster the
+run starts and closes. A backend knows how to make its cluster (its class or factory, the
+defaults it fills, how ``n_workers`` becomes workers), how to describe it, how to give its
+workers the run's environment, and how many shards it computes at once. Each built-in backend is
+one module of this package; the generated table of envs (``docs/configuration.md``) reads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+
+from espnet3_flows.config import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
+
+
+class Placement:
+    """One ``parallel.env``: where a run's shards go.
+
+    Args:
+        name: The env's name.
+        doc: One sentence for the generated table of envs (``docs/configuration.md``).
+    """
+
+    #: Whether the run starts (and closes) a cluster of its own
+    owns_cluster: ClassVar[bool] = False
+    #: Whether its workers are forked from this project's forkserver
+    forks: ClassVar[bool] = False
+    #: Whether its workers' output is this terminal (a process of this machine, or this one)
+    output_here: ClassVar[bool] = False
+
+    def __init__(self, name: str, *, doc: str = "") -> None:
+        self.name, self.doc = name, doc
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    def check_config(self, cfg: ParallelConfig) -> None:
+        """Raise :class:`ConfigError` for a ``parallel`` section this env cannot run (called
+        when the config is read). By default: a running scheduler's keys are refused."""
+        if cfg.address or cfg.scheduler_file:
+            key = "address" if cfg.address else "scheduler_file"
+            raise ConfigError(f"parallel.{key} names a running scheduler, used only with parallel.env=address "
+                              f"(parallel.env is {cfg.env!r})")
+
+    def check_installed(self) -> None:
+        """A :class:`ConfigError` naming the extra when a package the env needs is missing."""
+
+    def describe(self, cfg: ParallelConfig) -> str:
+        """One line: where a run of ``cfg`` puts its shards (``--dry-run`` prints it)."""
+        return f"{self.name}: {self.doc}"
+
+    def worker_slots(self, cfg: ParallelConfig) -> int:
+        """How many shards ``cfg``'s run computes at once, as far as the config tells (1 when it
+        cannot know)."""
+        return 1
+
+    def runs_here(self, cfg: ParallelConfig, pending_shards: int) -> bool:
+        """Whether a run with ``pending_shards`` shards to compute runs them in this process."""
+        return False
+
+    def with_worker_env(self, cfg: ParallelConfig, variables: dict[str, str]) -> ParallelConfig:
+        """``cfg`` with ``variables`` in its workers' environment; unchanged where the workers
+        inherit this process's environment (or were started by someone else)."""
+        return cfg
+
+    def table_row(self) -> list[str]:
+        """Its row of the generated table of envs (Markdown cells): ``env``, what it is, its
+        cluster, what ``n_workers`` counts, the options it needs, its extra."""
+        return [f"``{self.name}``", self.doc or "—", "none", "—", "—", "—"]
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A resolved cluster: its backend, class or factory, keyword arguments, workers, adaptivity.
+
+    Attributes:
+        backend: The backend.
+        class_path: The cluster class or factory.
+        kwargs: Its keyword arguments (``options``, the backend's defaults and the worker settings).
+        n_workers: Workers to scale to after construction (scaled backends), else as given.
+        adapt: Adaptive scaling bounds (scaled backends).
+    """
+
+    backend: Backend
+    class_path: str
+    kwargs: dict[str, Any]
+    n_workers: int
+    adapt: dict[str, Any]
+
+    def describe(self) -> str:
+        """One line: the backend, its cluster and options (credentials masked), how it scales."""
+        from espnet3_flows.credentials import redact
+
+        shown = json.dumps(redact(self.backend.shown_kwargs(self.kwargs)), default=str, sort_keys=True)
+        return f"{self.backend.name}: {self.class_path}({shown}){self.backend.describe_scaling(self)}"
+
+
+class Backend(Placement):
+    """A Dask cluster a run starts and closes: its class or factory, called with
+    ``parallel.options``, the backend's defaults, and ``n_workers`` as a constructor argument
+    (subclasses scale it after construction, or spread it over hosts).
+
+    Args:
+        name: The env's name.
+        cluster: ``"module.Attr"`` (or ``module:Attr``) of the cluster class or factory.
+        doc: One sentence for the generated table of envs.
+        extra: The pip extra that installs its package (named when the import fails).
+        requires: A module its cluster needs (checked when the config is, naming ``extra``).
+        required: Options that must be given.
+        also_accepts: ``"module.Attr"`` of a class whose constructor takes the options a factory
+            passes on through ``**kwargs`` (``SSHCluster`` → ``SpecCluster``).
+    """
+
+    owns_cluster = True
+    #: What ``n_workers`` counts, for the generated table
+    counts: ClassVar[str] = "workers, started with the cluster"
+    #: Seconds a shard waits on a cluster with no worker at all before it fails (``None``: Dask's)
+    no_workers_timeout: ClassVar[float | None] = None
+
+    def __init__(self, name: str, cluster: str, *, doc: str = "", extra: str = "", requires: str = "",
+                 required: tuple[str, ...] = (), also_accepts: str = "") -> None:
+        super().__init__(name, doc=doc)
+        self.cluster, self.extra, self.requires = cluster, extra, requires
+        self.required, self.also_accepts = tuple(required), also_accepts
+
+    # ---- the config -------------------------------------------------------------------------
+    def check_config(self, cfg: ParallelConfig) -> None:
+        """The options are checked now, not on the cluster (which imports its class)."""
+        super().check_config(cfg)
+        if cfg.options or self.required or type(self).check is not Backend.check:
+            self.spec(cfg)
+        else:
+            self.check_installed()
+
+    def defaults(self, cfg: ParallelConfig) -> dict[str, Any]:
+        """The options it fills where ``parallel.options`` has none."""
+        return {}
+
+    def check(self, cfg: ParallelConfig) -> None:
+        """Further checks of the options (raise :class:`ConfigError`)."""
+
+    def check_installed(self) -> None:
+        """A :class:`ConfigError` naming the extra when the cluster's package (or ``requires``) is
+        not installed; found without importing it (a config is checked before any import)."""
+        for module in filter(None, (self.requires, _module_of(self.cluster))):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ImportError:  # a parent package missing
+                found = False
+            if not found:
+                raise ConfigError(f"parallel.env={self.name} needs {module}, which is not installed"
+                                  f"{extra_hint(self.extra)}")
+
+    def load(self) -> Any:
+        """The cluster class or factory (:class:`ConfigError` naming the extra when it is missing)."""
+        if self.requires:
+            try:
+                importlib.import_module(self.requires)
+            except ImportError as exc:
+                raise ConfigError(f"parallel.env={self.name} needs {self.requires}, which cannot be imported: "
+                                  f"{exc}{extra_hint(self.extra)}") from None
+        return import_object(self.cluster, f"parallel.env={self.name}", self.extra)
+
+    def accepted_options(self, factory: Any) -> set[str] | None:
+        """The keyword arguments ``factory`` takes, ``None`` when it takes any: a class's
+        constructors along its MRO (and its job class's, for dask-jobqueue), a function's
+        parameters (with those of ``also_accepts`` where it passes ``**kwargs`` on)."""
+        if inspect.isclass(factory):
+            classes = list(inspect.getmro(factory))
+            job_cls = getattr(factory, "job_cls", None)
+            if job_cls is not None:
+                classes += list(inspect.getmro(job_cls))
+            classes += self.worker_classes()
+            inits = [c.__dict__["__init__"] for c in classes if "__init__" in c.__dict__]
+        else:
+            names, open_ended = _keywords(factory)
+            if open_ended and not self.also_accepts:
+                return None
+            inits = [factory] + ([import_object(self.also_accepts, f"parallel.env={self.name}").__init__]
+                                 if open_ended else [])
+        accepted: set[str] = set()
+        for init in inits:
+            accepted |= _keywords(init)[0]
+        accepted.discard("self")
+        return accepted or None
+
+    def worker_classes(self) -> list[type]:
+        """Classes whose constructors also take the cluster's options (a local cluster passes
+        its nanny's and worker's on)."""
+        return []
+
+    def check_options(self, cfg: ParallelConfig, factory: Any) -> None:
+        """Unknown option names (with the closest valid one) and missing required ones are errors
+        now, not on the cluster."""
+        accepted = self.accepted_options(factory)
+        if accepted is not None:
+            for key in cfg.options:
+                if key not in accepted:
+                    raise ConfigError(f"parallel.options.{key}: not an option of {self.cluster}"
+                                      f"{did_you_mean(key, sorted(accepted))}")
+        for key in self.required:
+            if key not in cfg.options:
+                raise ConfigError(f"parallel.env={self.name} needs parallel.options.{key}")
+        self.check(cfg)
+
+    # ---- the cluster ------------------------------------------------------------------------
+    def spec(self, cfg: ParallelConfig) -> ClusterSpec:
+        """``cfg`` resolved to this backend's cluster and checked keyword arguments.
+
+        Raises:
+            ConfigError: an unknown option name (with the closest valid one), a missing required
+                one, or a cluster package that is not installed (naming its extra).
+        """
+        self.check_options(cfg, self.load())
+        kwargs = dict(cfg.options)
+        for key, value in self.defaults(cfg).items():
+            kwargs.setdefault(key, value)
+        n_workers, adapt = self.place_workers(cfg, kwargs)
+        return ClusterSpec(self, self.cluster, kwargs, n_workers, adapt)
+
+    def place_workers(self, cfg: ParallelConfig, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Turn ``n_workers`` into workers: here a constructor argument. Returns (workers to
+        scale to after construction, adaptive bounds); ``kwargs`` is updated in place."""
+        if cfg.n_workers:
+            kwargs.setdefault("n_workers", cfg.n_workers)
+        return cfg.n_workers, {}
+
+    def start(self, spec: ClusterSpec, cfg: ParallelConfig) -> Any:
+        """Start the cluster of ``spec`` (inside :func:`~..cluster.worker_settings`): its class or
+        factory called with the keyword arguments :meth:`starting` gives, then :meth:`started`."""
+        factory = self.load()
+        with self.starting(spec, cfg) as kwargs:
+            cluster = factory(**kwargs)
+            self.started(cluster, spec)
+        return cluster
+
+    @contextlib.contextmanager
+    def starting(self, spec: ClusterSpec, cfg: ParallelConfig) -> Iterator[dict[str, Any]]:
+        """The block in which the cluster is made, yielding its keyword arguments: any local
+        worker processes are spawned (nothing of this process is inherited but its environment)."""
+        from espnet3_flows.parallel.forkserver import worker_start_method
+
+        with worker_start_method("spawn"):
+            yield spec.kwargs
+
+    def started(self, cluster: Any, spec: ClusterSpec) -> None:
+        """Called on the new cluster, still inside :meth:`starting` (scaled backends scale it)."""
+
+    def shown_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments :meth:`ClusterSpec.describe` prints."""
+        return kwargs
+
+    def describe_scaling(self, spec: ClusterSpec) -> str:
+        """How the cluster scales, appended to its description (nothing: it starts its workers)."""
+        return ""
+
+    def describe(self, cfg: ParallelConfig) -> str:
+        return self.spec(cfg).describe()
+
+    def worker_slots(self, cfg: ParallelConfig) -> int:
+        """Its workers (``n_workers``, ``adapt.maximum`` when larger, or what 0 means for the
+        backend: :meth:`default_workers`) times the threads of each."""
+        threads = max(1, int(cfg.options.get("threads_per_worker") or cfg.threads_per_worker))
+        workers = int(cfg.options.get("n_workers") or cfg.n_workers or 0) or self.default_workers()
+        return max(workers, 1, int(cfg.adapt.get("maximum") or 0)) * threads
+
+    def default_workers(self) -> int:
+        """How many workers ``n_workers: 0`` starts, where this process can tell (0: it cannot)."""
+        return 0
+
+    def table_row(self) -> list[str]:
+        needs = ", ".join(f"``options.{k}``" for k in self.required) or "—"
+        extra = f"``[{self.extra}]``" if self.extra else "—"
+        return [f"``{self.name}``", self.doc or "—", f"``{self.cluster}``", self.counts, needs, extra]
+
+
+class ScaledBackend(Backend):
+    """A backend whose cluster starts empty: ``cluster.scale(n_workers)`` (1 by default) after
+    construction, or ``cluster.adapt(**parallel.adapt)``."""
+
+    counts = "jobs, ``cluster.scale(n)`` (or ``adapt``)"
+
+    def place_workers(self, cfg: ParallelConfig, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return cfg.n_workers or (0 if cfg.adapt else 1), dict(cfg.adapt)
+
+    def started(self, cluster: Any, spec: ClusterSpec) -> None:
+        if spec.adapt:
+            cluster.adapt(**spec.adapt)
+        else:
+            cluster.scale(spec.n_workers)
+
+    def describe_scaling(self, spec: ClusterSpec) -> str:
+        return f", adapt {spec.adapt}" if spec.adapt else f", scaled to {spec.n_workers} worker(s)"
+
+
+def set_option(cfg: ParallelConfig, where: str, variables: dict[str, str]) -> ParallelConfig:
+    """``cfg`` with ``variables`` merged into the option at ``where`` (dotted); the user's own
+    entries win."""
+    import copy
+    import dataclasses
+
+    options = copy.deepcopy(cfg.options)
+    node = options
+    *parents, leaf = where.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = {**variables, **(node.get(leaf) or {})}
+    return dataclasses.replace(cfg, options=options)
+
+
+def extra_hint(extra: str) -> str:
+    """`` (pip install 'espnet3-flows[EXTRA]')`` for an error message, or nothing without an extra."""
+    return f" (pip install 'espnet3-flows[{extra}]')" if extra else ""
+
+
+def _module_of(path: str) -> str:
+    return path.rpartition(":")[0] if ":" in path else path.rpartition(".")[0]
+
+
+def import_object(path: str, what: str, extra: str = "") -> Any:
+    """The object ``path`` (``module.Attr`` or ``module:Attr``) names."""
+    module, sep, name = path.rpartition(":") if ":" in path else path.rpartition(".")
+    if not module or not name:
+        raise ConfigError(f"{what}: {path!r} is not an importable name such as package.module.Class")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise ConfigError(f"{what} needs {module}, which cannot be imported: {exc}{extra_hint(extra)}") from None
+    except AttributeError:
+        raise ConfigError(f"{what}: module {module} has no {name!r}") from None
+
+
+def _keywords(func: Any) -> tuple[set[str], bool]:
+    """(names ``func`` takes by keyword, whether it also takes ``**kwargs``)."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return set(), True
+    return ({p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)},
+            any(p.kind == p.VAR_KEYWORD for p in params))

@@ -1,0 +1,49 @@
+"""``parallel.env: ssh``: Dask's ``SSHCluster`` on the hosts of ``parallel.options.hosts``: the
+first runs the scheduler, each other one a worker of ``n_workers`` processes."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from espnet3_flows.config import ConfigError
+from espnet3_flows.parallel.backends.base import Backend, set_option
+
+if TYPE_CHECKING:
+    from espnet3_flows.parallel.parallel_config import ParallelConfig
+
+
+class SSHHosts(Backend):
+    """Workers on other machines over SSH; they do not inherit this process's environment (it
+    goes in ``options.worker_options.env``)."""
+
+    counts = "processes per host"
+
+    def defaults(self, cfg: ParallelConfig) -> dict[str, Any]:
+        # the remote workers run the driver's interpreter path unless told otherwise (a venv at the
+        # same path on every host, as a lab's shared software tree has it)
+        return {"remote_python": sys.executable}
+
+    def check(self, cfg: ParallelConfig) -> None:
+        hosts = cfg.options.get("hosts")
+        if not isinstance(hosts, (list, tuple)) or len(hosts) < 2 or not all(isinstance(h, str) and h for h in hosts):
+            raise ConfigError("parallel.options.hosts: a list of at least two host names, the first running the "
+                              f"scheduler and the others one worker each (SSHCluster's hosts), got {hosts!r}")
+
+    def place_workers(self, cfg: ParallelConfig, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if cfg.n_workers:  # processes per host
+            kwargs["worker_options"] = {**kwargs.get("worker_options", {}), "n_workers": cfg.n_workers}
+        return cfg.n_workers, {}
+
+    def with_worker_env(self, cfg: ParallelConfig, variables: dict[str, str]) -> ParallelConfig:
+        return set_option(cfg, "worker_options.env", variables) if variables else cfg
+
+    def worker_slots(self, cfg: ParallelConfig) -> int:
+        hosts = cfg.options.get("hosts") or []
+        return max(1, len(hosts) - 1) * max(1, cfg.n_workers)
+
+
+SSH = SSHHosts("ssh", "distributed.SSHCluster", required=("hosts",), also_accepts="distributed.SpecCluster",
+               requires="asyncssh", extra="ssh",
+               doc="Workers on other machines over SSH: ``options.hosts``' first runs the scheduler, each other one "
+                   "a worker of ``n_workers`` processes.")
