@@ -61,3 +61,22 @@ def test_every_extension_point_has_its_group():
     assert sorted(r.group for r in registries) == sorted(ENTRY_POINT_GROUPS.values())
     assert [sorted(r.names(plugins=False)) for r in (FRONTENDS, TOOLKITS)] == [
         ["espnet2", "fbank", "model", "none"], ["custom", "espnet", "rawnet", "speechbrain"]]
+
+
+def test_each_builtin_frontend_and_toolkit_is_a_module_of_its_own():
+    """One module per built-in entry (the declaration; the heavy implementation stays on workers):
+    adding or removing one touches its module and the registry's list, nothing else."""
+    import subprocess
+    import sys
+
+    from espnet3_flows.frontends.frontend_types import FRONTENDS
+    from espnet3_flows.xvector.toolkits import TOOLKITS
+
+    frontends = {n: type(FRONTENDS.get(n)).__module__ for n in FRONTENDS.names(plugins=False)}
+    assert frontends == {n: f"espnet3_flows.frontends.{n}_type" for n in ("none", "fbank", "model", "espnet2")}
+    toolkits = {n: type(TOOLKITS.get(n)).__module__ for n in TOOLKITS.names(plugins=False)}
+    assert toolkits == {n: f"espnet3_flows.xvector.toolkits.{n}" for n in ("speechbrain", "espnet", "rawnet", "custom")}
+    # the toolkits' declarations import no torch: the driver reads them to check a config
+    code = ("import sys; from espnet3_flows.xvector.toolkits import TOOLKITS; TOOLKITS.names(); "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -15,16 +15,15 @@ from espnet3_flows.frontends.espnet2_frontend import ESPNET2_FRONTENDS
 from espnet3_flows.frontends.espnet2_type import ESPNET2_DEFAULT_IMPLEMENTATION  # noqa: F401 - importable from here too
 from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
 from espnet3_flows.frontends.precision import PRECISIONS
+from espnet3_flows.frontends.fbank_type import FBANK_IMPLEMENTATION, FbankFrontend  # noqa: F401 - importable from here too
+from espnet3_flows.frontends.model_type import model_frontend  # noqa: F401 - importable from here too
 from espnet3_flows.frontends.wave_frontends import (  # noqa: F401 - importable from here too
-    FBANK_IMPLEMENTATION,
     TORCH_FRONTEND_IMPLEMENTATION,
     Frontend,
-    FbankFrontend,
     PerUtterance,
     TorchFrontend,
     check_cuda,
     espnet2_frontend,
-    model_frontend,
 )
 
 #: The built-in ``frontend.type`` values (a plugin adds others: :data:`FRONTENDS`)

@@ -1,8 +1,8 @@
 """The ``frontend.type`` registry: what a kind of frontend declares, and :data:`FRONTENDS`.
 
-A kind of frontend is a :class:`FrontendType` registered under its name. The built-in ones
-register in the module of their implementation (``fbank`` and ``model`` in
-:mod:`.wave_frontends`, ``espnet2`` in :mod:`.espnet2_type`, ``none`` here); another package
+A kind of frontend is a :class:`FrontendType` registered under its name. The built-in ones are
+one module each, which registers it (:mod:`.fbank_type`, :mod:`.model_type`, :mod:`.espnet2_type`,
+:mod:`.none_type`); another package
 adds one through the entry-point group ``espnet3_flows.frontends`` (``name =
 "package.module:MyFrontendType"``, a subclass or an instance), and ``frontend.type: <name>`` then
 runs it with ``frontend.conf`` as its options. ``docs/plugins.md`` shows one.
@@ -63,24 +63,7 @@ class FrontendType:
         raise NotImplementedError
 
 
-class NoFrontend(FrontendType):
-    """``none``: lengths only (audio headers are read, nothing is decoded or extracted)."""
-
-    name = "none"
-    takes_conf = False
-
-    def hashed(self, cfg: "FrontendConfig", base: Mapping[str, Any]) -> dict[str, Any]:
-        return {"type": "none", "sampling_rate": cfg.sampling_rate, "max_duration": cfg.max_duration}
-
-    def modules(self, cfg: "FrontendConfig") -> tuple[str, ...]:
-        return ()
-
-    def build(self, cfg: "FrontendConfig") -> None:
-        return None
-
-
 #: every ``frontend.type`` by name: the built-in ones, then the installed packages'
 FRONTENDS: Registry[FrontendType] = Registry(
     "frontend", "frontend.type", accept=instance_of(FrontendType),
-    builtins=tuple(f"espnet3_flows.frontends.{m}" for m in ("wave_frontends", "espnet2_type")))
-FRONTENDS.register(NoFrontend.name, NoFrontend())
+    builtins=tuple(f"espnet3_flows.frontends.{m}" for m in ("none_type", "fbank_type", "model_type", "espnet2_type")))

@@ -1,7 +1,9 @@
-"""The frontends as callables over a call's waveforms (what :func:`~.frontend.build_frontend`
-builds and :func:`~.frontend.extract_features` calls): one utterance at a time, lhotse's fbank
-(exact, on CPU or gathered on a GPU), and torch modules (a model's ``collect_feats`` or an ESPnet2
-frontend) over length-bucketed padded batches, each utterance's valid frames cut back out."""
+"""How the frontends run as callables over a call's waveforms (what :func:`~.frontend.build_frontend`
+builds and :func:`~.frontend.extract_features` calls): one utterance at a time
+(:class:`PerUtterance`), or torch modules (a model's ``collect_feats`` or an ESPnet2 frontend) over
+length-bucketed padded batches, each utterance's valid frames cut back out (:class:`TorchFrontend`).
+The built-in ``frontend.type`` values are one module each: :mod:`.fbank_type`, :mod:`.model_type`,
+:mod:`.espnet2_type`, :mod:`.none_type`."""
 
 from __future__ import annotations
 
@@ -9,18 +11,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
-from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
 from espnet3_flows.frontends.pinned import PinnedStaging
 from espnet3_flows.frontends.precision import check_precision, precision_scope
 
 if TYPE_CHECKING:
     from espnet3_flows.frontends.frontend import FrontendConfig
 
-#: Version of the fbank computation, hashed into collect-stats shards: features that differ even
-#: in float32 rounding are recomputed rather than merged with older shards. These identifiers are
-#: not module paths (the modules moved from stats/): changing one recomputes every user's shards
-FBANK_IMPLEMENTATION = "espnet3_flows.stats.fbank/1"
 #: Version of how model and ESPnet2 frontends are run (one utterance per call unless batched)
 TORCH_FRONTEND_IMPLEMENTATION = "espnet3_flows.stats.frontend.TorchFrontend/1"
 
@@ -41,35 +37,6 @@ class PerUtterance:
 
     def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
         return [self.extract(w) for w in waves]
-
-
-class FbankFrontend(PerUtterance):
-    """lhotse's ``Fbank`` (Kaldi-compatible log-mel filterbank) on each waveform.
-
-    Computed by :class:`~espnet3_flows.frontends.fbank.FastFbank` from lhotse's own extractor:
-    the same features to float32 rounding, about 2x faster on one core. With ``device`` a GPU,
-    each call's waveforms are computed there together (:meth:`FastFbank.batch`).
-    """
-
-    def __init__(self, cfg: FrontendConfig):
-        self.device, self.max_batch_samples = cfg.device, cfg.max_batch_samples
-        if cfg.device != "cpu":
-            check_cuda(cfg.device)
-        from lhotse import Fbank, FbankConfig
-
-        from espnet3_flows.frontends.fbank import FastFbank
-
-        self.fbank = FastFbank(Fbank(FbankConfig(sampling_rate=cfg.sampling_rate, num_mel_bins=cfg.num_mel_bins,
-                                                 frame_shift=cfg.frame_shift, frame_length=cfg.frame_length,
-                                                 dither=cfg.dither)))
-        super().__init__(self.fbank)
-
-    def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
-        if self.device == "cpu":
-            return super().__call__(waves, kwargs)
-        from espnet3_flows.frontends.fbank import DEFAULT_BATCH_SAMPLES
-
-        return self.fbank.batch(waves, self.device, self.max_batch_samples or DEFAULT_BATCH_SAMPLES)
 
 
 def check_cuda(device: str) -> None:
@@ -149,19 +116,6 @@ class TorchFrontend:
         return self._staging.take(rows * samples).view(rows, samples).zero_()
 
 
-def model_frontend(model: Any, device: str = "cpu", max_batch_samples: int = 0,
-                   precision: str = "float32") -> TorchFrontend:
-    """A frontend from any torch module with ESPnet's ``collect_feats(speech, speech_lengths, **kwargs)``."""
-    if not hasattr(model, "collect_feats"):
-        raise ConfigError(f"{type(model).__name__} has no collect_feats(speech, speech_lengths, **kwargs)")
-
-    def extract(speech: Any, lengths: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Any]:
-        out = model.collect_feats(speech=speech, speech_lengths=lengths, **dict(kwargs))
-        return out["feats"], out.get("feats_lengths")
-
-    return TorchFrontend(extract, model, device, max_batch_samples, precision)
-
-
 def espnet2_frontend(frontend: Any, device: str = "cpu", max_batch_samples: int = 0,
                      precision: str = "float32") -> TorchFrontend:
     """A frontend from an ESPnet2 frontend module (``forward(speech, lengths) -> (feats, lengths)``),
@@ -178,51 +132,3 @@ def torch_batching(cfg: FrontendConfig) -> dict[str, Any]:
     only when set: float32 shards keep the hashes they had before precision existed)."""
     return {"max_batch_samples": cfg.max_batch_samples, "implementation": TORCH_FRONTEND_IMPLEMENTATION,
             **({"precision": cfg.precision} if cfg.precision != "float32" else {})}
-
-
-class FbankType(FrontendType):
-    """``fbank``: lhotse's Kaldi-compatible log-mel ``Fbank`` (:class:`FbankFrontend`)."""
-
-    name = "fbank"
-    takes_conf = False
-    takes_device = True
-
-    def hashed(self, cfg: FrontendConfig, base: Mapping[str, Any]) -> dict[str, Any]:
-        return {**base, "num_mel_bins": cfg.num_mel_bins, "frame_shift": cfg.frame_shift,
-                "frame_length": cfg.frame_length, "dither": cfg.dither, "model": to_plain(cfg.model),
-                "implementation": FBANK_IMPLEMENTATION}
-
-    def modules(self, cfg: FrontendConfig) -> tuple[str, ...]:
-        return ("lhotse",)  # its framing and config
-
-    def build(self, cfg: FrontendConfig) -> Frontend:
-        return FbankFrontend(cfg)
-
-
-class ModelType(FrontendType):
-    """``model``: any torch module built from ``frontend.model`` with ESPnet's ``collect_feats``."""
-
-    name = "model"
-    takes_conf = False
-    takes_device = True
-    takes_precision = True
-
-    def check(self, cfg: FrontendConfig) -> None:
-        if "_target_" not in cfg.model:
-            raise ConfigError("frontend.type=model needs frontend.model._target_ (a class path)")
-        check_targets(cfg.model, "frontend.model")
-
-    def hashed(self, cfg: FrontendConfig, base: Mapping[str, Any]) -> dict[str, Any]:
-        return {**base, "model": to_plain(cfg.model), **torch_batching(cfg)}
-
-    def modules(self, cfg: FrontendConfig) -> tuple[str, ...]:
-        target = str((cfg.model or {}).get("_target_") or "")
-        return (target.rpartition(".")[0],) if "." in target else ()
-
-    def build(self, cfg: FrontendConfig) -> Frontend:
-        return model_frontend(instantiate(cfg.model, "frontend.model"), cfg.device, cfg.max_batch_samples,
-                              cfg.precision)
-
-
-FRONTENDS.register(FbankType.name, FbankType())
-FRONTENDS.register(ModelType.name, ModelType())

@@ -1,0 +1,54 @@
+"""``frontend.type: model``: any torch module built from ``frontend.model`` with ESPnet's
+``collect_feats(speech, speech_lengths, **kwargs)``, run over padded batches."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
+from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
+from espnet3_flows.frontends.wave_frontends import Frontend, TorchFrontend, torch_batching
+
+if TYPE_CHECKING:
+    from espnet3_flows.frontends.frontend import FrontendConfig
+
+
+def model_frontend(model: Any, device: str = "cpu", max_batch_samples: int = 0,
+                   precision: str = "float32") -> TorchFrontend:
+    """A frontend from any torch module with ESPnet's ``collect_feats(speech, speech_lengths, **kwargs)``."""
+    if not hasattr(model, "collect_feats"):
+        raise ConfigError(f"{type(model).__name__} has no collect_feats(speech, speech_lengths, **kwargs)")
+
+    def extract(speech: Any, lengths: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Any]:
+        out = model.collect_feats(speech=speech, speech_lengths=lengths, **dict(kwargs))
+        return out["feats"], out.get("feats_lengths")
+
+    return TorchFrontend(extract, model, device, max_batch_samples, precision)
+
+
+class ModelType(FrontendType):
+    """``model``: any torch module built from ``frontend.model`` with ESPnet's ``collect_feats``."""
+
+    name = "model"
+    takes_conf = False
+    takes_device = True
+    takes_precision = True
+
+    def check(self, cfg: FrontendConfig) -> None:
+        if "_target_" not in cfg.model:
+            raise ConfigError("frontend.type=model needs frontend.model._target_ (a class path)")
+        check_targets(cfg.model, "frontend.model")
+
+    def hashed(self, cfg: FrontendConfig, base: Mapping[str, Any]) -> dict[str, Any]:
+        return {**base, "model": to_plain(cfg.model), **torch_batching(cfg)}
+
+    def modules(self, cfg: FrontendConfig) -> tuple[str, ...]:
+        target = str((cfg.model or {}).get("_target_") or "")
+        return (target.rpartition(".")[0],) if "." in target else ()
+
+    def build(self, cfg: FrontendConfig) -> Frontend:
+        return model_frontend(instantiate(cfg.model, "frontend.model"), cfg.device, cfg.max_batch_samples,
+                              cfg.precision)
+
+
+FRONTENDS.register(ModelType.name, ModelType())

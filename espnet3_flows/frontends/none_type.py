@@ -1,0 +1,29 @@
+"""``frontend.type: none``: lengths only (audio headers are read, nothing is decoded or extracted)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
+
+if TYPE_CHECKING:
+    from espnet3_flows.frontends.frontend import FrontendConfig
+
+
+class NoFrontend(FrontendType):
+    """``none``: lengths only (audio headers are read, nothing is decoded or extracted)."""
+
+    name = "none"
+    takes_conf = False
+
+    def hashed(self, cfg: "FrontendConfig", base: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "none", "sampling_rate": cfg.sampling_rate, "max_duration": cfg.max_duration}
+
+    def modules(self, cfg: "FrontendConfig") -> tuple[str, ...]:
+        return ()
+
+    def build(self, cfg: "FrontendConfig") -> None:
+        return None
+
+
+FRONTENDS.register(NoFrontend.name, NoFrontend())

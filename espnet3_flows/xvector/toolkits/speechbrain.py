@@ -1,0 +1,36 @@
+"""``xvector.toolkit: speechbrain``: an ``EncoderClassifier`` from a local model directory
+(the implementation: :mod:`espnet3_flows.xvector.model`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from espnet3_flows.xvector.toolkits.base import XVectorToolkit
+
+if TYPE_CHECKING:
+    from espnet3_flows.xvector.job import XVectorConfig
+
+
+class SpeechbrainToolkit(XVectorToolkit):
+    """``speechbrain``: an ``EncoderClassifier`` from a local model directory (:mod:`.model`)."""
+
+    name = "speechbrain"
+    model_kind = "a local speechbrain model directory"
+
+    def model_files(self, xv: "XVectorConfig") -> tuple[Path, list[Path], bool]:
+        from espnet3_flows.xvector.model import resolve_model_source
+
+        root = resolve_model_source(xv.pretrained_model)
+        return root, sorted(p for p in root.rglob("*") if p.is_file()), not Path(xv.pretrained_model).expanduser().is_dir()
+
+    def hashed(self, xv: "XVectorConfig") -> dict[str, Any]:
+        return {}
+
+    def embedder(self, xv: "XVectorConfig") -> Any:
+        import tempfile
+
+        from espnet3_flows.xvector.model import load_speechbrain_encoder, speechbrain_embedder
+
+        savedir = xv.savedir or tempfile.mkdtemp(prefix="espnet3-speechbrain-")
+        return speechbrain_embedder(load_speechbrain_encoder(xv.pretrained_model, savedir, xv.device))
