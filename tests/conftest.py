@@ -53,7 +53,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_slurm = pytest.mark.skip(reason="needs SLURM: run ci/slurm/start.sh and pass --run-slurm")
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: pass --run-gpu on a GPU machine")
+    from espnet3_flows.patches import patches_enabled
+
+    # with every patch off (ESPNET3_FLOWS_PATCHES=off) the suite must stay green; a test of what a
+    # patch itself does must then fail on its assertion, which shows the switch took the patch off
+    patch_off = pytest.mark.xfail(strict=True, raises=AssertionError,
+                                  reason="ESPNET3_FLOWS_PATCHES=off: the patch this test checks is not applied")
     for item in items:
+        if "patch" in item.keywords and not patches_enabled():
+            item.add_marker(patch_off)
         if "slurm" in item.keywords and not config.getoption("--run-slurm"):
             item.add_marker(skip_slurm)
         if "gpu" in item.keywords and not config.getoption("--run-gpu"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from prefect.context import SettingsContext
@@ -10,6 +12,7 @@ from prefect.settings import PREFECT_API_KEY, PREFECT_LOGGING_LEVEL, temporary_s
 from espnet3_flows.orchestration.prefect_context_cache import cache_settings_serialization
 
 
+@pytest.mark.patch
 def test_same_result_as_prefect_and_every_caller_gets_its_own_copy():
     assert cache_settings_serialization() and cache_settings_serialization()  # idempotent
     original = SettingsContext.serialize.__wrapped__
@@ -44,6 +47,7 @@ def test_the_patches_target_the_pinned_prefect():
         "against its SettingsContext.serialize and task_engine.hydrated_context, then update this pin")
 
 
+@pytest.mark.patch
 def test_workers_validate_each_settings_context_once_and_still_see_the_callers_settings():
     import prefect.task_engine as task_engine
 
