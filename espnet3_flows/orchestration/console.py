@@ -129,6 +129,8 @@ def quiet_during(run_links: bool = False) -> Iterator[None]:
                 handler.removeFilter(f)
             if isinstance(handler.formatter, _OneLineFormatter):
                 handler.setFormatter(handler.formatter.inner)
+        if os.environ.get(QUIET_ENV) == "1:dask" and previous != "1:dask":
+            os.environ.pop(_DASK_LOG_ENV, None)  # set by quiet_local_workers for this block only
         if previous is None:
             os.environ.pop(QUIET_ENV, None)
         else:
@@ -170,11 +172,23 @@ def quiet_completed_shards() -> None:
         logger.addFilter(_CompletedShardFilter())
 
 
+#: Dask's logging level for ``distributed`` in a new process (its config from the environment):
+#: a spawned worker logs its start banner when it imports Dask, before any setup of ours runs
+_DASK_LOG_ENV = "DASK_LOGGING__DISTRIBUTED"
+
+
 def quiet_local_workers(quiet: bool = True) -> None:
-    """Make worker processes started from now on by this process quiet (or not)."""
+    """Make worker processes started from now on by this process quiet (or not): forked ones
+    read :data:`QUIET_ENV`; spawned ones (``start_method: spawn``, ``trim_worker_memory``, every
+    patch off) also get Dask's ``distributed`` logging at ``warning`` unless the user set it."""
     if quiet:
         os.environ[QUIET_ENV] = "1"
+        if _DASK_LOG_ENV not in os.environ:
+            os.environ[_DASK_LOG_ENV] = "warning"
+            os.environ[QUIET_ENV] = "1:dask"  # ours to remove again
     else:
+        if os.environ.get(QUIET_ENV) == "1:dask":
+            os.environ.pop(_DASK_LOG_ENV, None)
         os.environ.pop(QUIET_ENV, None)
 
 
@@ -187,7 +201,7 @@ def quiet_workers_of(backend: Any, verbose: bool) -> None:
 
 def apply_from_environment() -> None:
     """In a worker process: be quiet if the process that started it asked for it."""
-    if os.environ.get(QUIET_ENV) == "1":
+    if os.environ.get(QUIET_ENV, "").startswith("1"):
         quiet_console()
 
 

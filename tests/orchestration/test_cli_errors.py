@@ -98,12 +98,14 @@ def test_verbose_keeps_the_traceback_and_the_logs(tmp_path, demo_corpus):
     assert sum(line.startswith("error:") for line in lines) == 1
 
 
-def test_good_run_is_short_and_says_where_outputs_are(tmp_path, demo_corpus):
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_good_run_is_short_and_says_where_outputs_are(tmp_path, demo_corpus, start_method):
     manifest = tmp_path / "train.tsv"
     manifest.write_text("\n".join(_good_lines(demo_corpus)) + "\n")
-    # several shards: a real LocalCluster whose forked workers print to this terminal too
+    # several shards: a real LocalCluster whose workers print to this terminal too; spawned ones
+    # (as with trim_worker_memory, or every patch off) log Dask's start banner before any setup
     args = [f"manifests.train={manifest}", f"output_dir={tmp_path / 'out'}", "parallel.env=local",
-            "parallel.n_workers=2", "shard_size=8"]
+            "parallel.n_workers=2", "shard_size=8", f"parallel.start_method={start_method}"]
     code, lines, text = _cli(tmp_path, *args)
     assert code == 0, text
     computed = re.search(r"shards computed (\d+) / cached 0", text)

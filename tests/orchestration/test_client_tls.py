@@ -10,6 +10,8 @@ import pytest
 
 from espnet3_flows.orchestration.prefect_compat import _SharedContextSSL, share_tls_contexts
 
+pytestmark = pytest.mark.patch  # every test here checks the shared-TLS-context patch
+
 
 @pytest.fixture
 def shared_ssl(monkeypatch):

@@ -32,6 +32,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
                             splits={"train": 1.0})["train"]
 
 
+@pytest.mark.patch
 def test_a_run_on_local_workers_is_planned_and_its_forkserver_started(no_forkserver, corpus, tmp_path):
     argv = [f"manifests.train={corpus}", f"output_dir={tmp_path}", "shard_size=2", "parallel.n_workers=1",
             "frontend.type=espnet2", "frontend.name=default"]

@@ -182,6 +182,7 @@ def _pids(client: distributed.Client) -> dict[str, int]:
     return client.run(os.getpid)
 
 
+@pytest.mark.patch
 @pytest.mark.dask
 def test_a_local_worker_killed_again_and_again_keeps_its_nanny():
     """Dask's SpecCluster closes a nanny whose worker is not back when lost-worker-timeout (15 s)

@@ -36,6 +36,7 @@ def fresh_forkserver(monkeypatch):
     stop_forkserver()
 
 
+@pytest.mark.patch
 @pytest.mark.dask
 def test_workers_are_forked_preloaded_and_see_later_environment(fresh_forkserver, monkeypatch, tmp_path):
     monkeypatch.setenv("ESPNET3_FLOWS_TIMELINE", str(tmp_path / "timeline.jsonl"))
@@ -66,6 +67,7 @@ def test_a_variable_removed_since_the_server_started_means_spawn(fresh_forkserve
     assert env_value is None and not preloaded and parent == os.getpid()  # spawned by the nanny here
 
 
+@pytest.mark.patch
 def test_user_env_option_wins_over_the_forwarded_environment(fresh_forkserver, monkeypatch):
     start_forkserver()
     monkeypatch.setenv("ESPNET3_FORKSERVER_TEST", "driver")
@@ -73,6 +75,7 @@ def test_user_env_option_wins_over_the_forwarded_environment(fresh_forkserver, m
     assert method == "forkserver" and kwargs["env"]["ESPNET3_FORKSERVER_TEST"] == "option"
 
 
+@pytest.mark.patch
 def test_which_configs_fork():
     assert wants_forkserver(ParallelConfig(env="local"))
     assert not wants_forkserver(ParallelConfig(env="local", start_method="spawn"))
@@ -101,6 +104,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.patch
 @pytest.mark.dask
 def test_the_driver_script_is_imported_once_by_the_forkserver_not_by_each_worker(tmp_path):
     """Python's spawn semantics import the main script in every child; the forkserver imports it
