@@ -99,6 +99,27 @@ def s3_output(moto_server, request: pytest.FixtureRequest) -> tuple[str, dict]:
     return f"s3://{bucket}/out", moto_server.storage_options()
 
 
+#: what a run sets in its own process's environment for its local workers, and must put back
+_RUN_ENV = ("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED")
+
+
+@pytest.fixture(autouse=True)
+def _run_environment_restored():
+    """Fails a test that leaves this process's environment changed the way a run does: every
+    process the session starts later (an ``env=ssh`` scheduler inherits Dask's logging level
+    from it and never says where it listens) would inherit it. Put back either way."""
+    before = {name: os.environ.get(name) for name in _RUN_ENV}
+    yield
+    after = {name: os.environ.get(name) for name in _RUN_ENV}
+    if after != before:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        pytest.fail(f"the test left the environment changed: {before} -> {after}")
+
+
 @pytest.fixture(scope="session")
 def dask_client():
     """A real process-based ``distributed.LocalCluster`` with 2 single-threaded workers. Its client is

@@ -118,7 +118,8 @@ def quiet_during(run_links: bool = False) -> Iterator[None]:
     every console handler has its own filters and formatter back, and the environment its own
     :data:`QUIET_ENV`. Handlers configured during the block (Dask's, when it is imported) are
     quieted by calling :func:`quiet_console` again inside it, and restored here as well."""
-    previous = os.environ.get(QUIET_ENV)
+    global _OWN_ENV
+    before, own = {name: os.environ.get(name) for name in _WORKER_ENV}, _OWN_ENV
     quiet_local_workers(True)
     quiet_console(run_links)
     try:
@@ -129,12 +130,9 @@ def quiet_during(run_links: bool = False) -> Iterator[None]:
                 handler.removeFilter(f)
             if isinstance(handler.formatter, _OneLineFormatter):
                 handler.setFormatter(handler.formatter.inner)
-        if os.environ.get(QUIET_ENV) == "1:dask" and previous != "1:dask":
-            os.environ.pop(_DASK_LOG_ENV, None)  # set by quiet_local_workers for this block only
-        if previous is None:
-            os.environ.pop(QUIET_ENV, None)
-        else:
-            os.environ[QUIET_ENV] = previous
+        for name, value in before.items():
+            _put_env(name, value)
+        _OWN_ENV = own
 
 
 def plain_console(verbose: bool = False) -> None:
@@ -177,19 +175,46 @@ def quiet_completed_shards() -> None:
 _DASK_LOG_ENV = "DASK_LOGGING__DISTRIBUTED"
 
 
+#: what :func:`quiet_local_workers` sets in this process's environment
+_WORKER_ENV = (QUIET_ENV, _DASK_LOG_ENV)
+#: their values before :func:`quiet_local_workers` first changed them (None: not changed since
+#: :func:`restore_worker_environment`)
+_OWN_ENV: dict[str, str | None] | None = None
+
+
+def _put_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 def quiet_local_workers(quiet: bool = True) -> None:
     """Make worker processes started from now on by this process quiet (or not): forked ones
     read :data:`QUIET_ENV`; spawned ones (``start_method: spawn``, ``trim_worker_memory``, every
-    patch off) also get Dask's ``distributed`` logging at ``warning`` unless the user set it."""
+    patch off) also get Dask's ``distributed`` logging at ``warning`` unless the user set it.
+    :func:`restore_worker_environment` undoes it."""
+    global _OWN_ENV
+    if _OWN_ENV is None:
+        _OWN_ENV = {name: os.environ.get(name) for name in _WORKER_ENV}
     if quiet:
         os.environ[QUIET_ENV] = "1"
-        if _DASK_LOG_ENV not in os.environ:
+        if _OWN_ENV[_DASK_LOG_ENV] is None:
             os.environ[_DASK_LOG_ENV] = "warning"
-            os.environ[QUIET_ENV] = "1:dask"  # ours to remove again
     else:
-        if os.environ.get(QUIET_ENV) == "1:dask":
-            os.environ.pop(_DASK_LOG_ENV, None)
         os.environ.pop(QUIET_ENV, None)
+        _put_env(_DASK_LOG_ENV, _OWN_ENV[_DASK_LOG_ENV])
+
+
+def restore_worker_environment() -> None:
+    """Put back the environment :func:`quiet_local_workers` changed, as it was before (at the end
+    of a run: a process that goes on, a notebook's or a Prefect worker's, and every process it
+    starts later, keep their own logging)."""
+    global _OWN_ENV
+    if _OWN_ENV is not None:
+        for name, value in _OWN_ENV.items():
+            _put_env(name, value)
+        _OWN_ENV = None
 
 
 def quiet_workers_of(backend: Any, verbose: bool) -> None:

@@ -23,7 +23,8 @@ from espnet3_flows.deadlines import is_outage
 from espnet3_flows.errors import clip_lines
 from espnet3_flows.inputs.records import ManifestError
 from espnet3_flows.credentials import find_secrets, mask_secrets, refuse_secrets, secrets_in_overrides
-from espnet3_flows.orchestration.console import print_summary, print_unchanged, quiet_console, quiet_workers_of
+from espnet3_flows.orchestration.console import (print_summary, print_unchanged, quiet_console, quiet_workers_of,
+                                                 restore_worker_environment)
 from espnet3_flows.orchestration.deploy_steps import api_lost, is_api_lost, refuse_transient, run_paths
 from espnet3_flows.orchestration.early_start import CONSOLE_FLAGS, take_early_run
 from espnet3_flows.orchestration.flows import run_job
@@ -111,8 +112,16 @@ def main(job: str, argv: Sequence[str] | None = None) -> int:
     With no Prefect server configured, a private local API server is started for the run and
     stopped afterwards. The flow scripts launch it, plan the run and start its local workers'
     forkserver before their own imports (:func:`~.early_start.start_early`); the plan is taken
-    over here.
+    over here. This process's environment is as it was before once it returns (a caller that goes
+    on, and every process it starts later, keep their own logging).
     """
+    try:
+        return _main(job, argv)
+    finally:
+        restore_worker_environment()  # quieted for this run's local workers (here or by start_early)
+
+
+def _main(job: str, argv: Sequence[str] | None) -> int:
     mark("main")
     logging.basicConfig(level=logging.WARNING)
     args = list(sys.argv[1:] if argv is None else argv)

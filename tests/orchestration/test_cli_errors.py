@@ -4,6 +4,7 @@ line naming the place (file:line, key or path) and the cause, in at most 10 line
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -134,3 +135,44 @@ def test_with_a_configured_server_the_run_link_is_printed(tmp_path, demo_corpus)
     links = [line for line in text.splitlines() if "View at " in line]
     assert links and all(server.api_url.removesuffix("/api") in line for line in links), text
     assert "Finished in state" not in text and "distributed." not in text, text
+
+
+_CALLS_MAIN = """
+import json, os, sys
+from espnet3_flows.orchestration import console
+from espnet3_flows.orchestration.entry import main
+
+seen = []
+quiet = console.quiet_local_workers
+
+def quiet_and_see(on=True):  # what the run's local workers would inherit
+    quiet(on)
+    seen.append({k: os.environ.get(k) for k in ("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED")})
+
+console.quiet_local_workers = quiet_and_see
+status = main("collect_stats", sys.argv[1:])
+after = {k: os.environ.get(k) for k in ("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED")}
+print(json.dumps({"status": status, "seen": seen, "after": after}))
+"""
+
+
+@pytest.mark.parametrize("own_level", [None, "error"])
+def test_main_called_in_process_leaves_the_environment_as_it_was(tmp_path, demo_corpus, own_level):
+    """``main()`` from a process that goes on (a notebook, a Prefect worker, a test session): the
+    quiet logging it asked of its local workers is put back after the run, failed or not, so what
+    that process starts later (an ``env=ssh`` scheduler, which inherits Dask's logging config and is
+    only found by its INFO line) logs as before. A user's own Dask logging level is never touched."""
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text("\n".join(_good_lines(demo_corpus)) + "\n")
+    (tmp_path / "a-file").write_text("x")  # output_dir: found unwritable once the run is planned
+    env = cli_env(tmp_path / "prefect-home", drop=("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED"))
+    if own_level:
+        env["DASK_LOGGING__DISTRIBUTED"] = own_level
+    proc = subprocess.run([sys.executable, "-c", _CALLS_MAIN, f"manifests.train={manifest}",
+                           f"output_dir={tmp_path / 'a-file' / 'out'}", "parallel.env=local", "parallel.n_workers=1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "error:" in proc.stderr and proc.stdout.strip(), proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["status"] == 1
+    assert result["seen"] == [{"ESPNET3_FLOWS_QUIET": "1", "DASK_LOGGING__DISTRIBUTED": own_level or "warning"}]
+    assert result["after"] == {"ESPNET3_FLOWS_QUIET": None, "DASK_LOGGING__DISTRIBUTED": own_level}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from espnet3_flows.orchestration.console import restore_worker_environment
 from espnet3_flows.orchestration.early_start import start_early, take_early_run
 from espnet3_flows.orchestration.local_server import discard_early
 from espnet3_flows.parallel.forkserver import preloaded_modules, stop_forkserver
@@ -21,6 +22,7 @@ def no_forkserver(monkeypatch):
     yield
     stop_forkserver()
     discard_early()
+    restore_worker_environment()  # main() would, after the run it takes over
 
 
 @pytest.fixture(scope="module")

@@ -261,6 +261,24 @@ def test_ssh_engine_runs_on_the_hosts_and_leaves_nothing(sshd, tmp_path):
     assert not _dask_processes(), "the ssh cluster's processes outlived the run"
 
 
+@pytest.mark.dask
+@pytest.mark.timeout(180)
+def test_ssh_starts_when_the_users_dask_logs_only_warnings(sshd, tmp_path):
+    """SSHCluster finds its remote scheduler and workers by their INFO lines ("Scheduler at",
+    "Start worker at") and hands the remote processes this process's Dask config: with a user's
+    ``logging.distributed: warning`` (or ``DASK_LOGGING__DISTRIBUTED=warning``) those lines never
+    came and the run waited forever."""
+    import dask
+
+    par = _ssh_parallel(sshd, remote_python=f"PYTHONPATH={ROOT} {sys.executable}")
+    with dask.config.set({"logging": {**dask.config.get("logging", {}), "distributed": "warning"}}):
+        out = ScaleSumRunner(ArrayProvider({"n": N}), output_dir=str(tmp_path), shard_size=4).run(
+            range(N), parallel=par, progress=False)
+        assert dask.config.get("logging")["distributed"] == "warning"  # the user's own config, as it was
+    assert out.merged == EXPECTED and out.computed == len(out.plan.shards)
+    assert not _dask_processes(), "the ssh cluster's processes outlived the run"
+
+
 def _npz(path: Path) -> dict:
     with np.load(path) as z:
         return {k: z[k] for k in z.files}

@@ -208,11 +208,14 @@ def test_a_local_worker_killed_again_and_again_keeps_its_nanny():
                     while set(client.scheduler_info()["workers"]) in (set(), {address}):
                         assert time.monotonic() < deadline, "the killed worker never came back"
                         time.sleep(0.05)
-                # the kills' lost-worker timers (10 ms) fire in this window: the worker stays throughout
+                # the kills' lost-worker timers (10 ms) fire in this window: the nanny stays throughout
+                # (what the scheduler lists may blink meanwhile on a loaded machine; a worker is back after)
                 window = time.monotonic() + 0.5
                 while time.monotonic() < window:
-                    assert len(cluster.workers) == 1 and len(client.scheduler_info()["workers"]) == 1
+                    assert len(cluster.workers) == 1, "the cluster closed the nanny of a killed worker"
                     time.sleep(0.02)
+                client.wait_for_workers(1, timeout=60)
+                assert len(cluster.workers) == 1
                 assert client.submit(_square, 3, pure=False).result(timeout=60) == 9
         finally:
             cluster.close()

@@ -3,14 +3,35 @@ first runs the scheduler, each other one a worker of ``n_workers`` processes."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from espnet3_flows.config import ConfigError
-from espnet3_flows.parallel.backends.base import Backend, set_option
+from espnet3_flows.parallel.backends.base import Backend, ClusterSpec, set_option
 
 if TYPE_CHECKING:
     from espnet3_flows.parallel.parallel_config import ParallelConfig
+
+#: the loggers of the lines by which SSHCluster finds its remote processes ("Scheduler at",
+#: "Start worker at", read from their stderr at INFO)
+_START_LOGGERS = ("distributed.scheduler", "distributed.worker")
+
+
+@contextlib.contextmanager
+def start_lines_logged() -> Iterator[None]:
+    """Dask's config, which SSHCluster hands its remote processes, with the loggers of their start
+    lines at INFO for the block: with ``logging.distributed: warning`` (a user's config or
+    ``DASK_LOGGING__DISTRIBUTED``) those lines never come and SSHCluster waits for them forever.
+    A logging config of Python's own form (``version: 1``) is left as the user wrote it."""
+    import dask
+
+    logging_config = dask.config.get("logging", default={}) or {}
+    if not isinstance(logging_config, dict) or "version" in logging_config:
+        yield
+        return
+    with dask.config.set({"logging": {**logging_config, **dict.fromkeys(_START_LOGGERS, "info")}}):
+        yield
 
 
 class SSHHosts(Backend):
@@ -37,6 +58,11 @@ class SSHHosts(Backend):
 
     def with_worker_env(self, cfg: ParallelConfig, variables: dict[str, str]) -> ParallelConfig:
         return set_option(cfg, "worker_options.env", variables) if variables else cfg
+
+    @contextlib.contextmanager
+    def starting(self, spec: ClusterSpec, cfg: ParallelConfig) -> Iterator[dict[str, Any]]:
+        with super().starting(spec, cfg) as kwargs, start_lines_logged():
+            yield kwargs
 
     def worker_slots(self, cfg: ParallelConfig) -> int:
         hosts = cfg.options.get("hosts") or []
