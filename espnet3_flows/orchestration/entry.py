@@ -11,6 +11,7 @@ import logging
 import re
 import sys
 import textwrap
+import threading
 import traceback
 from typing import Any, NoReturn, Sequence
 
@@ -207,18 +208,43 @@ def _run(job: str, cfg: Any, early: Any, verbose: bool, run_links: bool) -> int:
     return 0
 
 
+#: How long the exit of a command line whose Prefect API was lost may take: Prefect's exit
+#: handlers try to deliver what they still queue to the server that is gone (each event waits for
+#: a connection; with every patch off, Prefect 3.8.8's events drain was seen to wait forever), and
+#: nothing of that can arrive. The outputs are written by then; the process ends anyway.
+LOST_API_EXIT_SECONDS = 20.0
+_API_LOST = threading.Event()  # set by the run's error report (_report), read by exit_now
+
+
+def _end_anyway_after(seconds: float, status: int) -> None:
+    """End this process with ``status`` in ``seconds``, whatever its exit is waiting on then."""
+    import os
+    import time
+
+    def end() -> None:
+        time.sleep(seconds)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
+
+    threading.Thread(target=end, name="end-after-lost-api", daemon=True).start()
+
+
 def exit_now(status: int) -> NoReturn:
     """End the command-line process with ``status``: its exit handlers run (a private server
     stopped, logs flushed) and its other threads are joined as at a normal exit, but the
     interpreter's teardown of every imported module (~0.9 s with torch, Prefect and Dask loaded,
     after the summary is printed) is skipped. For the CLI's own process only (``flows/<job>.py``,
-    ``python -m espnet3_flows``, the console scripts); :func:`main` itself returns."""
+    ``python -m espnet3_flows``, the console scripts); :func:`main` itself returns. After a run
+    that lost its Prefect API the exit takes at most :data:`LOST_API_EXIT_SECONDS`."""
     import atexit
     import os
-    import threading
 
     from espnet3_flows.patches import patches_enabled
 
+    if _API_LOST.is_set():
+        _end_anyway_after(LOST_API_EXIT_SECONDS, status)
     if not patches_enabled():  # the interpreter's own exit, teardown included
         sys.exit(status)
     # what the interpreter does first at exit: thread pools told to stop, other threads joined
@@ -243,6 +269,7 @@ def _report(exc: BaseException, verbose: bool) -> int:
     users = isinstance(exc, USER_ERRORS)
     lost = is_api_lost(exc)
     if lost:
+        _API_LOST.set()  # a command line's exit is bounded (exit_now)
         drop_undeliverable_api_work()  # else the exit waits ~7 s per queued event for the dead server
         exc = api_lost(exc)
     line = f"error: {exc}" if users or lost else f"error: {type(exc).__name__}: {exc}"

@@ -169,3 +169,30 @@ def test_a_credential_in_any_parameter_or_override_is_refused_naming_its_key(pre
     assert "flow parameters hold a credential (parallel.options.env.AWS_SECRET_ACCESS_KEY, " \
            "parallel.options.connect_options.password (in overrides))" in message, message
     assert secret not in message and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_the_exit_after_a_lost_api_is_bounded_whatever_waits_for_it(tmp_path, switch):
+    """Prefect's exit handlers try to deliver what they queue to an API that is gone (with every
+    patch off its events drain was seen to wait forever): a command line whose run lost its API
+    ends anyway, with the run's status and its error line, once LOST_API_EXIT_SECONDS are up. Here
+    an exit handler that would wait ten minutes stands for the drain."""
+    import subprocess
+    import sys
+    import time
+
+    from espnet3_flows import patches
+
+    code = ("import atexit, time, httpx\n"
+            "from espnet3_flows.orchestration import entry\n"
+            "entry.LOST_API_EXIT_SECONDS = 2.0\n"
+            "atexit.register(time.sleep, 600)\n"
+            "status = entry._report(httpx.ConnectError('All connection attempts failed'), verbose=False)\n"
+            "entry.exit_now(status)\n")
+    env = {**__import__("os").environ, patches.ENV: switch, "PREFECT_HOME": str(tmp_path),
+           "PREFECT_API_URL": "http://127.0.0.1:9/api"}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "error: the Prefect API at http://127.0.0.1:9/api stopped answering" in proc.stderr, proc.stderr
+    assert time.monotonic() - started < 60  # not the handler's 600 s
