@@ -99,6 +99,7 @@ def test_verbose_keeps_the_traceback_and_the_logs(tmp_path, demo_corpus):
     assert sum(line.startswith("error:") for line in lines) == 1
 
 
+@pytest.mark.unpatched
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_good_run_is_short_and_says_where_outputs_are(tmp_path, demo_corpus, start_method):
     manifest = tmp_path / "train.tsv"

@@ -60,6 +60,7 @@ def _task_run_states(flow_name: str, expected: int = 0) -> dict[str, str]:
         time.sleep(0.5)
 
 
+@pytest.mark.unpatched
 @pytest.mark.dask
 def test_flow_on_local_cluster_caches_and_publishes(prefect_harness, demo_corpus, tmp_path):
     out = tmp_path / "out"

@@ -46,6 +46,7 @@ def _run(tmp_path: Path, *args: str) -> tuple[list[str], list[str]]:
     return lines, events
 
 
+@pytest.mark.unpatched
 def test_a_run_on_two_workers_is_a_few_lines_and_a_rerun_starts_nothing(tmp_path):
     (tmp_path / "my_runners.py").write_text(textwrap.dedent(RUNNERS))
     (tmp_path / "run_double.py").write_text(textwrap.dedent(SCRIPT))

@@ -30,6 +30,7 @@ def _cli(server: PrefectServer, manifest: str, out: Path) -> subprocess.Popen:
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.unpatched
 def test_a_killed_api_server_ends_the_run_in_one_line_and_the_rerun_resumes(demo_corpus, tmp_path):
     out = tmp_path / "exp"
     server = PrefectServer(tmp_path / "home")
