@@ -216,6 +216,11 @@ class Storage:
                     directory.rmdir()
 
 
+#: Bytes a temporary name adds to its file's name (``.tmp-`` and 8 hex digits): utterance ids are
+#: bounded so that their files' temporary names fit too (:data:`espnet3_flows.inputs.records.MAX_ID_BYTES`)
+TEMP_SUFFIX_BYTES = 13
+
+
 @contextlib.contextmanager
 def atomic_local_file(dest: str | os.PathLike[str], *, fsync: bool = True) -> Iterator[BinaryIO]:
     """A seekable file (``w+b``) that becomes ``dest`` only when the block ends without an
@@ -225,7 +230,7 @@ def atomic_local_file(dest: str | os.PathLike[str], *, fsync: bool = True) -> It
     through; on an exception nothing changes and the temporary file is removed."""
     dest = os.fspath(dest)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-    tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"  # short: ids near the 255-byte name limit still fit
+    tmp = f"{dest}.tmp-{uuid.uuid4().hex[:TEMP_SUFFIX_BYTES - 5]}"  # short: see TEMP_SUFFIX_BYTES
     try:
         with open(tmp, "w+b") as f:
             yield f

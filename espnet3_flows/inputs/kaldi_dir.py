@@ -37,6 +37,7 @@ import fsspec
 
 from espnet3_flows.config import check_on_error
 from espnet3_flows.deadlines import with_deadlines
+from espnet3_flows.errors import quote
 from espnet3_flows.inputs.fingerprints import fingerprint_files
 from espnet3_flows.inputs.kaldi_files import Line, SortedLookup, Unsorted, in_order, parse_lines, sorted_on_disk
 from espnet3_flows.inputs.records import ManifestError, SkippedItem, Utterance, entry_kind, validate_utt_id
@@ -171,9 +172,9 @@ def _join(files: Mapping[str, str], split: str, out: IO[bytes], on_error: str,
         """A bad line: raised under ``fail``, listed under ``skip``. Keys of ``wav.scp`` are
         recording ids when there are segments, utterance ids everywhere else."""
         utt = key if name != "wav.scp" or not segments else ""
-        recording = f"recording {key!r}: " if key and not utt else ""
+        recording = f"recording {quote(key)}: " if key and not utt else ""
         if on_error == "fail":
-            who = f"utt {utt!r}: " if utt else recording
+            who = f"utt {quote(utt)}: " if utt else recording
             raise ManifestError(f"split {split!r}: {files[name]}:{lineno}: {who}{problem}")
         result.skipped.append(SkippedItem(split, utt, lineno, files[name], f"{name}: {recording}{problem}"))
 

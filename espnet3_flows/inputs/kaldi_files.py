@@ -12,7 +12,7 @@ import fsspec
 from espnet3_flows.deadlines import with_deadlines
 from espnet3_flows.errors import clip
 from espnet3_flows.external_sort import sorted_rows
-from espnet3_flows.inputs.manifest import MAX_LINE_BYTES, OversizeLine, bounded_lines
+from espnet3_flows.inputs.manifest import BOM, MAX_LINE_BYTES, OversizeLine, bounded_lines
 from espnet3_flows.inputs.records import ManifestError
 
 
@@ -47,14 +47,14 @@ def parse_lines(path: str, name: str, split: str, storage_options: Mapping[str, 
                     key = raw.split(None, 1)[0].decode("utf-8", "backslashreplace") if raw.strip() else ""
                     bad(name, lineno, clip(key), f"line is not valid UTF-8 ({exc.reason} at byte {exc.start})")
                     continue
-                parts = text.split(None, 1)
+                if lineno == 1 and text.startswith("\ufeff"):
+                    raw = raw[len(BOM):]
+                # the key ends at ASCII whitespace, as Kaldi's own readers end it: an id holding other
+                # whitespace (U+3000, U+00A0) is then seen whole, and refused by the id check, never cut
+                parts = raw.split(None, 1)
                 if not parts:
                     continue
-                if lineno == 1 and parts[0].startswith("\ufeff"):
-                    parts = text[1:].split(None, 1)
-                    if not parts:
-                        continue
-                yield (parts[0], parts[1].rstrip() if len(parts) > 1 else "", lineno)
+                yield (parts[0].decode("utf-8"), parts[1].decode("utf-8").rstrip() if len(parts) > 1 else "", lineno)
     except FileNotFoundError:
         raise ManifestError(f"split {split!r}: {path} disappeared while it was read") from None
 

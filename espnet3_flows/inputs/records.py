@@ -4,12 +4,22 @@ errors that name a manifest's line; the bottom of :mod:`espnet3_flows.inputs`.""
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from espnet3_flows.errors import Espnet3FlowsError, clip, quote
+from espnet3_flows.storage import TEMP_SUFFIX_BYTES
 
 _UNSAFE_CHARS = {"/", "\\", "\0", "\n", "\r", "\t", " "}
+#: The longest file name a file system takes (bytes; Linux's NAME_MAX, most others the same)
+NAME_MAX = 255
+#: Endings of the files named after an utterance id (``{id}.pt`` of x-vectors, ``{id}.npy`` of
+#: collected features): a job names such a file only through :func:`id_file_name`, so a new
+#: ending is added here and the id bound below covers it
+ID_FILE_SUFFIXES = (".pt", ".npy")
+#: The longest id accepted: its longest file name, with a temporary name's suffix, still fits NAME_MAX
+MAX_ID_BYTES = NAME_MAX - max(len(s.encode("utf-8")) for s in ID_FILE_SUFFIXES) - TEMP_SUFFIX_BYTES
 #: ids made only of these, not starting with "-" or ".", without "..": safe at once
 SAFE_ID = re.compile(r"(?!-)(?!\.)(?!.*\.\.)[A-Za-z0-9_.:+=@,%-]+")
 #: endings of the file names among a command's arguments (see :func:`fingerprint_target`)
@@ -105,11 +115,13 @@ SKIPPED_HEADER = "split\tutt_id\tline\tpath\treason"
 
 
 def validate_utt_id(utt_id: str) -> str:
-    """Reject ids that could escape a directory or break line-based files.
+    """Reject ids that could escape a directory, break line-based files or not fit a file name.
 
-    Rejected: empty ids, ``.``/``..`` or any ``..`` component, path separators, NUL,
-    whitespace (tab, newline, space), control characters, a leading ``-``, or more than
-    255 UTF-8 bytes.
+    Rejected: empty ids, ``.``/``..`` or any ``..`` component, path separators, NUL, any
+    whitespace or line break (Unicode's too: ESPnet2's ``read_2columns_text`` and kaldiio split
+    lines with ``str.split``, and ``str.splitlines`` breaks at U+2028, U+0085, ...), control
+    characters, lone surrogates, a leading ``-``, or more than :data:`MAX_ID_BYTES` UTF-8 bytes
+    (an id's files, ``{id}.pt`` and the like, and their temporary names must fit :data:`NAME_MAX`).
 
     Returns:
         The id unchanged.
@@ -121,16 +133,34 @@ def validate_utt_id(utt_id: str) -> str:
         return utt_id
     if not utt_id:
         raise ValueError("empty utterance id")
-    bad = sorted(c for c in set(utt_id) if c in _UNSAFE_CHARS or ord(c) < 32 or ord(c) == 127)
+    bad = sorted(c for c in set(utt_id) if c in _UNSAFE_CHARS or c.isspace() or unicodedata.category(c) in ("Cc", "Cs"))
     if bad:
-        raise ValueError(f"utterance id {quote(utt_id)} contains unsafe characters {clip(repr(bad))}")
+        named = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, '')}".strip() for c in bad[:5])
+        raise ValueError(f"utterance id {quote(utt_id)} contains unsafe characters ({clip(named)}): a path "
+                         "separator, whitespace, a line break or a control character; rename the utterance")
     if ".." in utt_id or utt_id in (".",):
         raise ValueError(f"utterance id {quote(utt_id)} contains '..'")
     if utt_id.startswith("-"):
         raise ValueError(f"utterance id {quote(utt_id)} starts with '-'")
-    if len(utt_id.encode("utf-8")) > 255:
-        raise ValueError(f"utterance id {quote(utt_id, 40)} is longer than 255 bytes")
+    size = len(utt_id.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        raise ValueError(f"utterance id {quote(utt_id, 40)} is {size} bytes, longer than {MAX_ID_BYTES} bytes (the "
+                         f"most for which its files, such as '{{id}}{max(ID_FILE_SUFFIXES, key=len)}', fit a "
+                         f"{NAME_MAX}-byte file name); shorten it")
     return utt_id
+
+
+def id_file_name(utt_id: str, suffix: str) -> str:
+    """The name of a file named after an utterance id: ``utt_id`` + ``suffix``.
+
+    Raises:
+        ValueError: ``suffix`` is not in :data:`ID_FILE_SUFFIXES` (the id bound would not
+            cover it: add it there).
+    """
+    if suffix not in ID_FILE_SUFFIXES:
+        raise ValueError(f"file ending {suffix!r} is not in ID_FILE_SUFFIXES: add it there, so that utterance ids "
+                         "are bounded for it")
+    return utt_id + suffix
 
 
 def entry_kind(entry: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from espnet3_flows.external_sort import sorted_lines
-from espnet3_flows.inputs.records import SkippedItem
+from espnet3_flows.inputs.records import SkippedItem, id_file_name
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.scp import scp_offsets
 from espnet3_flows.stats.accumulator import StatsAccumulator
@@ -64,7 +64,7 @@ class StatsShardWriter:
             tokens = "" if r.get("tokens") is None else f"\t{r['tokens']}"
             self.shapes.write(f"{r['utt_id']}\t{r['speech_len']}\t{shape}{tokens}\n")
             if self.feats_format == "npy":
-                np.save(self.npy_dir / f"{r['utt_id']}.npy", np.asarray(f, dtype=np.float32))
+                np.save(self.npy_dir / id_file_name(r["utt_id"], ".npy"), np.asarray(f, dtype=np.float32))
             elif self.ark is not None:
                 self.ark(r["utt_id"], np.asarray(f, dtype=np.float32))
 
@@ -275,7 +275,7 @@ def _merge_scp(runner: UtteranceRunner, results: list[ShardResult], dest: Path) 
             if runner.cfg.collected_feats_format == "npy":  # ESPnet2's NpyScpWriter layout
                 for row in _shard_rows(store, r):
                     utt = row.split("\t", 1)[0]
-                    out.write(f"{utt} {store.uri(runner.split, 'collect_feats', 'data_feats', utt + '.npy')}\n")
+                    out.write(f"{utt} {store.uri(runner.split, 'collect_feats', 'data_feats', id_file_name(utt, '.npy'))}\n")
                 continue
             scp_rel = r.file("feats.scp", required=False)
             if scp_rel is None:

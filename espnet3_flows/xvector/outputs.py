@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from espnet3_flows.inputs.records import validate_utt_id
+from espnet3_flows.inputs.records import id_file_name, validate_utt_id
 from espnet3_flows.storage import replace_atomically
 
 UTTS = "utts.tsv"  # a shard's per-utterance rows (written by EmbeddingWriter)
@@ -67,7 +67,7 @@ def write_utterance_tensors(out_dir: str | Path, embeddings: Mapping[str, np.nda
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for utt_id in sorted(checked):
-        path = out / f"{utt_id}.pt"
+        path = out / id_file_name(utt_id, ".pt")
         tensor = torch.from_numpy(checked[utt_id].copy())
         # one file per utterance into a shard's staging directory: renamed, not fsync-ed (the
         # shard's done record is written after they are published)

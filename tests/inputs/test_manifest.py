@@ -157,7 +157,7 @@ def test_manifest_through_fsspec():
     assert utts == [Utterance("u1", "s3://bucket/1.wav", line=1)]
 
 
-@pytest.mark.parametrize("utt_id", ["u1", "spk01-utt_0001", "a.b", "a-", "ü-spk_1", "A" * 255, "1",
+@pytest.mark.parametrize("utt_id", ["u1", "spk01-utt_0001", "a.b", "a-", "ü-spk_1", "A" * 238, "1",
                                     "a:b", "a=b"])
 def test_valid_utt_ids(utt_id):
     assert validate_utt_id(utt_id) == utt_id
@@ -168,7 +168,7 @@ def test_valid_utt_ids(utt_id):
     ("a/b", "unsafe"), ("/abs", "unsafe"), ("a\\b", "unsafe"), ("a\0b", "unsafe"), ("a\tb", "unsafe"),
     ("a\nb", "unsafe"), ("a\rb", "unsafe"), ("a b", "unsafe"), ("a\x7fb", "unsafe"), ("a\x01", "unsafe"),
     (".", "'..'"), ("..", "'..'"), ("a..b", "'..'"), ("-x", "starts with '-'"), ("--help", "starts with '-'"),
-    ("A" * 256, "longer than 255 bytes"), ("ü" * 128, "longer than 255 bytes"),
+    ("A" * 256, "longer than 238 bytes"), ("ü" * 128, "longer than 238 bytes"),
 ])
 def test_hostile_utt_ids(utt_id, reason):
     with pytest.raises(ValueError, match=reason):
