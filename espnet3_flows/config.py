@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib
 import re
 from pathlib import Path
-from typing import Any, Collection, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -70,27 +71,30 @@ def load_config(
     Returns:
         An instance of ``schema`` (its ``__post_init__`` validation has run).
     """
-    try:
+    merged = merge_config(schema, path, overrides, base, params)
+    with _config_errors():
+        obj = OmegaConf.to_object(merged)
+    assert isinstance(obj, schema)
+    return obj
+
+
+def merge_config(
+    schema: type,
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    base: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> DictConfig:
+    """The sources :func:`load_config` merges, merged and type-checked key by key, but not yet
+    validated: no section's checks have run, so nothing a value names has been imported (what
+    :mod:`espnet3_flows.code_keys` inspects). Same arguments and errors as :func:`load_config`."""
+    with _config_errors():
         cfg = OmegaConf.structured(schema)
         layers: list[DictConfig] = []
         if base:
             layers.append(OmegaConf.create(dict(base)))
         if path is not None:
-            p = Path(path)
-            if not p.is_file():
-                raise ConfigError(f"config file not found: {p}")
-            try:
-                loaded = OmegaConf.load(p)
-            except yaml.YAMLError as exc:
-                mark = getattr(exc, "problem_mark", None)
-                where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
-                problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-                raise ConfigError(f"{where}: not valid YAML: {problem}") from None
-            except UnicodeDecodeError as exc:
-                raise ConfigError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-            if not isinstance(loaded, DictConfig):
-                raise ConfigError(f"{p}: the top level of a config file must be a mapping")
-            layers.append(loaded)
+            layers.append(_load_file(Path(path)))
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not of the form key=value")
@@ -100,15 +104,37 @@ def load_config(
             OmegaConf.update(merged, aliases.get(key, key), value, merge=False)
         if overrides:
             merged = OmegaConf.merge(merged, rename_aliases(OmegaConf.from_dotlist(list(overrides)), aliases))
-        obj = OmegaConf.to_object(merged)
+        return merged
+
+
+def _load_file(p: Path) -> DictConfig:
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        loaded = OmegaConf.load(p)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{p}: the top level of a config file must be a mapping")
+    return loaded
+
+
+@contextlib.contextmanager
+def _config_errors() -> Iterator[None]:
+    """OmegaConf's and the schemas' own errors as one-line :class:`ConfigError` s."""
+    try:
+        yield
     except ConfigError:
         raise
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid configuration: {_describe(exc)}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid configuration: {exc}") from None
-    assert isinstance(obj, schema)
-    return obj
 
 
 def check_choices(obj: Any, prefix: str = "", skip: Collection[str] = ()) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.inputs.recording_cache import RecordingCache, recording_key
+from espnet3_flows.code_keys import CODE
 from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.inputs.demo import DEMO_UTTERANCES
 from espnet3_flows.inputs.fingerprints import FINGERPRINT_MODES
@@ -125,7 +126,7 @@ class EngineConfig:
     retry_delay_seconds: float = 2.0
     fingerprint: str = field(default="stat", metadata={"choices": FINGERPRINT_MODES})
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    allow_pipes: bool = False
+    allow_pipes: bool = field(default=False, metadata={CODE: "audio entries that are commands run in a shell"})
     pipe_timeout: float = 600.0
     decode_threads: int = 0
 

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from espnet3_flows.inputs.audio_config import check_audio_settings
+from espnet3_flows.code_keys import CODE, TARGET_WHY
 from espnet3_flows.config import ConfigError, check_choices, check_device
 from espnet3_flows.frontends.espnet2_frontend import ESPNET2_FRONTENDS
 from espnet3_flows.frontends.espnet2_type import ESPNET2_DEFAULT_IMPLEMENTATION  # noqa: F401 - importable from here too
@@ -106,7 +107,7 @@ class FrontendConfig:
     dither: float = 0.0
     channel: int | None = None
     max_duration: float | None = 3600.0
-    model: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict, metadata={CODE: TARGET_WHY})
     name: str = field(default="", metadata={"choices": ("", *ESPNET2_FRONTENDS)})
     conf: dict[str, Any] = field(default_factory=dict)
     espnet_config: str = ""

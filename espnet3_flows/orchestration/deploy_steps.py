@@ -1,6 +1,7 @@
 """A deployment's flow run on a worker: the pull step that picks its working directory (``pull:``
 in ``deployments/prefect.yaml``), the check that keeps a run from writing into a directory the
-worker deletes, and the one line a run ends with when its Prefect API server is gone.
+worker deletes, the check that keeps its form's parameters from naming code (and the pull step
+that opens keys to them), and the one line a run ends with when its Prefect API server is gone.
 
 Prefect 3.8's process worker starts every flow run in a fresh ``tempfile.TemporaryDirectory``
 (``/tmp/tmp…prefect``) and removes it when the run ends; the run inherits the worker's environment,
@@ -21,15 +22,20 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import re
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 from uuid import UUID
 
 import psutil
 
+from espnet3_flows.code_keys import refuse_untrusted_code
 from espnet3_flows.errors import clip
+from espnet3_flows.orchestration.jobs import get_job, merged_data
+from espnet3_flows.orchestration.parameters import dotted_values
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +76,76 @@ def working_directory(directory: str | None = None) -> dict[str, str]:
         logger.info("espnet3-flows: working directory %s (%s): relative paths in the run's parameters "
                     "resolve there", path, source)
     return {"directory": str(path)}
+
+
+#: The pull step that opens config keys that are code to a deployment's run parameters
+TRUST_STEP = f"{__name__}.trust_code"
+
+
+def trust_code(keys: list[str] | str) -> dict[str, list[str]]:
+    """Pull step: the config keys (dotted: ``frontend.model``, ``parallel.options``, a key
+    opens its sub-keys) whose code this deployment's run parameters may set (docs/credentials.md,
+    "Inputs that are code"). By default they may not: a run's parameters come from whoever
+    fills in its form. The flow reads this step from the deployment's record on the server, never
+    from the run, so only whoever deploys (or edits the deployment) declares it."""
+    keys = [keys] if isinstance(keys, str) else list(keys)
+    bad = [k for k in keys if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", k)]
+    if bad or not keys:
+        raise ValueError(f"trust_code: keys must be dotted config keys such as 'frontend.model', got {bad or keys!r}")
+    _run_logger().warning("espnet3-flows: this deployment lets its runs' parameters set code in %s", ", ".join(keys))
+    return {"trusted_code": keys}
+
+
+@dataclass(frozen=True)
+class DeploymentTrust:
+    """What a flow run's deployment itself sets: its parameters (the operator's, from
+    ``prefect.yaml``) and the keys its :func:`trust_code` step opens to the run's parameters."""
+
+    parameters: dict[str, Any]
+    trusted_keys: tuple[str, ...]
+
+
+def deployment_trust() -> DeploymentTrust | None:
+    """This flow run's deployment's :class:`DeploymentTrust`, read from the API (the record,
+    not the run); ``None`` when the run belongs to no deployment (the command line, a script, a
+    subflow), whose parameters are its caller's own."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    deployment_id = getattr(ctx.flow_run, "deployment_id", None) if ctx and ctx.flow_run else None
+    if deployment_id is None:
+        return None
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment(deployment_id)
+    keys: list[str] = []
+    for step in deployment.pull_steps or []:
+        args = step.get(TRUST_STEP)
+        if isinstance(args, Mapping):
+            found = args.get("keys") or []
+            keys += [found] if isinstance(found, str) else [str(k) for k in found]
+    return DeploymentTrust(dict(deployment.parameters or {}), tuple(keys))
+
+
+def refuse_code_from_form(job: str, config_file: str | None, values: dict[str, Any],
+                          overrides: Sequence[str] | None) -> None:
+    """In a deployment's run, refuse the run's parameters when they name code (a ``_target_``,
+    ``parallel.cluster_class``, a worker's environment...: :mod:`espnet3_flows.code_keys`) that the
+    deployment's own parameters do not hold and its ``trust_code`` pull step does not open:
+    whoever can fill in a deployment's form must not run code on its workers. Checked on the
+    merged sources before the config is validated (validation imports what they name)."""
+    trust = deployment_trust()
+    if trust is None:
+        return
+    schema = get_job(job).config_class
+    own = dict(trust.parameters)
+    trusted = merged_data(job, own.pop("config_file", None), dotted_values(schema, own), own.pop("overrides", None) or [])
+    data = merged_data(job, config_file, dotted_values(schema, values), overrides or [])
+    refuse_untrusted_code(schema, data, trusted, trust.trusted_keys, source="this deployment run's parameters",
+                          remedy="set them in the deployment's own parameters (prefect.yaml), or open the keys to "
+                                 "its runs with the pull step espnet3_flows.orchestration.deploy_steps.trust_code "
+                                 "(docs/credentials.md, \"Inputs that are code\")")
 
 
 def worker_start_directory() -> Path | None:
@@ -154,14 +230,18 @@ def api_lost(exc: BaseException) -> PrefectApiLost:
     from prefect.settings import get_current_settings
 
     ctx = FlowRunContext.get()
-    run_id = str(ctx.flow_run.id) if ctx and ctx.flow_run else "<flow run id>"
+    run_id = str(ctx.flow_run.id) if ctx and ctx.flow_run else os.environ.get("PREFECT__FLOW_RUN_ID", "<flow run id>")
     message = (f"the Prefect API at {get_current_settings().api.url} stopped answering "
                f"({type(exc).__name__}: {clip(str(exc))}); finished shards are kept: start the server again "
                f"and rerun (only unfinished shards are computed); this flow run stays Running on the server "
                f"until `prefect flow-run cancel {run_id}`")
-    if os.environ.get("PREFECT__FLOW_RUN_ID"):
+    if os.environ.get("PREFECT__FLOW_RUN_ID") and not _LINE_PRINTED:  # once: the run's end and the watch's
+        _LINE_PRINTED.append(message)
         print(f"error: {message}", file=sys.stderr, flush=True)
     return PrefectApiLost(message)
+
+
+_LINE_PRINTED: list[str] = []
 
 
 def is_api_lost(exc: BaseException) -> bool:

@@ -26,7 +26,8 @@ from espnet3_flows.inputs.records import ManifestError
 from espnet3_flows.credentials import find_secrets, mask_secrets, refuse_secrets, secrets_in_overrides
 from espnet3_flows.orchestration.console import (print_summary, print_unchanged, quiet_console, quiet_workers_of,
                                                  restore_worker_environment)
-from espnet3_flows.orchestration.deploy_steps import api_lost, is_api_lost, refuse_transient, run_paths
+from espnet3_flows.orchestration.deploy_steps import (api_lost, is_api_lost, refuse_code_from_form, refuse_transient,
+                                                      run_paths)
 from espnet3_flows.orchestration.early_start import CONSOLE_FLAGS, take_early_run
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
@@ -64,6 +65,7 @@ def job_flow(job: str) -> Flow:
         overrides = values.pop("overrides", None)
         config_file = values.pop("config_file", None)
         _refuse_secrets(schema, values, overrides)
+        refuse_code_from_form(job, config_file, values, overrides)
         # a worker's run may still sit in the temporary directory the worker deletes afterwards
         refuse_transient({"config_file": config_file})
         cfg = resolve_config(job, config_file, dotted_values(schema, values), overrides or [],

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from espnet3_flows.config import load_config, to_plain
+from espnet3_flows.config import ConfigError, load_config, merge_config, to_plain
 from espnet3_flows.job_registry import JobSpec, get_job
 from espnet3_flows.storage import Storage
 
-__all__ = ["JobSpec", "check_output_dir", "get_job", "preflight", "resolve_config"]
+__all__ = ["JobSpec", "check_output_dir", "get_job", "merged_data", "preflight", "resolve_config"]
 
 
 def resolve_config(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str],
@@ -26,15 +27,30 @@ def resolve_config(job: str, config_file: str | None, params: dict[str, Any], ov
     """
     spec = get_job(job)
     schema = spec.config_class
-    defaults = OmegaConf.to_container(OmegaConf.structured(schema))
-    changed = {k: v for k, v in params.items() if _lookup(defaults, k) != v}
-    cfg = load_config(schema, config_file, overrides, params=changed)
+    cfg = load_config(schema, config_file, overrides, params=_changed(schema, params))
     if check is not None:
         check(cfg)
     demo = spec.demo_settings(cfg)
     if demo:
         cfg = load_config(schema, base=OmegaConf.to_container(OmegaConf.merge(to_plain(cfg), demo)))
     return cfg
+
+
+def merged_data(job: str, config_file: str | None, params: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """The plain data :func:`resolve_config` would validate for these sources (same layering),
+    interpolations resolved, before any check runs (so before anything it names is imported)."""
+    schema = get_job(job).config_class
+    merged = merge_config(schema, config_file, overrides, params=_changed(schema, params))
+    try:
+        return OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid configuration: {' '.join(str(exc).split())}") from None
+
+
+def _changed(schema: type, params: dict[str, Any]) -> dict[str, Any]:
+    """The typed parameters that differ from their defaults (a form sends every key)."""
+    defaults = OmegaConf.to_container(OmegaConf.structured(schema))
+    return {k: v for k, v in params.items() if _lookup(defaults, k) != v}
 
 
 def _lookup(d: Any, dotted: str) -> Any:

@@ -8,12 +8,22 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from espnet3_flows.code_keys import CODE, DATA_KEYS
 from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.parallel.backends import BACKENDS, BUILTIN_ENVS, Placement, backend_of
 from espnet3_flows.parallel.backends.address import RunningCluster, check_scheduler_address
 from espnet3_flows.parallel.backends.serial import InThisProcess
 
 START_METHODS = ("forkserver", "spawn")
+#: ``parallel.options`` that are plain resource settings. Every other option can make a cluster
+#: run something (a worker's environment, ``preload``, a job script's prologue or directives, the
+#: python or container image it starts), so a deployment's form may not set it
+#: (:mod:`espnet3_flows.code_keys`); the deployment itself may.
+DATA_OPTIONS = frozenset({
+    "queue", "account", "project", "walltime", "memory", "cores", "processes", "job_cpu", "job_mem",
+    "job_name", "death_timeout", "memory_limit", "dashboard_address", "CUDA_VISIBLE_DEVICES",
+    "device_memory_limit", "rmm_pool_size", "resources", "namespace"})
+_SCHEDULER_WHY = "this process runs on a scheduler it names and unpickles what comes back"
 
 
 @dataclass
@@ -86,14 +96,15 @@ class ParallelConfig:
     env: str = field(default="local", metadata={"choices": BUILTIN_ENVS, "registry": BACKENDS})
     n_workers: int = 0
     threads_per_worker: int = 1
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict, metadata={
+        CODE: "the cluster runs it (a worker's environment, preload, job script or command)", DATA_KEYS: DATA_OPTIONS})
     adapt: dict[str, Any] = field(default_factory=dict)
     allowed_failures: int = 3
     trim_worker_memory: bool = False
     start_method: str = field(default="forkserver", metadata={"choices": START_METHODS})
-    address: str = ""
-    scheduler_file: str = ""
-    cluster_class: str = ""
+    address: str = field(default="", metadata={CODE: _SCHEDULER_WHY})
+    scheduler_file: str = field(default="", metadata={CODE: _SCHEDULER_WHY})
+    cluster_class: str = field(default="", metadata={CODE: "imported and called"})
     inline_shards: int = 1
     allow_overwrite_lock: bool = False
 

@@ -13,6 +13,7 @@ import numpy as np
 from espnet3_flows.inputs.audio import load_many
 from espnet3_flows.inputs.audio_config import RESAMPLERS, AudioConfig, check_audio_settings
 from espnet3_flows.config import ConfigError, check_choices, check_device, to_plain
+from espnet3_flows.code_keys import CODE, TARGET_WHY, when
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.frontends.precision import PRECISIONS
 from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner
@@ -24,6 +25,9 @@ from espnet3_flows.xvector.toolkits import TOOLKITS, XVectorToolkit
 
 #: The built-in ``xvector.toolkit`` values (a plugin adds others: :data:`~.toolkits.TOOLKITS`)
 BUILTIN_TOOLKITS = ("speechbrain", "espnet", "rawnet", "custom")
+#: toolkits whose ``pretrained_model`` is data: weights loaded with ``weights_only=True`` and an
+#: ESPnet config read with ``yaml.safe_load`` that picks registered classes only
+DATA_MODEL_TOOLKITS = ("espnet", "rawnet")
 
 
 @dataclass
@@ -75,8 +79,10 @@ class XVectorConfig:
     """
 
     toolkit: str = field(default="speechbrain", metadata={"choices": BUILTIN_TOOLKITS, "registry": TOOLKITS})
-    pretrained_model: str = ""
-    model: dict[str, Any] = field(default_factory=dict)
+    pretrained_model: str = field(default="", metadata={CODE: when(
+        lambda xv: xv.get("toolkit", "speechbrain") not in DATA_MODEL_TOOLKITS,
+        "its model files build Python objects (speechbrain's hyperparams.yaml, a plugin's loader)")})
+    model: dict[str, Any] = field(default_factory=dict, metadata={CODE: TARGET_WHY})
     device: str = "cpu"
     precision: str = field(default="float32", metadata={"choices": PRECISIONS})
     spk_embed_tag: str = ""
