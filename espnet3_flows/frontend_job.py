@@ -1,13 +1,18 @@
 """What the jobs whose workers run a frontend (collect-stats, extract-features) share: the
-worker's env (the audio settings and the frontend, built once per worker) and a runner base
-whose forked local workers preload the frontend's modules."""
+worker's env (the audio settings and the frontend, built once per worker), a runner base
+whose forked local workers preload the frontend's modules, and the count of the audio's native
+rates with the warning when most of a split was recorded below the frontend's rate."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import logging
+from typing import Any, Callable, Sequence
 
 from espnet3_flows.frontends.frontend import build_frontend, frontend_modules
+from espnet3_flows.parallel.results import ShardResult
 from espnet3_flows.utterance_job import JobEnvProvider, UtteranceRunner, audio_env
+
+_LOG = logging.getLogger(__name__)
 
 
 def frontend_env(cfg: Any) -> dict[str, Any]:
@@ -37,3 +42,41 @@ class FrontendRunner(UtteranceRunner):
     def worker_modules(self) -> tuple[str, ...]:  # type: ignore[override]
         """The frontend's modules (preloaded by forked local workers)."""
         return frontend_modules(self.cfg.frontend)
+
+
+def count_native_rate(state: dict[str, Any], rate: int) -> None:
+    """Count one utterance's recorded rate in a shard's state (``native_rates``: rate as text →
+    utterances), which the shard's ``close_writers`` returns into its done record."""
+    rates = state.setdefault("native_rates", {})
+    rates[str(rate)] = rates.get(str(rate), 0) + 1
+
+
+def low_rate_warning(split: str, rates: dict[str, int], n_utts: int, target: int) -> str | None:
+    """A warning when most utterances were recorded below the frontend's rate and upsampled:
+    their features are empty above half the native rate (e.g. 8 kHz audio at 16 kHz leaves mel
+    bins ~65-79 of 80 at the log floor), which usually means the configured rate is wrong."""
+    low = {int(r): n for r, n in rates.items() if int(r) < target}
+    if not n_utts or 2 * sum(low.values()) <= n_utts:
+        return None
+    common = max(low, key=low.get)
+    return (f"split {split}: {sum(low.values())} of {n_utts} utterances are recorded below frontend.sampling_rate="
+            f"{target} Hz (native rates {', '.join(f'{r} Hz: {n}' for r, n in rates.items())}); upsampled audio has "
+            f"no content above {common // 2} Hz, so the upper features are empty. If that is your data, set "
+            f"frontend.sampling_rate={common}")
+
+
+def native_rates_summary(split: str, results: Sequence[ShardResult], n_utts: int, target: int) -> dict[str, Any]:
+    """The split's ``summary.json`` keys on its audio's rates: ``native_sampling_rates``
+    (utterances per recorded rate, summed over the shards' done records) and, when most of the
+    split was recorded below ``target``, ``warnings`` with :func:`low_rate_warning` (logged too:
+    the console and, for deployments, the Prefect UI show it)."""
+    rates: dict[str, int] = {}
+    for r in results:  # done records written before native rates were counted have none
+        for rate, count in (r.result.get("native_rates") or {}).items():
+            rates[rate] = rates.get(rate, 0) + int(count)
+    rates = {k: rates[k] for k in sorted(rates, key=int)}
+    warning = low_rate_warning(split, rates, n_utts, target)
+    if warning is None:
+        return {"native_sampling_rates": rates}
+    _LOG.warning(warning)
+    return {"native_sampling_rates": rates, "warnings": [warning]}

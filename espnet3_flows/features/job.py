@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import ConfigError
 from espnet3_flows.features.outputs import FeatureShardWriter, publish_split, shard_ark_rel
-from espnet3_flows.frontend_job import FrontendRunner, frontend_env
+from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_env
 from espnet3_flows.frontends.frontend import FrontendConfig, extract_features
 from espnet3_flows.utterance_job import EngineConfig, InputsConfig, ShardDataset
 
@@ -91,12 +91,14 @@ class FeatureRunner(FrontendRunner):
             state["frames"] = state.get("frames", 0) + int(r["feats"].shape[0])
             state["samples"] = state.get("samples", 0) + int(r["speech_len"])
             state["dim"] = int(r["feats"].shape[1])
+            count_native_rate(state, r["rate"])
 
     @staticmethod
     def close_writers(writers: dict[str, Any], state: dict[str, Any], **env: Any) -> dict[str, Any]:
-        """Close the files; the shard's counts (its rows are in ``rows.tsv``)."""
+        """Close the files; the shard's counts and native rates (its rows are in ``rows.tsv``)."""
         writers["shard"].close()
-        return {key: state.get(key, 0 if key != "dim" else None) for key in ("utterances", "frames", "samples", "dim")}
+        counts = {key: state.get(key, 0 if key != "dim" else None) for key in ("utterances", "frames", "samples", "dim")}
+        return {**counts, "native_rates": state.get("native_rates", {})}
 
     def merge(self, shard_dirs: list[Any]) -> dict[str, Any]:
         """The split's ``feats.scp``, ``feats_shape``, ``cuts.jsonl.gz`` and summary."""

@@ -24,6 +24,7 @@ from espnet3_flows.inputs.records import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.scp import scp_offsets
 from espnet3_flows.storage import Storage
+from espnet3_flows.frontend_job import native_rates_summary
 from espnet3_flows.frontends.frontend import FrontendConfig
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
 
@@ -141,7 +142,8 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
         staged = [(name, stage / name) for name in ("feats.scp", "feats_shape", "cuts.jsonl.gz")] if n_utts else []
         summary = {"split": split, "utterances": n_utts, "frames": frames,
                    "seconds": float(samples / fe.sampling_rate), "feature_dim": dims.pop() if len(dims) == 1 else None,
-                   "frame_shift": shift, "frontend": kind, **shard_summary([r.status() for r in results])}
+                   "frame_shift": shift, "frontend": kind, **shard_summary([r.status() for r in results]),
+                   **native_rates_summary(split, results, n_utts, fe.sampling_rate)}
         return publish_split_files(store, rel, staged, skipped, summary)
     finally:
         shutil.rmtree(stage, ignore_errors=True)

@@ -10,7 +10,7 @@ from espnet3_flows.inputs.audio import audio_header
 from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
-from espnet3_flows.frontend_job import FrontendRunner, frontend_env
+from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_env
 from espnet3_flows.frontends.frontend import FrontendConfig, extract_features
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
@@ -133,8 +133,7 @@ class CollectStatsRunner(FrontendRunner):
         for r in result:
             f = r["feats"]
             state["utterances"] = state.get("utterances", 0) + 1
-            rates = state.setdefault("native_rates", {})
-            rates[str(r["rate"])] = rates.get(str(r["rate"]), 0) + 1
+            count_native_rate(state, r["rate"])
             _extend(state.setdefault("samples", [0, None, None]), int(r["speech_len"]))
             if f is not None:
                 acc.update(f)

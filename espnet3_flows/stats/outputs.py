@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import shutil
 import tempfile
 import threading
@@ -14,14 +13,13 @@ from typing import Any
 import numpy as np
 
 from espnet3_flows.external_sort import sorted_lines
+from espnet3_flows.frontend_job import native_rates_summary
 from espnet3_flows.inputs.records import SkippedItem, id_file_name
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.scp import scp_offsets
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.tokens import vocabulary_size
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
-
-_LOG = logging.getLogger(__name__)
 
 
 SHAPES = "shapes.tsv"  # a shard's per-utterance rows (written by StatsShardWriter)
@@ -105,20 +103,6 @@ def _fold(parts: list[list[Any]]) -> tuple[int, Any, Any]:
 
 HIST_BINS = 50
 _HIST_BATCH = 65_536  # lengths binned at a time
-
-
-def low_rate_warning(split: str, rates: dict[str, int], n_utts: int, target: int) -> str | None:
-    """A warning when most utterances were recorded below the frontend's rate and upsampled:
-    their features are empty above half the native rate (e.g. 8 kHz audio at 16 kHz leaves mel
-    bins ~65-79 of 80 at the log floor), which usually means the configured rate is wrong."""
-    low = {int(r): n for r, n in rates.items() if int(r) < target}
-    if not n_utts or 2 * sum(low.values()) <= n_utts:
-        return None
-    common = max(low, key=low.get)
-    return (f"split {split}: {sum(low.values())} of {n_utts} utterances are recorded below frontend.sampling_rate="
-            f"{target} Hz (native rates {', '.join(f'{r} Hz: {n}' for r, n in rates.items())}); upsampled audio has "
-            f"no content above {common // 2} Hz, so the upper features are empty. If that is your data, set "
-            f"frontend.sampling_rate={common}")
 
 
 def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[str, Any]:
@@ -225,12 +209,7 @@ def _summary(split: str, cfg: Any, acc: StatsAccumulator, n_utts: int, samples: 
     and a warning (logged too) when much of its audio was recorded below the job's rate."""
     sr = cfg.frontend.sampling_rate
     in_frames = frames[1] is not None
-    rates: dict[str, int] = {}
-    for r in results:  # done records written before native rates were counted have none
-        for rate, count in (r.result.get("native_rates") or {}).items():
-            rates[rate] = rates.get(rate, 0) + int(count)
-    rates = {k: rates[k] for k in sorted(rates, key=int)}
-    summary = {
+    return {
         "split": split,
         "utterances": n_utts,
         "frames": int(frames[0]) if in_frames else 0,
@@ -242,14 +221,9 @@ def _summary(split: str, cfg: Any, acc: StatsAccumulator, n_utts: int, samples: 
         "frames_mean": float(frames[0] / n_utts) if in_frames and n_utts else None,
         "seconds_min": float(samples[1] / sr) if n_utts else None,
         "seconds_max": float(samples[2] / sr) if n_utts else None,
-        "native_sampling_rates": rates,
         **shard_summary([r.status() for r in results]),
+        **native_rates_summary(split, results, n_utts, sr),
     }
-    warning = low_rate_warning(split, rates, n_utts, sr)
-    if warning:
-        _LOG.warning(warning)
-        summary["warnings"] = [warning]
-    return summary
 
 
 def _shard_rows(store: Any, result: ShardResult) -> list[str]:

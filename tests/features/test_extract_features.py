@@ -12,10 +12,11 @@ from pathlib import Path
 import kaldiio
 import numpy as np
 import pytest
+import soundfile as sf
 
 from espnet3_flows.inputs.audio import AudioConfig, load_audio
 from espnet3_flows.config import ConfigError, load_config
-from espnet3_flows.features.job import ExtractFeaturesConfig
+from espnet3_flows.features.job import ExtractFeaturesConfig, FeatureRunner
 from espnet3_flows.inputs.manifest import read_manifest
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend
@@ -119,3 +120,29 @@ def test_command_line_demo_and_help(tmp_path):
     helped = subprocess.run([sys.executable, "-m", "espnet3_flows", "extract_features", "--help"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=120)
     assert helped.returncode == 0 and "frontend.type=" in helped.stdout and "allow_pipes=" in helped.stdout
+
+
+def test_native_rates_are_recorded_and_mostly_low_rate_input_warns(tmp_path, caplog):
+    rows = []
+    for i, rate in enumerate([8000, 8000, 8000, 16000]):
+        path = tmp_path / f"u{i}.wav"
+        sf.write(path, 0.1 * np.sin(np.arange(rate // 2) * (0.05 + 0.01 * i)).astype(np.float32), rate)
+        rows.append(f"u{i}\t{path}\n")
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text("".join(rows))
+
+    def run(out: str, *overrides: str) -> dict:
+        cfg = load_config(ExtractFeaturesConfig, overrides=[f"manifests.train={manifest}", f"output_dir={out}",
+                                                            "parallel.env=serial", "shard_size=2", *overrides])
+        return FeatureRunner(cfg, "train").run(progress=False).merged
+
+    with caplog.at_level("WARNING", logger="espnet3_flows"):
+        summary = run(str(tmp_path / "out"))
+    assert summary["native_sampling_rates"] == {"8000": 3, "16000": 1}
+    [warning] = summary["warnings"]
+    assert "3 of 4 utterances" in warning and "frontend.sampling_rate=8000" in warning and warning in caplog.text
+    written = json.loads((tmp_path / "out" / "train" / "summary.json").read_text())
+    assert written["native_sampling_rates"] == {"8000": 3, "16000": 1} and written["warnings"] == [warning]
+
+    again = run(str(tmp_path / "out8"), "frontend.sampling_rate=8000")  # at the data's own rate: no warning
+    assert "warnings" not in again and again["native_sampling_rates"] == {"8000": 3, "16000": 1}
