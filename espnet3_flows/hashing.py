@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable
 
 #: Bump when the on-disk meaning of a shard's outputs changes, so old shards recompute.
 #: 2: content-defined boundaries; per-utterance rows live in shard files, not done records.
@@ -103,10 +103,16 @@ def bytes_sha256(data: bytes) -> str:
 
 def file_sha256(path: str, chunk: int = 1 << 20) -> str:
     """The SHA-256 hex digest of a local file's bytes, read ``chunk`` bytes at a time."""
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while True:
-            buf = f.read(chunk)
-            if not buf:
-                return h.hexdigest()
-            h.update(buf)
+        return fileobj_sha256(f, chunk)
+
+
+def fileobj_sha256(f: BinaryIO, chunk: int = 1 << 20) -> str:
+    """The SHA-256 hex digest of what is left to read of the open binary file ``f`` (local or
+    an fsspec file), read ``chunk`` bytes at a time."""
+    h = hashlib.sha256()
+    while True:
+        buf = f.read(chunk)
+        if not buf:
+            return h.hexdigest()
+        h.update(buf)

@@ -2,10 +2,12 @@
 shard's ``done`` record, in a split's ``summary.json``), and the check that a published file still
 is what its record says before the record is trusted.
 
-A local file is checked by size and content (a truncated copy, a file edited or replaced by
-another run); an object on an object store by its size (a PUT is atomic: an object is whole or
-absent, so what can differ is a replacement, and a replacement of other content almost always has
-another size; reading every object back to hash it would double a merge's downloads).
+Every file is checked by size and content, against the SHA-256 its record holds (a truncated
+copy, a file edited or replaced by another run, other content of the same size): a local file is
+hashed; an S3 object is compared by the SHA-256 checksum S3 keeps of it (asked for with the HEAD
+request that gives its size: this package uploads with ``ChecksumAlgorithm=SHA256``, so the check
+downloads nothing); an object without one (uploaded by something else, in several parts, or to
+another object store) is read and hashed.
 """
 
 from __future__ import annotations
@@ -33,21 +35,24 @@ def bytes_digest(data: bytes) -> dict[str, Any]:
 
 def mismatch(store: Storage, rel: str, expected: Mapping[str, Any]) -> str | None:
     """Why the published file ``rel`` is not the one ``expected`` records (missing, another size,
-    other content on a local store), or ``None`` when it is.
+    other content), or ``None`` when it is.
 
     Raises:
         StorageError: the store cannot be asked (an outage is not a mismatch).
     """
-    path = store.path(rel)
     try:
-        size = int(store.fs.size(path))
+        size, stored = store.size_and_sha256(rel)
+        if size != int(expected["size"]):
+            return f"it has {size} bytes where its record says {expected['size']}"
+        if store.is_local:
+            stored = file_sha256(store.path(rel))
+        elif stored is None:  # no checksum kept by the store: read the object
+            stored = store.read_sha256(rel)
     except FileNotFoundError:
         return "it is missing"
     except Exception as exc:  # noqa: BLE001 - fsspec back ends raise many types
         raise StorageError(f"cannot check {store.uri(rel)}: {exc}") from exc
-    if size != int(expected["size"]):
-        return f"it has {size} bytes where its record says {expected['size']}"
-    if store.is_local and file_sha256(path) != expected["sha256"]:
+    if stored != expected["sha256"]:
         return "its content differs from its record (SHA-256)"
     return None
 

@@ -122,9 +122,9 @@ def claim_outputs(store: Storage, rel: str, job: str, config: Mapping[str, Any])
     """Make the split directory ``rel`` this job's (``owner.json``: the job and the part of its
     config that changes outputs), or check that it is already.
 
-    The record is created once, exclusively on a local store (two runs that start together
-    cannot both claim it); an object store has no exclusive create, so the record is read back
-    after it is written and the run that finds another's is refused.
+    The record is created once, exclusively (a hard link on a local store, a conditional PUT,
+    ``If-None-Match: *``, on S3): two runs that start together cannot both claim it. It is read
+    back after it is written, for stores whose create only checks first (``memory://``, others).
 
     Raises:
         OutputsOwnedError: the directory belongs to another job or another config; the message
@@ -149,22 +149,10 @@ def claim_outputs(store: Storage, rel: str, job: str, config: Mapping[str, Any])
 
 
 def _create_exclusive(store: Storage, rel: str, record: Mapping[str, Any]) -> None:
-    """Write ``record`` at ``rel`` unless a record is there already (exclusive on a local store)."""
-    if not store.is_local:
-        store.write_json(rel, record)
-        return
-    dest = store.path(rel)
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    tmp = f"{dest}.tmp-{os.getpid()}-{id(record):x}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-        f.write("\n")
-    try:
-        os.link(tmp, dest)  # fails when another run's record is there: never replaced
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(tmp)
+    """Write ``record`` at ``rel`` unless a record is there already: exclusive on a local store and
+    on S3 (a conditional PUT: of two runs that claim together, one writes and the other gets 412
+    and reads the winner's record), never replacing another run's (:meth:`Storage.create_json`)."""
+    store.create_json(rel, record)
 
 
 def _differences(old: Any, new: Any, limit: int = 3) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import posixpath
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping
@@ -17,12 +19,18 @@ from fsspec.implementations.local import LocalFileSystem
 # the one rule of what is a credential lives in espnet3_flows.credentials; its names stay importable here
 from espnet3_flows.credentials import has_secrets, redact  # noqa: F401
 from espnet3_flows.credentials import is_secret_key as _is_secret_key  # noqa: F401
-from espnet3_flows.deadlines import StorageTimeout, bounded_filesystem, with_deadlines
+from espnet3_flows.deadlines import S3_PROTOCOLS, StorageTimeout, bounded_filesystem, with_deadlines
 from espnet3_flows.errors import Espnet3FlowsError
+from espnet3_flows.hashing import fileobj_sha256
 
 
 class StorageError(Espnet3FlowsError, RuntimeError):
     """The output location cannot be read or written."""
+
+
+#: Largest upload given an S3 SHA-256 checksum: s3fs 2026.9 sends a file in one PUT below twice its
+#: 50 MiB part size; a larger one goes in parts, and its content check reads it back
+CHECKSUM_MAX_BYTES = 2 * 50 * 2**20 - 1
 
 
 class Storage:
@@ -47,6 +55,7 @@ class Storage:
         self.fs = bounded_filesystem(fs, self.storage_options, self.url)  # no call waits forever
         self.root = root.rstrip("/") or "/"
         self.is_local = isinstance(fs, LocalFileSystem)
+        self.is_s3 = fsspec.utils.get_protocol(self.url) in S3_PROTOCOLS
 
     def __repr__(self) -> str:
         return f"Storage({self.url!r}, storage_options={redact(self.storage_options)!r})"
@@ -120,7 +129,7 @@ class Storage:
             if self.is_local:
                 replace_atomically(dest, lambda f: f.write(data))
             else:
-                self.fs.pipe_file(dest, data)
+                self.fs.pipe_file(dest, data, **self._checksummed(len(data)))
         except StorageTimeout:
             raise  # names the endpoint and the file already
         except Exception as exc:  # noqa: BLE001 - OSError, or any of the fsspec back ends' types
@@ -129,8 +138,69 @@ class Storage:
 
     def write_json(self, rel: str, obj: Any) -> str:
         """Atomically write ``obj`` as indented, key-sorted JSON."""
-        text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
-        return self.write_bytes(rel, text.encode("utf-8"))
+        return self.write_bytes(rel, _json_bytes(obj))
+
+    def create_json(self, rel: str, obj: Any) -> bool:
+        """Write ``obj`` as :meth:`write_json` does, only where no file is at ``rel``; whether it
+        was written. Exclusive where the store makes it so (two writers never both succeed): a
+        hard link on a local store, a conditional PUT (``If-None-Match: *``) on S3; other stores
+        check first (fsspec's ``mode="create"``), so a caller reads the record back.
+
+        Raises:
+            StorageError: the file cannot be written (an S3 endpoint without conditional writes
+                included: the message says so).
+        """
+        data, dest = _json_bytes(obj), self.path(rel)
+        if self.is_local:
+            return _link_new(dest, data)
+        for attempt in range(3):
+            try:
+                self.fs.pipe_file(dest, data, mode="create", **self._checksummed(len(data)))
+                return True
+            except FileExistsError:
+                return False
+            except StorageTimeout:
+                raise
+            except Exception as exc:  # noqa: BLE001 - s3fs maps some S3 errors, not all
+                code = _s3_error_code(exc)
+                if code in ("PreconditionFailed", "412"):
+                    return False  # there already (an endpoint whose 412 does not name the condition)
+                if code in ("ConditionalRequestConflict", "409") and attempt < 2:
+                    time.sleep(0.5)  # another writer's conditional PUT of this key is in flight: ask again
+                    continue
+                hint = (" (does the endpoint support conditional writes, If-None-Match?)"
+                        if code in ("NotImplemented", "501") else "")
+                raise StorageError(f"cannot create {self.uri(rel)}{hint}: {exc}") from exc
+        return False
+
+    def size_and_sha256(self, rel: str) -> tuple[int, str | None]:
+        """The size of the file ``rel`` and the SHA-256 (hex) of its content that the store keeps,
+        ``None`` where it keeps none. S3 keeps one for an object uploaded in one PUT with
+        ``ChecksumAlgorithm=SHA256`` (what :meth:`write_bytes` and :meth:`publish_file` do up to
+        :data:`CHECKSUM_MAX_BYTES`), given by the HEAD request that gives its size.
+
+        Raises:
+            FileNotFoundError: there is no file at ``rel``.
+        """
+        path = self.path(rel)
+        if not self.is_s3:
+            return int(self.fs.size(path)), None
+        bucket, key, _ = self.fs.split_path(path)
+        head = self.fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        stored = head.get("ChecksumSHA256")
+        # a multipart object's checksum is of its parts' checksums ("…-N"), not of its content
+        sha = base64.b64decode(stored).hex() if stored and "-" not in stored else None
+        return int(head["ContentLength"]), sha
+
+    def read_sha256(self, rel: str) -> str:
+        """The SHA-256 (hex) of the file ``rel``, read through (streamed, not held in memory)."""
+        with self.fs.open(self.path(rel), "rb") as f:
+            return fileobj_sha256(f)
+
+    def _checksummed(self, size: int) -> dict[str, Any]:
+        """Upload options that make S3 keep the object's SHA-256 (its content check then needs
+        no download): for single PUTs only, as s3fs does not give a multipart upload's parts one."""
+        return {"ChecksumAlgorithm": "SHA256"} if self.is_s3 and size <= CHECKSUM_MAX_BYTES else {}
 
     def write_text(self, rel: str, text: str) -> str:
         """Atomically write UTF-8 text."""
@@ -143,7 +213,7 @@ class Storage:
             if self.is_local:
                 replace_atomically(dest, lambda f: _copy_into(str(local_path), f))
             else:
-                self.fs.put_file(str(local_path), dest)
+                self.fs.put_file(str(local_path), dest, **self._checksummed(os.path.getsize(local_path)))
         except StorageTimeout:
             raise  # names the endpoint and the file already
         except Exception as exc:  # noqa: BLE001
@@ -247,6 +317,42 @@ def replace_atomically(dest: str | os.PathLike[str], write: Callable[[BinaryIO],
     """Write a local file with ``write(f)`` through :func:`atomic_local_file`."""
     with atomic_local_file(dest, fsync=fsync) as f:
         write(f)
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
+
+
+def _link_new(dest: str, data: bytes) -> bool:
+    """Write ``data`` at the local path ``dest`` unless a file is there; whether it was written
+    (a hard link of a complete temporary file: fails when another writer's file is there, never
+    replaces it, and no reader sees a part)."""
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, dest)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _s3_error_code(exc: BaseException) -> str | None:
+    """The S3 error code (or HTTP status) behind ``exc``, found on a botocore error in its causes."""
+    seen = 0
+    while exc is not None and seen < 10:
+        response = getattr(exc, "response", None)
+        if isinstance(response, Mapping):
+            return str((response.get("Error") or {}).get("Code")
+                       or (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "") or None
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _copy_into(src: str, out: BinaryIO) -> None:

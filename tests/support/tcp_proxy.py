@@ -2,22 +2,27 @@
 
 Put in front of moto's S3 server, stopping it is an outage as clients see one (connections
 refused, open connections reset) while the store's contents survive behind it, so a test can
-bring the endpoint back and check that a rerun resumes from what was published.
+bring the endpoint back and check that a rerun resumes from what was published. With ``delay``,
+every chunk is held that long in each direction: a distant endpoint (latency, not bandwidth).
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 
 from tests.support.servers import free_port
 
 
 class TcpProxy:
-    """Forwards ``127.0.0.1:port`` to ``target_host:target_port`` while started."""
+    """Forwards ``127.0.0.1:port`` to ``target_host:target_port`` while started, each chunk
+    ``delay`` seconds late."""
 
-    def __init__(self, target_port: int, target_host: str = "127.0.0.1", port: int | None = None):
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1", port: int | None = None,
+                 delay: float = 0.0):
         self.target = (target_host, target_port)
+        self.delay = delay
         self.port = port or free_port()
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
@@ -81,6 +86,8 @@ class TcpProxy:
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                if self.delay:
+                    time.sleep(self.delay)
                 dst.sendall(data)
         except OSError:
             pass
