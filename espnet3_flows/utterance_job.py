@@ -99,10 +99,13 @@ class EngineConfig:
         fingerprint: How input files are fingerprinted into shard hashes: ``stat`` (size and
             mtime of every audio file, or the object store's ETag from one listing per
             directory: a file replaced in place is recomputed; local stats go concurrent by
-            themselves when they are slow, as on NFS or Lustre) or ``manifest`` (no file system
-            access at planning: a shard's hash covers its manifest lines only, so a file
-            replaced under the same path is **not** recomputed; for file systems where a stat
-            per file is too slow).
+            themselves when they are slow, as on NFS or Lustre), ``strict`` (``stat`` plus each
+            local file's ctime and inode number: also sees other content of the same size whose
+            mtime was restored, ``cp -p`` or ``rsync -t``; a ``chmod``, a restore or a remount
+            that renumbers inodes recomputes too, and switching to it recomputes once) or
+            ``manifest`` (no file system access at planning: a shard's hash covers its manifest
+            lines only, so a file replaced under the same path is **not** recomputed; for file
+            systems where a stat per file is too slow).
         parallel: Where shards run: the ``parallel:`` section
             (:class:`~espnet3_flows.parallel.parallel_config.ParallelConfig`).
         allow_pipes: Whether audio entries that are commands (``sph2pipe -f wav X.sph |`` in a

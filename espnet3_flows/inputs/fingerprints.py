@@ -1,5 +1,12 @@
 """Input file fingerprints (size and mtime, or the object store's ETag), at the speed of the storage.
 
+``strict`` adds a local file's ctime and inode number (the same ``stat`` call): a file replaced by
+other content of the same size with its mtime restored (``cp -p``, ``rsync -t``, an archive whose
+files all carry one fixed mtime) is seen, as no tool can set a ctime. It is not the default: a
+changed fingerprint changes its shard's hash, so upgrading would recompute every corpus computed
+under ``stat``, and a ``chmod``/``chown``, a new hard link, a restore or a remount that renumbers
+inodes (FUSE mounts of object stores) would recompute unchanged files.
+
 Local files are stat-ed by a bounded thread pool (a cold NFS/Lustre stat takes 0.1-1 ms, so
 one at a time would take hours on 10 M files). Object stores are listed, several requests at
 once, into a bounded cache of the listings' fingerprints. On S3 the parents a batch of paths
@@ -12,6 +19,7 @@ directories' ranges is fetched except at the edges of a page. Other stores list 
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import os
 import posixpath
@@ -24,9 +32,10 @@ import fsspec
 
 from espnet3_flows.deadlines import with_deadlines
 
-#: ``fingerprint`` option values: ``stat`` reads each file's size and mtime (or ETag);
-#: ``manifest`` trusts the manifest: a shard's hash covers its lines (ids, paths), not the files.
-FINGERPRINT_MODES = ("stat", "manifest")
+#: ``fingerprint`` option values: ``stat`` reads each file's size and mtime (or ETag); ``strict``
+#: its ctime and inode number too; ``manifest`` trusts the manifest: a shard's hash covers its lines
+#: (ids, paths), not the files.
+FINGERPRINT_MODES = ("stat", "strict", "manifest")
 MISSING = "missing"
 _CHUNK = 256
 _PROBE = 64
@@ -37,10 +46,19 @@ def _local_path(p: str) -> str:
     return p[len("file://"):] if p.startswith("file://") else p
 
 
-def _stat_chunk(paths: Sequence[str]) -> list[str]:
+def _print(st: os.stat_result) -> str:
+    return "%d:%d" % (st.st_size, st.st_mtime_ns)
+
+
+def _strict_print(st: os.stat_result) -> str:
+    return "%d:%d:%d:%d" % (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def _stat_chunk(paths: Sequence[str], strict: bool = False) -> list[str]:
     stat = os.stat  # follows symlinks, as fsspec's info does
+    fingerprint = _strict_print if strict else _print
     try:
-        return ["%d:%d" % (st.st_size, st.st_mtime_ns) for st in map(stat, paths)]
+        return [fingerprint(st) for st in map(stat, paths)]
     except (OSError, ValueError):
         pass  # a missing (or unstat-able) file in this chunk: one at a time
     out = []
@@ -50,7 +68,7 @@ def _stat_chunk(paths: Sequence[str]) -> list[str]:
         except (OSError, ValueError):
             out.append(MISSING)
             continue
-        out.append("%d:%d" % (st.st_size, st.st_mtime_ns))
+        out.append(fingerprint(st))
     return out
 
 
@@ -68,8 +86,9 @@ class Fingerprinter:
     """Fingerprints batches of input paths; one instance serves a whole planning pass.
 
     Args:
-        mode: ``stat`` (default) or ``manifest`` (no file system access: every fingerprint is
-            empty, so a shard's hash covers only its manifest lines).
+        mode: ``stat`` (default), ``strict`` (local files' ctime and inode number too) or
+            ``manifest`` (no file system access: every fingerprint is empty, so a shard's hash
+            covers only its manifest lines).
         storage_options: fsspec options for remote inputs.
         threads: Concurrent stats or listings.
         cache_entries: Most listing entries kept for object stores (least recently used
@@ -127,17 +146,18 @@ class Fingerprinter:
         return out
 
     def _local(self, paths: Sequence[str]) -> list[str]:
+        stat_chunk = functools.partial(_stat_chunk, strict=self.mode == "strict")
         if not self._slow_stat and len(paths) > _PROBE:
             # a warm local stat (~2 us) is cheaper than handing work to threads; a network file
             # system's (0.1-1 ms) is not: probe, then go concurrent for good when stats are slow
             t0 = time.perf_counter()
-            head = _stat_chunk(paths[:_PROBE])
+            head = stat_chunk(paths[:_PROBE])
             self._slow_stat = (time.perf_counter() - t0) / _PROBE > _SLOW_STAT_S
             return head + self._local(paths[_PROBE:])
         if not self._slow_stat or self.threads == 1 or len(paths) <= _CHUNK:
-            return _stat_chunk(paths)
+            return stat_chunk(paths)
         chunks = [paths[i:i + _CHUNK] for i in range(0, len(paths), _CHUNK)]
-        return [fp for part in self._executor().map(_stat_chunk, chunks) for fp in part]
+        return [fp for part in self._executor().map(stat_chunk, chunks) for fp in part]
 
     def _filesystem(self, protocol: str) -> Any:
         if protocol not in self._fs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 
 import fsspec
@@ -135,3 +136,48 @@ def test_s3_key_streams_equal_per_directory_listings(moto_server):
     # the 2,500 keys of spk020-noise, instead of 43 listings
     assert len(calls) <= 8, calls
     assert all(k.get("MaxKeys") == 1000 for k in calls)
+
+
+def _cp_p_same_size(path, tmp_path) -> None:
+    """Replace the wav at ``path`` by other samples of the same length with ``cp -p`` from a copy
+    whose mtime is the original's: the same size and mtime, other content."""
+    import soundfile as sf
+
+    data, rate = sf.read(path, dtype="int16")
+    info = sf.info(path)
+    other = tmp_path / "other.wav"
+    sf.write(other, (data // 2 + 1).astype("int16"), rate, subtype=info.subtype)
+    st = os.stat(path)
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    subprocess.run(["cp", "-p", str(other), str(path)], check=True)
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def test_strict_sees_a_same_size_copy_with_its_mtime_restored(tmp_path):
+    from espnet3_flows.inputs.demo import make_demo_corpus
+
+    manifest = make_demo_corpus(tmp_path / "c", n_utts=1, n_speakers=1, splits={"train": 1.0})["train"]
+    wav = manifest.read_text().split("\t")[1].strip()
+    with Fingerprinter("stat") as stat, Fingerprinter("strict") as strict:
+        before = stat.fingerprints([wav]) + strict.fingerprints([wav])
+        _cp_p_same_size(wav, tmp_path)
+        after = stat.fingerprints([wav]) + strict.fingerprints([wav])
+    assert after[0] == before[0]  # size and mtime: the replacement is not seen (why strict exists)
+    assert after[1] != before[1] and after[1].startswith(before[0] + ":")
+
+
+def test_under_strict_a_cp_p_replacement_recomputes_its_shard(tmp_path):
+    from espnet3_flows.config import load_config
+    from espnet3_flows.inputs.demo import make_demo_corpus
+    from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
+
+    manifest = make_demo_corpus(tmp_path / "c", n_utts=6, n_speakers=2, min_seconds=0.3, max_seconds=0.5,
+                                splits={"train": 1.0})["train"]
+    cfg = load_config(CollectStatsConfig, overrides=[f"manifests.train={manifest}", f"output_dir={tmp_path / 'out'}",
+                                                     "parallel.env=serial", "shard_size=3", "fingerprint=strict"])
+    first = CollectStatsRunner(cfg, "train").run(progress=False)
+    assert first.computed == len(first.plan.shards) > 1
+    _cp_p_same_size(manifest.read_text().splitlines()[0].split("\t")[1], tmp_path)
+    again = CollectStatsRunner(cfg, "train").run(progress=False)
+    assert (again.computed, again.cached) == (1, len(first.plan.shards) - 1)
