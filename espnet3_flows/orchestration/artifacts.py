@@ -15,6 +15,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from espnet3_flows.orchestration.api_watch import api_call, api_call_soon
 from espnet3_flows.storage import Storage
 
 _ROWS = [("utterances", "Utterances"), ("seconds", "Audio (s)"), ("frames", "Frames"), ("feature_dim", "Feature dim"),
@@ -99,7 +100,9 @@ def _describe(value: Any) -> str:
 class ProgressArtifact:
     """A progress artifact updated as shards finish (a percentage in the UI).
 
-    Updates are sent at most every ``interval`` seconds (one API call each), not per shard.
+    Updates are sent at most every ``interval`` seconds (one API call each), not per shard; while
+    a run's API is watched, in the background, one at a time (a shard's end never waits on them),
+    and none once the API is lost (:mod:`~espnet3_flows.orchestration.api_watch`).
     """
 
     def __init__(self, job: str, total: int, done: int = 0, interval: float = 2.0):
@@ -107,8 +110,9 @@ class ProgressArtifact:
         self.done = done
         self.interval = interval
         self._sent = time.monotonic()
-        self.id = create_progress_artifact(self._percent(), key=artifact_key(job, "progress"),
-                                           description=f"{job}: shards done")
+        self._sending: Any = None
+        self.id = api_call(create_progress_artifact, self._percent(), key=artifact_key(job, "progress"),
+                           description=f"{job}: shards done")
 
     def _percent(self) -> float:
         return min(100.0, 100.0 * self.done / self.total)
@@ -116,10 +120,13 @@ class ProgressArtifact:
     def advance(self, n: int = 1) -> None:
         """Count ``n`` more finished shards."""
         self.done += n
-        if time.monotonic() - self._sent >= self.interval:
-            self.finish()
+        if time.monotonic() - self._sent >= self.interval and not (self._sending and self._sending.is_alive()):
+            self._sent = time.monotonic()
+            if self.id is not None:
+                self._sending = api_call_soon(update_progress_artifact, self.id, self._percent())
 
     def finish(self) -> None:
         """Send the current percentage now."""
         self._sent = time.monotonic()
-        update_progress_artifact(self.id, self._percent())
+        if self.id is not None:
+            api_call(update_progress_artifact, self.id, self._percent())

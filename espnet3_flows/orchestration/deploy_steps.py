@@ -237,7 +237,8 @@ def api_lost(exc: BaseException) -> PrefectApiLost:
                f"until `prefect flow-run cancel {run_id}`")
     if os.environ.get("PREFECT__FLOW_RUN_ID") and not _LINE_PRINTED:  # once: the run's end and the watch's
         _LINE_PRINTED.append(message)
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"error: {message}\n")  # not print(): a flow's log_prints makes that an INFO record
+        sys.stderr.flush()
     return PrefectApiLost(message)
 
 

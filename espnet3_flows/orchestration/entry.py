@@ -8,6 +8,7 @@ import functools
 import inspect
 import json
 import logging
+import os
 import re
 import sys
 import textwrap
@@ -24,6 +25,7 @@ from espnet3_flows.deadlines import is_outage
 from espnet3_flows.errors import clip_lines
 from espnet3_flows.inputs.records import ManifestError
 from espnet3_flows.credentials import find_secrets, mask_secrets, refuse_secrets, secrets_in_overrides
+from espnet3_flows.orchestration.api_watch import end_flow_run_process, watching_api
 from espnet3_flows.orchestration.console import (print_summary, print_unchanged, quiet_console, quiet_workers_of,
                                                  restore_worker_environment)
 from espnet3_flows.orchestration.deploy_steps import (api_lost, is_api_lost, refuse_code_from_form, refuse_transient,
@@ -71,10 +73,13 @@ def job_flow(job: str) -> Flow:
         cfg = resolve_config(job, config_file, dotted_values(schema, values), overrides or [],
                              check=lambda merged: refuse_transient(run_paths(merged)))
         try:
-            return run_job(job, cfg, progress=show_progress())  # validated once, above
+            with watching_api():  # a lost server ends the run in bounded time, after its merges
+                return run_job(job, cfg, progress=show_progress())  # validated once, above
         except Exception as exc:  # noqa: BLE001 - only the API's loss is translated
-            if is_api_lost(exc):  # after the client's own retries
+            if is_api_lost(exc):  # after the client's own retries, or noticed by the watch
                 drop_undeliverable_api_work()
+                if os.environ.get("PREFECT__FLOW_RUN_ID"):  # a worker's flow-run process: nothing can
+                    end_flow_run_process(exc)  # reach the server now (its state, events): one line, exit 1
                 raise api_lost(exc) from exc
             raise
 

@@ -20,6 +20,7 @@ from prefect.tasks import exponential_backoff
 from espnet3_flows.config import load_config
 from espnet3_flows.credentials import mask_secrets, redact
 from espnet3_flows.orchestration import console
+from espnet3_flows.orchestration.api_watch import api_call, api_lost_now, hold_while, lost_error
 from espnet3_flows.orchestration.artifacts import (
     ProgressArtifact,
     publish_runner_artifact,
@@ -92,8 +93,8 @@ def run_job(job: str, config: Any = None, progress: bool = True, planned: Planne
         log.info("%s: nothing to compute and every split's outputs are up to date", job)
         if _in_flow():
             for p in run.runners:
-                publish_split_artifacts(job, kept[p.runner.split], p.runner.storage, p.runner.outputs_rel)
-            publish_table_artifact(job, list(kept.values()))
+                api_call(publish_split_artifacts, job, kept[p.runner.split], p.runner.storage, p.runner.outputs_rel)
+            api_call(publish_table_artifact, job, list(kept.values()))
         return kept
     return _run_flow(run, f"{job.replace('_', '-')}-shards", shown_config(cfg), progress)
 
@@ -330,7 +331,7 @@ class PrefectExecutor:
         return self.task.submit(planned.key, planned.name, shard, self.client is None, planned.run_id)
 
     def submit_merge(self, planned: PlannedRunner, statuses: list[Any]) -> Any:
-        return merge_task.submit(planned.runner, planned.name, [s.to_tuple() for s in statuses])
+        return hold_while(merge_task.submit(planned.runner, planned.name, [s.to_tuple() for s in statuses]))
 
     def release(self, planned: Sequence[PlannedRunner]) -> None:
         if self.client is not None and self.address:  # a long-lived cluster: leave no plugin behind
@@ -366,6 +367,8 @@ def shard_flow(title: str, config: dict[str, Any], progress: bool = True) -> Any
             first.append(time.perf_counter())
             mark("first_shard")
         meter.advance()
+        if api_lost_now() and any(len(p.computed) < len(p.pending) for p in run.runners):
+            raise lost_error()  # the API is gone: no further shard is awaited (a finished split's merge runs)
 
     try:
         merged = run_planned(run.runners, executor, progress=progress, desc=title, on_shard=on_shard)
@@ -374,7 +377,7 @@ def shard_flow(title: str, config: dict[str, Any], progress: bool = True) -> Any
     mark("shards_merged")
     wall = time.perf_counter() - t0
     if run.job is None:
-        publish_runner_artifact(title, run.runners[0], merged[0], wall)
+        api_call(publish_runner_artifact, title, run.runners[0], merged[0], wall)
         return merged[0]
     return _report_splits(run, merged, wall, {"time_to_first_shard_seconds": (first[0] - run.started) if first else None,
                                               "workers_ready_seconds": (executor.ready or t0) - t0}, logger)
@@ -388,10 +391,10 @@ def _report_splits(run: PlannedFlow, merged: list[Any], wall: float, timing: dic
         summary = {**summary, "wall_seconds": wall, "plan_seconds": run.plan_seconds, **timing,
                    "throughput_utt_per_s": computed / wall if wall > 0 else None,
                    "realtime_factor": summary.get("seconds", 0.0) / wall if wall > 0 and computed else None}
-        publish_split_artifacts(run.title, summary, p.runner.storage, p.runner.outputs_rel)
+        api_call(publish_split_artifacts, run.title, summary, p.runner.storage, p.runner.outputs_rel)
         summaries[p.runner.split] = summary
         logger.info("%s %s: %s utterances, %s shard(s) computed, %s cached, %s skipped", run.title, p.runner.split,
                     summary.get("utterances"), summary.get("shards_computed"), summary.get("shards_cached"),
                     summary.get("skipped"))
-    publish_table_artifact(run.title, list(summaries.values()))
+    api_call(publish_table_artifact, run.title, list(summaries.values()))
     return summaries
