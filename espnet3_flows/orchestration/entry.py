@@ -34,7 +34,7 @@ from espnet3_flows.orchestration.early_start import CONSOLE_FLAGS, take_early_ru
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
 from espnet3_flows.orchestration.jobs import get_job, preflight, resolve_config
-from espnet3_flows.orchestration.local_server import prefect_api
+from espnet3_flows.orchestration.local_server import PrivateServerLost, prefect_api
 from espnet3_flows.orchestration.parameters import dotted_values, form_fields
 from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work
 from espnet3_flows.orchestration.task_runner import prestart_workers
@@ -274,11 +274,11 @@ def _report(exc: BaseException, verbose: bool) -> int:
     2 for an error in what the user gave (the config, a manifest: :data:`USER_ERRORS`), 1 for a
     run that failed."""
     users = isinstance(exc, USER_ERRORS)
-    lost = is_api_lost(exc)
+    lost = is_api_lost(exc) or isinstance(exc, PrivateServerLost)
     if lost:
         _API_LOST.set()  # a command line's exit is bounded (exit_now)
         drop_undeliverable_api_work()  # else the exit waits ~7 s per queued event for the dead server
-        exc = api_lost(exc)
+        exc = exc if isinstance(exc, PrivateServerLost) else api_lost(exc)  # (that one names its log)
     line = f"error: {exc}" if users or lost else f"error: {type(exc).__name__}: {exc}"
     if lost:  # that shipper ended its last failure without a newline
         line = "\n" + line

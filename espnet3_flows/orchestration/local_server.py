@@ -18,6 +18,8 @@ import tomllib
 from pathlib import Path
 from typing import Callable, Iterator
 
+from espnet3_flows.orchestration.server_health import (PrivateServerLost, drain_prefect_clients, log_tail,
+                                                       open_server_log, watched)
 from espnet3_flows.timeline import mark
 
 _PR_SET_PDEATHSIG = 1
@@ -110,6 +112,8 @@ class LocalPrefectServer:
         self.port = _free_port()
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None  # its output (never a pipe: one unread blocks the server)
+        self.home = _prefect_home()  # its PREFECT_HOME (its database's folder), read at launch
         self._lock: int | None = None
         self._launcher: threading.Thread | None = None
         self._launch_error: BaseException | None = None
@@ -144,6 +148,7 @@ class LocalPrefectServer:
         # the environment is read here, in the caller's thread: the launcher thread must not read
         # os.environ while this thread may change it (a cluster's start drops Dask's trim threshold)
         self._env = server_environment()
+        self.home = Path(self._env.get("PREFECT_HOME") or self.home).expanduser()
         self._lock = _open_start_lock()
         now = self._lock is None or _try_lock(self._lock)
         if now:
@@ -189,11 +194,13 @@ class LocalPrefectServer:
             raise RuntimeError("prefect is not installed")
         app_dir = Path(list(spec.submodule_search_locations)[0]).parent
         env = self._env
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "error", "--lifespan", "on"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        self.log_path, log = open_server_log(self.home, self.port)
+        with log:  # the child holds its own descriptor
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory",
+                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--log-level", "error", "--lifespan", "on"],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
 
     def wait_ready(self) -> None:
         """Wait until the launched server's ``/api/health`` answers (stops it on failure)."""
@@ -210,28 +217,32 @@ class LocalPrefectServer:
                 time.sleep(0.1)
                 continue
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace")[-2000:] if self.process.stderr else ""
-                raise RuntimeError(f"the local Prefect server exited with code {self.process.returncode}: {err}")
+                raise RuntimeError(f"the local Prefect server exited with code {self.process.returncode} "
+                                   f"(log {self.log_path}): {log_tail(self.log_path)}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.api_url}/health", timeout=2, trust_env=False).status_code == 200:
                     return
             time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"the local Prefect server did not become healthy in {self.startup_timeout:.0f} s")
+        self.stop(keep_log=True)
+        raise RuntimeError(f"the local Prefect server did not become healthy in {self.startup_timeout:.0f} s "
+                           f"(log {self.log_path})")
 
     def _release(self) -> None:
         lock, self._lock = self._lock, None
         if lock is not None:
             os.close(lock)  # releases the flock
 
-    def stop(self) -> None:
+    def stop(self, keep_log: bool = False) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s); one still waiting for its turn is
-        not started."""
+        not started. Its log file is removed unless ``keep_log`` (a run's error names it)."""
         self._cancelled.set()
         if self._launcher is not None:
             self._launcher.join()
         self._release()
         proc, self.process = self.process, None
+        if self.log_path is not None and not keep_log and (proc is None or proc.poll() is None):  # (died: kept)
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
         if proc is None or proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -266,17 +277,6 @@ def _try_lock(fd: int) -> bool:
         return True
     except BlockingIOError:
         return False
-
-
-def drain_prefect_clients(timeout: float = 15.0) -> None:
-    """Send this process's queued Prefect logs and events now (before its API server stops, or
-    before a worker process exits); waits at most ``timeout`` seconds per kind."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for service in (APILogWorker, EventsWorker):
-        with contextlib.suppress(Exception):
-            service.drain_all(timeout=timeout)
 
 
 #: A private server launched at the command line's start (:func:`launch_early`), not yet taken
@@ -370,6 +370,7 @@ def prefect_api(needs_server: bool,
         yield url or None
         return
     server = _EARLY.pop() if _EARLY else LocalPrefectServer()
+    failed = False
     previous = signal.getsignal(signal.SIGTERM)
     if previous in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally below
@@ -383,13 +384,17 @@ def prefect_api(needs_server: bool,
             return
         server.wait_ready()
         mark("server_ready")
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}), \
+                watched(server.api_url, server.process, server.home, server.log_path):
             yield server.api_url
+    except PrivateServerLost:
+        failed = True  # nothing more reaches it; its log is named in the error
+        raise
     finally:
-        if server.process is not None:
+        if server.process is not None and not failed:
             drain_prefect_clients()
         os.environ.pop("PREFECT_API_URL", None)
-        server.stop()
+        server.stop(keep_log=failed)
         mark("server_stopped")
         if previous in (signal.SIG_DFL, None):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
