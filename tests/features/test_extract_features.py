@@ -20,6 +20,7 @@ from espnet3_flows.features.job import ExtractFeaturesConfig, FeatureRunner
 from espnet3_flows.inputs.manifest import read_manifest
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.frontends.frontend import FrontendConfig, build_frontend
+from tests.support.floats import assert_same_floats
 from tests.support.servers import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +85,7 @@ def test_resume_and_incremental_runs_on_a_local_cluster(prefect_harness, demo_co
     b = kaldiio.load_scp(str(tmp_path / "full" / "train" / "feats.scp"))
     assert list(a.keys()) == list(b.keys())
     for key in a:
-        np.testing.assert_array_equal(a[key], b[key])
+        assert_same_floats(a[key], b[key])  # shards of workers and of this process
     assert len(_cuts(tmp_path / "out" / "train" / "cuts.jsonl.gz")) == 48
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
+from tests.support.floats import assert_same_floats
 from tests.support.servers import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +76,7 @@ def test_one_shard_runs_in_the_driver_with_the_same_outputs_as_on_a_cluster(tmp_
     assert "Creating a new Dask cluster" in cluster.stderr
     a, b = np.load(tmp_path / "inline/train/feats_stats.npz"), np.load(tmp_path / "cluster/train/feats_stats.npz")
     assert int(a["count"]) == int(b["count"]) > 0
-    np.testing.assert_array_equal(a["sum"], b["sum"])
+    assert_same_floats(a["sum"], b["sum"])  # two processes: last bits may differ
     assert (tmp_path / "inline/train/feats_shape").read_text() == (tmp_path / "cluster/train/feats_shape").read_text()
     assert not _wait_no_servers(home), "the private server outlived its run"
 
@@ -110,7 +111,7 @@ def test_two_runs_at_once_on_one_prefect_database_both_succeed(tmp_path, four_ut
         assert "train: 4 utterances" in out and "cached 0" in out
         assert "database is locked" not in err
     a, b = (np.load(tmp_path / f"out{k}/train/feats_stats.npz") for k in range(2))
-    np.testing.assert_array_equal(a["sum"], b["sum"])
+    assert_same_floats(a["sum"], b["sum"])  # two processes: last bits may differ
     assert not _wait_no_servers(home)
 
 
