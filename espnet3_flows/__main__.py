@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{usage}\n\nerror: unknown job {args[0]!r}{hint}", file=sys.stderr)
         return 2
     from espnet3_flows.orchestration.entry import main as run
+    from espnet3_flows.orchestration.interrupt import exit_on_ctrl_c
 
+    exit_on_ctrl_c(args[0], args[1:])  # one line and status 130
     return run(args[0], args[1:])
 
 

@@ -22,8 +22,14 @@ import time
 ENV = "ESPNET3_FLOWS_TIMELINE"
 
 
+#: The last event this process reached ("" before the first): what a Ctrl-C interrupts
+LAST = [""]
+
+
 def mark(event: str) -> None:
-    """Record that the driver reached ``event`` now (a no-op unless :data:`ENV` is set)."""
+    """Record that the driver reached ``event`` now (a no-op unless :data:`ENV` is set; the event is
+    kept in :data:`LAST` either way)."""
+    LAST[0] = event
     path = os.environ.get(ENV)
     if not path:
         return

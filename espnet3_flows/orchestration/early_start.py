@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from espnet3_flows.orchestration.console import plain_console, print_summary, print_unchanged, quiet_workers_of
+from espnet3_flows.orchestration.interrupt import exit_on_ctrl_c
 from espnet3_flows.orchestration.local_server import NO_RUN_FLAGS, discard_early, early_api_url, launch_early
 from espnet3_flows.timeline import mark
 
@@ -88,12 +89,14 @@ def start_early(job: str, argv: Sequence[str]) -> EarlyRun | None:
             merge: every shard done earlier and every split's outputs up to date.
     """
     argv = tuple(argv)
+    exit_on_ctrl_c(job, argv)  # one line and status 130, from here on
     if any(a in NO_RUN_FLAGS for a in argv):
         return None
     launch_early(list(argv))
     early = _plan(job, argv)
     if early is None:
         return None
+    exit_on_ctrl_c(job, argv, getattr(early.cfg, "output_dir", ""))
     if early.planned is not None and early.planned.unchanged_summaries is not None:
         mark("planned")
         raise SystemExit(_finish_unchanged(early))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 
 from espnet3_flows.errors import UnguardedMainError
 from espnet3_flows.parallel import main_guard
@@ -61,3 +62,14 @@ def _import_driver_main() -> None:
 
 
 _import_driver_main()
+
+
+def _leave_ctrl_c_to_the_driver() -> None:
+    """A Ctrl-C at a terminal reaches every process of its group: the forked workers ignore it (the
+    driver ends the run in one line, and they end with it) instead of each printing a
+    ``KeyboardInterrupt`` traceback. The forkserver gives its children the handlers its preloads
+    set (``multiprocessing.forkserver.main``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_leave_ctrl_c_to_the_driver()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -135,6 +136,53 @@ def test_driver_killed_while_starting_leaves_no_server(tmp_path, four_utterances
         for p in _servers_of(home):
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+
+def _group_alive(pgid: int) -> list[int]:
+    alive = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if p.status() != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                alive.append(p.pid)
+    return alive
+
+
+def test_ctrl_c_ends_the_run_in_one_line_with_status_130_and_no_process_left(tmp_path, four_utterances):
+    """Ctrl-C at a terminal: SIGINT to the command line's whole process group (driver, forkserver,
+    workers) while shards are computed. Before: 40-137 lines of KeyboardInterrupt tracebacks (the
+    driver's and each worker's), exit by signal after ~6 s."""
+    home, out = tmp_path / "prefect-home", tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "flows/collect_stats.py", f"manifests.train={four_utterances}",
+                             f"output_dir={out}", "shard_size=1", "parallel.n_workers=1", "frontend.type=model",
+                             "frontend.model._target_=tests.orchestration.slow_model.SlowFramer",
+                             "frontend.model.delay=2"], cwd=ROOT, env=cli_env(home, HF_HUB_OFFLINE="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.glob("train/shards/split.*/done")):  # work started: one shard is done
+            assert proc.poll() is None and time.monotonic() < deadline, "no shard finished"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        deadline = time.monotonic() + 30
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _group_alive(proc.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in _servers_of(home):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("interrupted:")]
+    assert len(lines) == 1 and "collect_stats" in lines[0] and str(out) in lines[0] and "rerun" in lines[0], stderr
+    assert len(stderr.splitlines()) < 15, stderr
+    assert not left, f"processes of the interrupted run left: {left}"
+    assert not _wait_no_servers(home), "the private server outlived the interrupted run"
+    assert list(out.glob("train/shards/split.*/done"))  # finished shards are kept for the rerun
 
 
 def test_dry_run_says_when_the_shards_run_in_the_driver(tmp_path, four_utterances):
