@@ -10,6 +10,7 @@
 #   ESPNET3_STACK_DIR  pid files and logs
 #   ESPNET3_FLOWS_WORKDIR  where relative paths in the worker's runs resolve (default: the
 #                 directory `make worker` runs in, the project root)
+#   ESPNET3_WORKER_LIMIT   flow runs the worker runs at once (default 2; 0: no limit)
 # Run from the project root (`deploy` reads deployments/prefect.yaml there).
 set -uo pipefail
 
@@ -133,10 +134,19 @@ worker)
     # relative paths in a run's parameters resolve here (Prefect runs each flow run in a temporary
     # directory it deletes afterwards: deploy_steps.working_directory)
     export ESPNET3_FLOWS_WORKDIR="${ESPNET3_FLOWS_WORKDIR:-$PWD}"
-    start_bg worker "$PREFECT" worker start --pool espnet3
+    # At most $ESPNET3_WORKER_LIMIT runs at once; the others wait in the queue. Each run starts its own
+    # local cluster sized to this machine, and SQLite takes one writer at a time: a deferred
+    # transaction that read before another commits fails at once with "database is locked" (its
+    # 60 s busy timeout does not apply to that), answered as 503 and retried by the client 5 times
+    # in ~1 minute. Ten runs started together by ten triggers at once: 29 such 503s here, triggers
+    # waiting up to 29 s, and one trigger seen running out of retries (docs/deployments.md).
+    LIMIT="${ESPNET3_WORKER_LIMIT:-2}"
+    [[ "$LIMIT" =~ ^[0-9]+$ ]] || die "ESPNET3_WORKER_LIMIT must be a number of runs (0: no limit), got '$LIMIT'"
+    LIMIT_ARGS=(); [[ "$LIMIT" != 0 ]] && LIMIT_ARGS=(--limit "$LIMIT")
+    start_bg worker "$PREFECT" worker start --pool espnet3 ${LIMIT_ARGS[@]+"${LIMIT_ARGS[@]}"}
     for _ in $(seq 120); do grep -q "started!" "$DIR/worker.log" 2>/dev/null && break; alive worker || break; sleep 0.5; done
     alive worker || { tail -n 30 "$DIR/worker.log" >&2; die "the worker exited (log: $DIR/worker.log)"; }
-    say "worker for pool espnet3 (pid $(cat "$DIR/worker.pid")), log $DIR/worker.log; relative paths in runs resolve in $ESPNET3_FLOWS_WORKDIR"
+    say "worker for pool espnet3 (pid $(cat "$DIR/worker.pid")), log $DIR/worker.log; relative paths in runs resolve in $ESPNET3_FLOWS_WORKDIR; at most ${LIMIT_ARGS[1]:-unlimited} run(s) at once"
     ;;
 stop)
     # The worker ignores a first SIGINT or SIGTERM for minutes and kills itself on the second;

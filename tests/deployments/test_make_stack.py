@@ -1,15 +1,18 @@
 """The README's deployment sequence, run literally: `make serve`, export the URL it prints,
 `make deploy`, `make worker`, `prefect deployment run ... --watch`, `make stop` — real server,
-real worker, real flow runs. A failed run's `--watch` output carries the one-line cause."""
+real worker, real flow runs. A failed run's `--watch` output carries the one-line cause, and ten
+runs triggered at once against the SQLite server are all created and all complete."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -57,7 +60,7 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
         # the reason is in what --watch prints, not only in the worker's log
         assert str(missing) in text and "not found" in text, text
 
-        # 8 kHz input under the 16 kHz default: the merge's warning, logged by espnet3_flows.stats.outputs
+        # 8 kHz input under the 16 kHz default: the merge's warning, logged by espnet3_flows.frontend_job
         # (not the flow's logger), reaches the run's logs in the API (extra_loggers in prefect.yaml)
         from espnet3_flows.inputs.demo import make_demo_corpus
 
@@ -67,9 +70,11 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
                   json.dumps(params8))
         assert ran8.returncode == 0, ran8.stdout + ran8.stderr
         logs = _all_logs(env["PREFECT_API_URL"])
-        assert any(r["name"] == "espnet3_flows.stats.outputs" and "frontend.sampling_rate=8000" in r["message"]
+        assert any(r["name"] == "espnet3_flows.frontend_job" and "frontend.sampling_rate=8000" in r["message"]
                    for r in logs), sorted({(r["name"], r["message"][:100]) for r in logs if r["level"] >= 30 or "espnet3" in r["name"]})
         assert not any("shard/s]" in r["message"] for r in logs), "a progress bar in the run's logs"
+
+        _ten_at_once(prefect, env, params, tmp_path, reference=out / "valid" / "feats_stats.npz")
 
         status = sh(*make, "status")
         assert "server: running" in status.stdout and "worker: running" in status.stdout, status.stdout
@@ -92,6 +97,48 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert "does not answer" in sh(*make, "status").stdout
+
+
+def _ten_at_once(prefect: str, env: dict[str, str], params: dict, tmp_path: Path, reference: Path) -> None:
+    """Ten `prefect deployment run` at once, as ten people or a script would: each creates its run
+    (SQLite answers some writes "database is locked"; the client retries them), the worker runs
+    them `make worker`'s limit at a time, and each completes with the outputs of the first run."""
+    triggers = [subprocess.Popen([prefect, "deployment", "run", "collect-stats/collect-stats", "--params",
+                                  json.dumps(params | {"output_dir": str(tmp_path / f"ten{i}")})],
+                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for i in range(10)]
+    ids = []
+    try:
+        for trigger in triggers:
+            text = trigger.communicate(timeout=300)[0]
+            created = re.search(r"UUID: ([0-9a-f-]{36})", text)
+            assert trigger.returncode == 0 and created, text[-3000:]
+            ids.append(created.group(1))
+    finally:
+        for trigger in triggers:
+            if trigger.poll() is None:
+                trigger.kill()
+    states = _final_states(env["PREFECT_API_URL"], ids, timeout=900)
+    assert states == ["COMPLETED"] * 10, states
+    with np.load(reference) as first:
+        for i in range(10):
+            with np.load(tmp_path / f"ten{i}" / "valid" / "feats_stats.npz") as again:
+                assert int(again["count"]) == int(first["count"])
+                np.testing.assert_allclose(again["sum"], first["sum"], rtol=1e-12)
+                np.testing.assert_allclose(again["sum_square"], first["sum_square"], rtol=1e-12)
+
+
+def _final_states(api_url: str, ids: list[str], timeout: float) -> list[str]:
+    """The runs' state types once every one is final, or as they are after ``timeout`` seconds."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        states = [json.loads(urllib.request.urlopen(f"{api_url}/flow_runs/{i}", timeout=30).read())["state_type"]
+                  for i in ids]
+        if all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states) or time.monotonic() > deadline:
+            return states
+        time.sleep(2)
 
 
 def _all_logs(api_url: str) -> list[dict]:
