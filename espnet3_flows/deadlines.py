@@ -174,3 +174,15 @@ def is_outage(exc: BaseException | None) -> bool:
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
+
+
+def is_unreachable(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or one of its causes is a connection that could not be made (a store down
+    or not listening: an outage, not a wrong setting), as opposed to a store that answered no."""
+    seen = 0
+    while exc is not None and seen < 20:
+        if isinstance(exc, ConnectionError) or type(exc).__name__ in ("EndpointConnectionError",
+                                                                       "ClientConnectorError"):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False

@@ -38,7 +38,9 @@ def publish_split_files(store: Storage, rel: str, staged: Sequence[tuple[str, Pa
     (``digests``). Whatever instant this stops at, the split has either the old complete record,
     or a ``merging`` one that the next run merges again (removing what either set left), or the
     new complete record; and a complete record is trusted only while its files match their
-    digests (:func:`espnet3_flows.orchestration.job_run.published_summary`).
+    digests (:func:`espnet3_flows.orchestration.job_run.published_summary`). No name leads out of
+    the output location: one that would (a directory of the split that is a link to elsewhere)
+    raises :class:`~espnet3_flows.confinement.OutsideOutputError` before anything is changed.
 
     Returns:
         ``summary`` with ``skipped`` (the count), ``files`` (name → URI, ``summary.json`` too) and
@@ -46,6 +48,8 @@ def publish_split_files(store: Storage, rel: str, staged: Sequence[tuple[str, Pa
     """
     previous = _recorded_names(store, rel)
     names = [name for name, _ in staged] + ["skipped.tsv"]
+    for name in previous:  # a name of the record through a link to elsewhere: refused before any change
+        store.checked_path(rel, name, action="remove")
     store.write_json(posixpath.join(rel, SUMMARY), {
         "split": summary.get("split"), "merging": True,
         "files": {name: store.uri(rel, name) for name in dict.fromkeys([*previous, *names])}})
@@ -125,6 +129,7 @@ def claim_outputs(store: Storage, rel: str, job: str, config: Mapping[str, Any])
     The record is created once, exclusively (a hard link on a local store, a conditional PUT,
     ``If-None-Match: *``, on S3): two runs that start together cannot both claim it. It is read
     back after it is written, for stores whose create only checks first (``memory://``, others).
+    A record that names no owner (empty, truncated, not JSON) is replaced, with a warning naming it.
 
     Raises:
         OutputsOwnedError: the directory belongs to another job or another config; the message
@@ -132,13 +137,12 @@ def claim_outputs(store: Storage, rel: str, job: str, config: Mapping[str, Any])
     """
     mine = {"job": job, "config": to_jsonable(mask_secrets(config))}  # a model's kwargs may hold a token
     owner_rel = posixpath.join(rel, OWNER)
-    try:
-        found = store.read_json(owner_rel)
-    except ValueError:
-        found = None  # an unreadable record is replaced: it cannot name an owner
+    found = _read_owner(store, owner_rel)
     if found is None:
         _create_exclusive(store, owner_rel, mine)
-        found = store.read_json(owner_rel)
+        found = _read_owner(store, owner_rel)
+    if isinstance(found, _Unreadable):  # it cannot name an owner: replaced, with a warning naming it
+        found = _replace_unreadable(store, owner_rel, mine, found)
     if found == mine:
         return
     theirs = found if isinstance(found, Mapping) else {}
@@ -146,6 +150,41 @@ def claim_outputs(store: Storage, rel: str, job: str, config: Mapping[str, Any])
             f"{job} outputs made with {_differences(theirs.get('config'), mine['config'])}")
     raise OutputsOwnedError(f"{store.uri(rel)} holds {what}; this run ({job}) would mix its outputs with them: "
                             f"use another output directory, or remove {store.uri(owner_rel)} to replace them")
+
+
+class _Unreadable(str):
+    """Why an ``owner.json`` names no owner (empty, truncated, not JSON, not an owner record)."""
+
+
+def _read_owner(store: Storage, rel: str) -> Any:
+    """The owner record at ``rel``: ``None`` when there is none, an :class:`_Unreadable` (why)
+    when the file there names no owner."""
+    try:
+        found = store.read_json(rel)
+    except ValueError as exc:  # empty, truncated, not UTF-8 (JSONDecodeError, UnicodeDecodeError)
+        return _Unreadable(clip(f"{type(exc).__name__}: {exc}"))
+    if found is None or (isinstance(found, Mapping) and isinstance(found.get("job"), str)):
+        return found
+    return _Unreadable(f"not an owner record: {clip(json.dumps(found), 80)}")
+
+
+def _replace_unreadable(store: Storage, rel: str, mine: Mapping[str, Any], why: str) -> Any:
+    """Replace an ``owner.json`` that names no owner with this run's claim (removed, then created
+    exclusively: a run that claims at the same moment either wins or is compared as usual); the
+    record found then. A warning names the file and why it was unreadable.
+
+    Raises:
+        OutputsOwnedError: the file is still unreadable after it was replaced (another process
+            writing it): the message names it.
+    """
+    _LOG.warning("%s is unreadable (%s): it names no owner and is replaced by this run's", store.uri(rel), why)
+    store.remove(rel)
+    _create_exclusive(store, rel, mine)
+    found = _read_owner(store, rel)
+    if isinstance(found, _Unreadable):
+        raise OutputsOwnedError(f"{store.uri(rel)} is unreadable ({found}) even after this run replaced it: "
+                                "is another process writing it? Remove it and run again")
+    return found
 
 
 def _create_exclusive(store: Storage, rel: str, record: Mapping[str, Any]) -> None:

@@ -19,13 +19,21 @@ from fsspec.implementations.local import LocalFileSystem
 # the one rule of what is a credential lives in espnet3_flows.credentials; its names stay importable here
 from espnet3_flows.credentials import has_secrets, redact  # noqa: F401
 from espnet3_flows.credentials import is_secret_key as _is_secret_key  # noqa: F401
-from espnet3_flows.deadlines import S3_PROTOCOLS, StorageTimeout, bounded_filesystem, with_deadlines
+from espnet3_flows.config import ConfigError
+from espnet3_flows.confinement import OutsideOutputError, confine  # noqa: F401 - (raised through Storage)
+from espnet3_flows.deadlines import S3_PROTOCOLS, StorageTimeout, bounded_filesystem, is_unreachable, with_deadlines
 from espnet3_flows.errors import Espnet3FlowsError
 from espnet3_flows.hashing import fileobj_sha256
 
 
 class StorageError(Espnet3FlowsError, RuntimeError):
     """The output location cannot be read or written."""
+
+
+class OutputNotWritableError(StorageError, ConfigError):
+    """The output location cannot be written at all (permissions, a file in its place, a
+    read-only file system, a bucket this account may not write): an error in the config, found
+    before any work (exit status 2)."""
 
 
 #: Largest upload given an S3 SHA-256 checksum: s3fs 2026.9 sends a file in one PUT below twice its
@@ -68,6 +76,17 @@ class Storage:
         """The file-system path of ``parts`` below the root (no protocol)."""
         clean = [p.strip("/") for p in parts if p not in ("", None)]
         return posixpath.join(self.root, *clean) if clean else self.root
+
+    def checked_path(self, *parts: str, action: str = "write", tree: bool = False) -> str:
+        """:meth:`path` of a file about to be written, replaced or removed (a tree, ``tree``):
+        refused when it leaves the root, by a ``..`` in a name or, on a local store, through a
+        directory of the tree that is a symbolic link to elsewhere (the root may be one).
+
+        Raises:
+            OutsideOutputError: naming the path, where it leads and the link
+                (:func:`~espnet3_flows.confinement.confine`).
+        """
+        return confine(self.root, self.path(*parts), action=action, tree=tree, local=self.is_local)
 
     def uri(self, *parts: str) -> str:
         """The full URL (with protocol for remote stores) of ``parts`` below the root."""
@@ -124,7 +143,7 @@ class Storage:
     # -- writes ------------------------------------------------------------------------
     def write_bytes(self, rel: str, data: bytes) -> str:
         """Atomically write ``data`` to ``rel``; returns its URI."""
-        dest = self.path(rel)
+        dest = self.checked_path(rel)
         try:
             if self.is_local:
                 replace_atomically(dest, lambda f: f.write(data))
@@ -150,7 +169,7 @@ class Storage:
             StorageError: the file cannot be written (an S3 endpoint without conditional writes
                 included: the message says so).
         """
-        data, dest = _json_bytes(obj), self.path(rel)
+        data, dest = _json_bytes(obj), self.checked_path(rel)
         if self.is_local:
             return _link_new(dest, data)
         for attempt in range(3):
@@ -208,7 +227,7 @@ class Storage:
 
     def publish_file(self, local_path: str | os.PathLike[str], rel: str) -> str:
         """Atomically copy a local file to ``rel``; returns its URI."""
-        dest = self.path(rel)
+        dest = self.checked_path(rel)
         try:
             if self.is_local:
                 replace_atomically(dest, lambda f: _copy_into(str(local_path), f))
@@ -230,8 +249,9 @@ class Storage:
         Raises:
             StorageError: the file cannot be published (the block's own exceptions pass as they are).
         """
+        dest = self.checked_path(rel)
         if self.is_local:
-            with atomic_local_file(self.path(rel)) as f:
+            with atomic_local_file(dest) as f:
                 yield f
             return
         with tempfile.NamedTemporaryFile(prefix="espnet3-upload-", suffix=posixpath.splitext(rel)[1]) as f:
@@ -247,8 +267,8 @@ class Storage:
         return names
 
     def remove(self, *parts: str) -> None:
-        """Delete a file if it exists."""
-        p = self.path(*parts)
+        """Delete a file if it exists (a symbolic link there is removed, not what it points at)."""
+        p = self.checked_path(*parts, action="remove")
         try:
             self.fs.rm_file(p)
         except FileNotFoundError:
@@ -256,7 +276,7 @@ class Storage:
 
     def remove_tree(self, *parts: str) -> None:
         """Delete a directory tree if it exists."""
-        p = self.path(*parts)
+        p = self.checked_path(*parts, action="remove", tree=True)
         try:
             if self.fs.exists(p):
                 self.fs.rm(p, recursive=True)
@@ -264,7 +284,9 @@ class Storage:
             pass
 
     def check_writable(self) -> None:
-        """Write and delete a probe file, raising :class:`StorageError` with a clear reason. Local
+        """Write and delete a probe file, raising :class:`OutputNotWritableError` (a config error:
+        exit status 2) with the location and the reason; a store that does not answer in time
+        raises :class:`~espnet3_flows.deadlines.StorageTimeout` (an outage, not the config). Local
         directories made for the probe are removed again: a run that stops at its next check
         (a missing manifest) leaves nothing behind."""
         probe = f".write-probe-{uuid.uuid4().hex}"
@@ -277,9 +299,12 @@ class Storage:
         try:
             self.write_bytes(probe, b"ok")
         except StorageError as exc:
-            raise StorageError(f"output location {self.uri()} is not writable: {exc.__cause__ or exc}") from None
+            why = exc.__cause__ or exc
+            # an endpoint that cannot be reached may be down, not misconfigured: a failure (exit 1)
+            error = StorageError if is_unreachable(exc) else OutputNotWritableError
+            raise error(f"output location {self.uri()} is not writable: {why}") from None
         finally:
-            with contextlib.suppress(StorageError, OSError):
+            with contextlib.suppress(Exception):  # best effort: never hides why the probe failed
                 self.remove(probe)
             for directory in made:
                 with contextlib.suppress(OSError):

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
+from espnet3_flows.confinement import confine
 from espnet3_flows.errors import ShardFailure
 from espnet3_flows.parallel.results import ShardResult, ShardStatus
 from espnet3_flows.parallel.shard_lifecycle import DONE
@@ -97,7 +99,9 @@ def _merge_local_copies(runner: Any, store: Storage, statuses: Sequence[ShardSta
 
 
 def _fetch(store: Storage, rel: str, mirror: Path) -> None:
-    dest = mirror / rel
+    """Download the published file ``rel`` (a name from a ``done`` record) into ``mirror``; a name
+    that leads out of ``mirror`` is refused (:func:`~espnet3_flows.confinement.confine`)."""
+    dest = Path(confine(str(mirror), posixpath.join(str(mirror), rel)))
     dest.parent.mkdir(parents=True, exist_ok=True)
     store.get_file(rel, dest)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from espnet3_flows.confinement import confine
 from espnet3_flows.inputs.records import SkippedItem
 from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
@@ -23,7 +24,9 @@ def _shard_embeddings(store: Any, result: ShardResult, scratch: Path) -> dict[st
     ark_rel = result.file("xvector.ark", required=False)
     if ark_rel is None:
         return {}
-    local = Path(store.path(ark_rel)) if store.is_local else scratch / f"{result.shard.name}.ark"
+    # (a shard's name is its record's: a copy is downloaded, and removed, only inside the scratch directory)
+    copy = f"{scratch}/{result.shard.name}.ark"
+    local = Path(store.path(ark_rel)) if store.is_local else Path(confine(str(scratch), copy))
     if not store.is_local:
         store.get_file(ark_rel, local)
     try:
