@@ -22,6 +22,7 @@ from espnet3_flows.errors import ItemError, ItemFailure, ShardFailure
 from espnet3_flows.parallel.merge_step import merge_runner
 from espnet3_flows.parallel.results import ShardResult, ShardStatus
 from espnet3_flows.parallel.shard_lifecycle import DONE
+from espnet3_flows.parallel.worker_deaths import memory_note
 from espnet3_flows.parallel.worker_env import get_env, get_runner, register_runner, runner_key
 from espnet3_flows.published_files import mismatches
 from espnet3_flows.sharding import Shard, ShardPlan
@@ -382,6 +383,6 @@ def _failure(failures: list[tuple[str, BaseException]]) -> ShardFailure:
     first = failures[0][1]
     kind = ItemFailure if isinstance(first, ItemError) else ShardFailure
     err = kind(f"{len(failures)} shard(s) failed ({names}); finished shards are published and a rerun resumes. "
-               f"First error: {first}")
+               f"First error: {first}{memory_note(first)}")
     err.__cause__ = first
     return err

@@ -92,3 +92,19 @@ class SlowPidRunner(PidRunner):
         ids = idx if isinstance(idx, list) else [idx]
         time.sleep(0.02 * len(ids))
         return [(i, float(pid)) for i in ids]
+
+
+class GreedyRunner(ScaleSumRunner):
+    """:class:`ScaleSumRunner` whose item ``kill_at`` holds 1 GiB for a few seconds: a worker with a
+    smaller ``memory_limit`` is restarted by its nanny while running it."""
+
+    @staticmethod
+    def forward(idx, data, scale, kill_marker, kill_at):  # type: ignore[override]
+        import time
+
+        ids = idx if isinstance(idx, list) else [idx]
+        if kill_at in ids:
+            held = np.ones(1 << 27)  # 1 GiB, every page touched
+            time.sleep(5)  # the nanny's memory monitor looks every 100 ms
+            del held
+        return [(i, float(scale * data[i])) for i in ids]

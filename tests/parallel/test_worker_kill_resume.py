@@ -11,7 +11,7 @@ from distributed import Client, LocalCluster
 from espnet3_flows.parallel import ShardFailure
 from espnet3_flows.parallel.base_runner import DONE
 from espnet3_flows.storage import Storage
-from tests.parallel.jobs_for_tests import ArrayProvider, ScaleSumRunner
+from tests.parallel.jobs_for_tests import ArrayProvider, GreedyRunner, ScaleSumRunner
 
 pytestmark = pytest.mark.dask
 N = 53
@@ -47,3 +47,17 @@ def test_killed_worker_then_rerun_recomputes_only_unfinished(tmp_path):
         assert store.read_bytes(shard.name, "values.txt") == Storage(str(tmp_path / "clean")).read_bytes(
             shard.name, "values.txt")
     assert not [p for p in (tmp_path / "out").rglob("*") if ".tmp-" in p.name]
+
+
+def test_workers_over_their_memory_limit_fail_the_shard_naming_the_limit(tmp_path):
+    """Issue 57, weak 8: a shard whose item holds 1 GiB on workers limited to 300 MiB. Dask's nannies
+    restart each worker that goes over 95 % of it, and after 4 deaths the shard fails; the error
+    named no memory limit ("4 different workers ... died"), only ``--verbose`` logs did."""
+    greedy = GreedyRunner(ArrayProvider({"n": 20, "kill_at": 3}), output_dir=str(tmp_path / "out"), shard_size=5)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      memory_limit="300MiB") as cluster, Client(cluster) as client:
+        with pytest.raises(ShardFailure) as err:
+            greedy.run(range(20), client=client, progress=False)
+    text = str(err.value)
+    assert "memory limit is 300 MiB (parallel.options.memory_limit)" in text, text
+    assert "worker(s) were restarted by their nanny" in text and "a rerun resumes" in text, text
