@@ -15,10 +15,13 @@ def main(argv: list[str] | None = None) -> int:
     """Dispatch to the job named by the first argument."""
     from espnet3_flows.job_registry import available_jobs
     from espnet3_flows.orchestration.early_start import start_early
+    from espnet3_flows.orchestration.interrupt import exit_on_ctrl_c
 
     args = list(sys.argv[1:] if argv is None else argv)
     jobs = available_jobs()
     if args and args[0] in jobs:
+        if argv is None:  # this process's own command line: Ctrl-C ends it in one line, status 130
+            exit_on_ctrl_c(args[0], args[1:])
         start_early(args[0], args[1:])  # the server, the plan and the workers start while the job's imports run
     if not args or args[0] not in jobs:
         listing = "\n".join(f"  {name:18s} {spec.description}" for name, spec in jobs.items())
@@ -33,9 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{usage}\n\nerror: unknown job {args[0]!r}{hint}", file=sys.stderr)
         return 2
     from espnet3_flows.orchestration.entry import main as run
-    from espnet3_flows.orchestration.interrupt import exit_on_ctrl_c
 
-    exit_on_ctrl_c(args[0], args[1:])  # one line and status 130
     return run(args[0], args[1:])
 
 

@@ -22,6 +22,7 @@ kept and raised by ``main`` where planning would have raised it.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -87,16 +88,22 @@ def start_early(job: str, argv: Sequence[str]) -> EarlyRun | None:
     Raises:
         SystemExit: (status 0) after printing the summary of a run with nothing to compute or
             merge: every shard done earlier and every split's outputs up to date.
+
+    When ``argv`` is this process's own command line, a Ctrl-C from here on ends it in one line
+    with status 130 (:mod:`.interrupt`); a caller's own list (a test's) leaves its Ctrl-C alone.
     """
     argv = tuple(argv)
-    exit_on_ctrl_c(job, argv)  # one line and status 130, from here on
+    own = list(argv) == sys.argv[1:]  # this process's command line (not a caller's list, as a test's)
+    if own:
+        exit_on_ctrl_c(job, argv)  # one line and status 130, from here on
     if any(a in NO_RUN_FLAGS for a in argv):
         return None
     launch_early(list(argv))
     early = _plan(job, argv)
     if early is None:
         return None
-    exit_on_ctrl_c(job, argv, getattr(early.cfg, "output_dir", ""))
+    if own:
+        exit_on_ctrl_c(job, argv, getattr(early.cfg, "output_dir", ""))
     if early.planned is not None and early.planned.unchanged_summaries is not None:
         mark("planned")
         raise SystemExit(_finish_unchanged(early))
