@@ -51,7 +51,14 @@ def test_deploy_trigger_and_schedule(tmp_path, demo_corpus):
         _prefect(server, "work-pool", "create", "espnet3", "--type", "process")
         # deployed from a directory that is not the checkout, run by a worker started in a third
         # one, with no PYTHONPATH: the installed package is all the worker needs
-        _prefect(server, "deploy", "--all", "--prefect-file", str(ROOT / "deployments/prefect.yaml"), cwd=deployer)
+        # the operator names the x-vector model in the deployment (a model directory is code for
+        # speechbrain: a run's form may pass the deployment's value, not another one)
+        spec = yaml.safe_load((ROOT / "deployments/prefect.yaml").read_text())
+        for deployment in spec["deployments"]:
+            if deployment["name"] == "extract-xvectors":
+                deployment["parameters"]["xvector"] = {"pretrained_model": str(model)}
+        (deployer / "prefect.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+        _prefect(server, "deploy", "--all", "--prefect-file", str(deployer / "prefect.yaml"), cwd=deployer)
         env = {k: v for k, v in server.env().items() if k != "PYTHONPATH"}
         env |= {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1",
                 "ESPNET3_FLOWS_WORKDIR": str(workdir)}
