@@ -124,6 +124,11 @@ def watching_api(interval: float = 1.0) -> Iterator[None]:
         yield
         return
     port = parts.port or (443 if parts.scheme == "https" else 80)
+    if _through_proxy(url) or _refused((parts.hostname, port), timeout=2.0):
+        # the client reaches the API through a proxy, or this process cannot open its port itself
+        # (a firewall that lets only the proxy out): a refused probe would say nothing of the API
+        yield
+        return
     stop = threading.Event()
     retries = settings.client.max_retries
     thread = threading.Thread(target=_watch, args=((parts.hostname, port), interval, stop, settings), daemon=True,
@@ -137,6 +142,18 @@ def watching_api(interval: float = 1.0) -> Iterator[None]:
         _watching.clear()
         _lost.clear()
         settings.client.max_retries = retries
+
+
+def _through_proxy(url: str) -> bool:
+    """Whether an HTTP client of this process (httpx, as Prefect's) reaches ``url`` through a proxy
+    (``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY``, unless ``NO_PROXY`` names its host)."""
+    import urllib.request
+
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")
 
 
 def _refused(address: tuple[str, int], timeout: float) -> bool:
