@@ -291,6 +291,12 @@ class UtteranceRunner(BaseRunner):
     #: how input files are fingerprinted (``cfg.fingerprint``: ``stat`` or ``manifest``)
     fingerprint_mode: str = "stat"
     allow_pipes: bool = False
+    #: Whether the job writes files keyed by speaker id (``utt2spk``, ``spk2utt``,
+    #: ``spk_xvector.scp``): its planning then refuses a speaker id those files' readers would
+    #: split, as it refuses such an utterance id
+    #: (:func:`~espnet3_flows.inputs.records.validate_speaker_id`); elsewhere a speaker id is
+    #: only carried along, and ``John Smith`` is harmless
+    speaker_keyed_outputs: bool = False
     _manifest_skipped: list[SkippedItem] | None = None
 
     def __init__(self, cfg: Any, split: str, manifest: str, provider: EnvironmentProvider, *,
@@ -325,7 +331,7 @@ class UtteranceRunner(BaseRunner):
         planned = plan_manifest(self.manifest, self.split, self.shard_size, self.hash_config(), on_error=self.on_error,
                                 fingerprint=self.fingerprint_mode, storage_options=self.input_options, spool=store,
                                 spool_rel=posixpath.join(self.shard_subdir, "inputs"), allow_pipes=self.allow_pipes,
-                                workers=workers)
+                                workers=workers, speakers=self.speaker_keyed_outputs)
         self._manifest_skipped = planned.skipped
         return planned.plan
 

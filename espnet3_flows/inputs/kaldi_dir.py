@@ -39,8 +39,15 @@ from espnet3_flows.config import check_on_error
 from espnet3_flows.deadlines import with_deadlines
 from espnet3_flows.errors import quote
 from espnet3_flows.inputs.fingerprints import fingerprint_files
-from espnet3_flows.inputs.kaldi_files import Line, SortedLookup, Unsorted, in_order, parse_lines, sorted_on_disk
-from espnet3_flows.inputs.records import ManifestError, SkippedItem, Utterance, entry_kind, validate_utt_id
+from espnet3_flows.inputs.kaldi_files import BadLine, Line, SortedLookup, Unsorted, in_order, parse_lines, sorted_on_disk
+from espnet3_flows.inputs.records import (
+    ManifestError,
+    SkippedItem,
+    Utterance,
+    entry_kind,
+    validate_speaker_id,
+    validate_utt_id,
+)
 from espnet3_flows.hashing import token
 from espnet3_flows.storage import Storage
 
@@ -134,12 +141,15 @@ class JoinResult:
 
 
 def join_data_dir(data_dir: str, split: str, out: IO[bytes], *, on_error: str = "fail",
-                  storage_options: Mapping[str, Any] | None = None, cwd: str | None = None) -> JoinResult:
+                  storage_options: Mapping[str, Any] | None = None, cwd: str | None = None,
+                  check_speakers: bool = False) -> JoinResult:
     """Write one joined line per utterance of a data directory to ``out``, in utterance id order.
 
     Bad lines (undecodable, malformed, an unsafe or repeated id, a segment whose end is not after
-    its start, a segment of a recording missing from ``wav.scp``) raise :class:`ManifestError`
-    naming the file and line under ``on_error: fail``, and are left out and listed under ``skip``.
+    its start, a segment of a recording missing from ``wav.scp``, and with ``check_speakers`` an
+    ``utt2spk`` speaker id that fails :func:`~espnet3_flows.inputs.records.validate_speaker_id`)
+    raise :class:`ManifestError` naming the file and line under ``on_error: fail``, and are left
+    out and listed under ``skip``.
 
     Raises:
         ManifestError: a bad line under ``fail``, no ``wav.scp``, or no usable utterance.
@@ -153,7 +163,7 @@ def join_data_dir(data_dir: str, split: str, out: IO[bytes], *, on_error: str = 
             out.seek(0)
             out.truncate()
             try:
-                result = _join(files, split, out, on_error, storage_options, cwd, to_sort, tmpdir)
+                result = _join(files, split, out, on_error, storage_options, cwd, to_sort, tmpdir, check_speakers)
                 break
             except Unsorted as exc:
                 to_sort.add(exc.name)
@@ -163,7 +173,8 @@ def join_data_dir(data_dir: str, split: str, out: IO[bytes], *, on_error: str = 
 
 
 def _join(files: Mapping[str, str], split: str, out: IO[bytes], on_error: str,
-          storage_options: Mapping[str, Any] | None, cwd: str, to_sort: set[str], tmpdir: str) -> JoinResult:
+          storage_options: Mapping[str, Any] | None, cwd: str, to_sort: set[str], tmpdir: str,
+          check_speakers: bool) -> JoinResult:
     segments = "segments" in files
     origin = files["segments" if segments else "wav.scp"]
     result = JoinResult(origin, cwd=cwd)
@@ -184,16 +195,7 @@ def _join(files: Mapping[str, str], split: str, out: IO[bytes], on_error: str,
         lines = parse_lines(files[name], name, split, storage_options, bad)
         return sorted_on_disk(lines, tmpdir) if name in to_sort else in_order(lines, name)
 
-    recordings: dict[str, tuple[str, int]] = {}
-    if segments:
-        for rec, rest, lineno in parse_lines(files["wav.scp"], "wav.scp", split, storage_options, bad):
-            if rec in recordings:
-                bad("wav.scp", lineno, rec, f"duplicate recording id (first on line {recordings[rec][1]})")
-                continue
-            if not rest:
-                bad("wav.scp", lineno, rec, "no audio entry after the id")
-                continue
-            recordings[rec] = (normalize_entry(rest, cwd), lineno)
+    recordings = _recordings(files["wav.scp"], split, storage_options, bad, cwd) if segments else {}
     speakers = SortedLookup(stream("utt2spk"), "utt2spk", bad)
     texts = SortedLookup(stream("text"), "text", bad)
     driver = stream("segments" if segments else "wav.scp")
@@ -221,10 +223,16 @@ def _join(files: Mapping[str, str], split: str, out: IO[bytes], on_error: str,
         except ValueError as exc:
             bad(origin_name, lineno, utt, str(exc))
             continue
+        speaker = speakers.get(utt)
+        if check_speakers and speaker:
+            try:
+                validate_speaker_id(speaker)
+            except ValueError as exc:
+                bad("utt2spk", speakers.line, utt, str(exc))
+                continue
         if result.first_pipe is None and "|" in entry and entry_kind(entry) == "pipe":
             pipe_line = recordings[rec][1] if segments else lineno
             result.first_pipe = {"file": files["wav.scp"], "line": pipe_line, "command": entry}
-        speaker = speakers.get(utt)
         text = texts.get(utt)
         if "\t" in text or "\t" in speaker or "\r" in text or "\r" in speaker:  # the joined line's separators
             speaker = speaker.replace("\t", " ").replace("\r", " ")
@@ -239,6 +247,21 @@ def _join(files: Mapping[str, str], split: str, out: IO[bytes], on_error: str,
     speakers.drain()
     texts.drain()
     return result
+
+
+def _recordings(wav_scp: str, split: str, storage_options: Mapping[str, Any] | None, bad: BadLine,
+                cwd: str) -> dict[str, tuple[str, int]]:
+    """``wav.scp`` of a directory with segments: recording id → (audio entry, line)."""
+    recordings: dict[str, tuple[str, int]] = {}
+    for rec, rest, lineno in parse_lines(wav_scp, "wav.scp", split, storage_options, bad):
+        if rec in recordings:
+            bad("wav.scp", lineno, rec, f"duplicate recording id (first on line {recordings[rec][1]})")
+            continue
+        if not rest:
+            bad("wav.scp", lineno, rec, "no audio entry after the id")
+            continue
+        recordings[rec] = (normalize_entry(rest, cwd), lineno)
+    return recordings
 
 
 def _parse_segment(rest: str) -> tuple[str, float, float | None]:
@@ -294,9 +317,9 @@ class JoinedDataDir:
 
 
 def prepare_joined(data_dir: str, split: str, store: Storage, rel: str, *, on_error: str = "fail",
-                   storage_options: Mapping[str, Any] | None = None) -> JoinedDataDir:
+                   storage_options: Mapping[str, Any] | None = None, check_speakers: bool = False) -> JoinedDataDir:
     """The joined file of a data directory below ``store/rel``, joined now unless a join of the
-    same files (by size and mtime, or ETag) is already there.
+    same files (by size and mtime, or ETag) with the same speaker-id check is already there.
 
     A join kept from an ``on_error: skip`` run that left lines out is an error under ``fail``.
 
@@ -306,7 +329,9 @@ def prepare_joined(data_dir: str, split: str, store: Storage, rel: str, *, on_er
     files = data_dir_files(data_dir, split, storage_options)
     prints = fingerprint_files(list(files.values()), storage_options)
     cwd = os.getcwd()
-    key = token(JOINED_VERSION, [sorted(files.items()), sorted(prints.items()), cwd], 16)
+    # a join that checked speaker ids is another file: a join without the check may hold ids it refuses
+    key = token(JOINED_VERSION, [sorted(files.items()), sorted(prints.items()), cwd, *(["speakers"] * check_speakers)],
+                16)
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", posixpath.basename(data_dir.rstrip("/")) or "data")
     name = posixpath.join(rel, f"{stem}-{key}.kaldi.tsv")
     meta = store.read_json(name + ".json") if store.exists(name) else None
@@ -316,7 +341,8 @@ def prepare_joined(data_dir: str, split: str, store: Storage, rel: str, *, on_er
             raise ManifestError(_skipped_as_error(result.skipped[0], split))
         return JoinedDataDir(store.uri(name), result)
     with store.atomic_writer(name) as out:
-        result = join_data_dir(data_dir, split, out, on_error=on_error, storage_options=storage_options, cwd=cwd)
+        result = join_data_dir(data_dir, split, out, on_error=on_error, storage_options=storage_options, cwd=cwd,
+                               check_speakers=check_speakers)
         store.write_json(name + ".json", result.to_dict())  # the sidecar first: the joined file marks completion
     return JoinedDataDir(store.uri(name), result)
 

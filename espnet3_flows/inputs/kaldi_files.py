@@ -110,6 +110,11 @@ class SortedLookup:
             cur = self.cur
         return cur[1] if cur is not None and cur[0] == key else ""
 
+    @property
+    def line(self) -> int:
+        """The line of the value :meth:`get` found last (0 at the end of the file)."""
+        return self.cur[2] if self.cur is not None else 0
+
     def drain(self) -> None:
         """Read the lines after the last key asked for: a file is known to be in order (and its
         values right) only once all of it was read."""

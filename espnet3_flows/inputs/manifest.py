@@ -24,6 +24,7 @@ from espnet3_flows.inputs.records import (
     SkippedItem,
     Utterance,
     line_error,
+    validate_speaker_id,
     validate_utt_id,
 )
 
@@ -108,11 +109,14 @@ def iter_manifest_lines(path: str, split: str = "",
         raise ManifestError(f"split {split!r}: cannot read manifest {path}: {type(exc).__name__}: {exc}") from exc
 
 
-def parse_manifest_line(bline: bytes, lineno: int, fmt: str | ManifestFormat = "tsv") -> Utterance | None:
+def parse_manifest_line(bline: bytes, lineno: int, fmt: str | ManifestFormat = "tsv",
+                        speakers: bool = False) -> Utterance | None:
     """Parse one raw manifest line of format ``fmt`` (a registered format or its name); ``None``
     for a blank or comment line.
 
-    A UTF-8 byte-order mark at the start of line 1 is dropped.
+    A UTF-8 byte-order mark at the start of line 1 is dropped. With ``speakers`` (a job that
+    keys files by speaker id) a speaker id is checked too
+    (:func:`~espnet3_flows.inputs.records.validate_speaker_id`).
 
     Raises:
         ManifestLineError: undecodable bytes, a malformed line or an unsafe id.
@@ -134,26 +138,30 @@ def parse_manifest_line(bline: bytes, lineno: int, fmt: str | ManifestFormat = "
     try:
         utt = fmt.parse_line(line, lineno)
         validate_utt_id(utt.utt_id)
+        if speakers and utt.speaker:
+            validate_speaker_id(utt.speaker)
     except ValueError as exc:
         raise ManifestLineError(str(exc), clip(fmt.line_id(line))) from None
     return utt
 
 
-def planning_fields(bline: bytes, lineno: int, fmt: str | ManifestFormat = "tsv") -> tuple[str, str] | None:
+def planning_fields(bline: bytes, lineno: int, fmt: str | ManifestFormat = "tsv",
+                    speakers: bool = False) -> tuple[str, str] | None:
     """``(utt_id, audio entry)`` of a manifest line for planning; ``None`` for blank or comment lines.
 
-    The format's quick path takes the common line; anything else goes through
-    :func:`parse_manifest_line` (same checks, same errors).
+    The format's quick path takes the common line; anything else, and every line when its speaker
+    id is to be checked too (``speakers``), goes through :func:`parse_manifest_line` (same checks,
+    same errors).
 
     Raises:
         ManifestLineError: as :func:`parse_manifest_line`.
     """
     fmt = format_named(fmt)
-    if (lineno > 1 or not bline.startswith(BOM)) and not isinstance(bline, OversizeLine):
+    if not speakers and (lineno > 1 or not bline.startswith(BOM)) and not isinstance(bline, OversizeLine):
         fields = fmt.quick_fields(bline, lineno)
         if fields is not None:
             return fields
-    utt = parse_manifest_line(bline, lineno, fmt)
+    utt = parse_manifest_line(bline, lineno, fmt, speakers)
     return None if utt is None else (utt.utt_id, fmt.planning_entry(utt))
 
 

@@ -79,6 +79,7 @@ def plan_manifest(
     salt: str | None = None,
     allow_pipes: bool = False,
     workers: int = 1,
+    speakers: bool = False,
 ) -> SplitPlan:
     """Plan one split from its manifest in a streaming pass.
 
@@ -104,29 +105,32 @@ def plan_manifest(
         workers: Shards computed at once: a split of fewer than ``2 × workers × shard_size``
             utterances is planned again, cut finer (:func:`~espnet3_flows.sharding.split_shard_size`);
             that second pass reads at most that many lines.
+        speakers: Whether speaker ids are checked as utterance ids' characters are
+            (:func:`~espnet3_flows.inputs.records.validate_speaker_id`): for a job that writes files
+            keyed by them (``utt2spk``, ``spk_xvector.scp``).
 
     Raises:
         ManifestError: a bad line under ``fail``, a repeated id under ``fail``, an unreadable
             manifest, a refused command, or a manifest with no usable line.
     """
     planned = _plan_split(manifest, split, shard_size, config, on_error, fingerprint, storage_options, spool, spool_rel,
-                          salt, allow_pipes)
+                          salt, allow_pipes, speakers)
     size = split_shard_size(shard_size, planned.plan.num_items, workers)
     if size == shard_size:
         return planned
     return _plan_split(manifest, split, size, config, on_error, fingerprint, storage_options, spool, spool_rel, salt,
-                       allow_pipes)
+                       allow_pipes, speakers)
 
 
 def _plan_split(manifest: str, split: str, shard_size: int, config: Mapping[str, Any], on_error: str,
                 fingerprint: str, storage_options: Mapping[str, Any] | None, spool: Storage | None, spool_rel: str,
-                salt: str | None, allow_pipes: bool) -> SplitPlan:
+                salt: str | None, allow_pipes: bool, speakers: bool) -> SplitPlan:
     """:func:`plan_manifest` with one shard size."""
     check_on_error(on_error)
     manifest = _local_abspath(manifest)
     fmt = detect_format(manifest, storage_options)
     prepared = fmt.prepare(manifest, split, spool=spool, spool_rel=spool_rel, on_error=on_error,
-                           storage_options=storage_options, allow_pipes=allow_pipes)
+                           storage_options=storage_options, allow_pipes=allow_pipes, check_speakers=speakers)
     if prepared is not None and prepared.checked:
         return _plan_checked(manifest, fmt, prepared, split, shard_size, config, fingerprint, storage_options, salt)
     source_path, writer_target = manifest, None
@@ -150,7 +154,7 @@ def _plan_split(manifest: str, split: str, shard_size: int, config: Mapping[str,
                   else contextlib.nullcontext()) as spool_out:
                 plan, skipped, id_hashes = _plan_pass(manifest, source, split, shard_size, config, on_error,
                                                       fingerprinter, storage_options, salt, excluded, spool_out,
-                                                      read_from, allow_pipes)
+                                                      read_from, allow_pipes, speakers)
             writer_target = None  # the spool is written by the first pass only
             repeated = _repeated_ids(source_path, fmt, split, id_hashes, storage_options, excluded)
             if not repeated:
@@ -260,9 +264,10 @@ class _PassState:
 def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, config: Mapping[str, Any],
                on_error: str, fingerprinter: Fingerprinter, storage_options: Mapping[str, Any] | None, salt: str,
                excluded: Mapping[int, str], spool_writer: IO[bytes] | None, read_from: str,
-               allow_pipes: bool = False) -> tuple[ShardPlan, list[SkippedItem], array]:
+               allow_pipes: bool = False, speakers: bool = False) -> tuple[ShardPlan, list[SkippedItem], array]:
     """One streaming pass: shards, skipped lines and every kept id's 64-bit hash (in order).
-    A command entry (``cmd |``) without ``allow_pipes`` is an error under any ``on_error``."""
+    A command entry (``cmd |``) without ``allow_pipes`` is an error under any ``on_error``;
+    with ``speakers``, speaker ids are checked too."""
     st = _PassState(source, shard_size, config_digest(config), salt)
     fmt = source.format
     skipped: list[SkippedItem] = []
@@ -277,7 +282,7 @@ def _plan_pass(manifest: str, source: _Source, split: str, shard_size: int, conf
             end = spool_writer.tell()
         held += len(raw)
         try:
-            fields = planning_fields(raw, lineno, fmt)
+            fields = planning_fields(raw, lineno, fmt, speakers)
             if fields is not None and lineno in excluded:
                 raise ManifestLineError(excluded[lineno], fields[0])
         except ManifestLineError as exc:

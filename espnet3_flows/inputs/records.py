@@ -11,7 +11,6 @@ from typing import Any, Mapping
 from espnet3_flows.errors import Espnet3FlowsError, clip, quote
 from espnet3_flows.storage import TEMP_SUFFIX_BYTES
 
-_UNSAFE_CHARS = {"/", "\\", "\0", "\n", "\r", "\t", " "}
 #: The longest file name a file system takes (bytes; Linux's NAME_MAX, most others the same)
 NAME_MAX = 255
 #: Endings of the files named after an utterance id (``{id}.pt`` of x-vectors, ``{id}.npy`` of
@@ -114,14 +113,34 @@ class SkippedItem:
 SKIPPED_HEADER = "split\tutt_id\tline\tpath\treason"
 
 
+#: characters an utterance id may not hold beyond those the readers split at: it names files
+_PATH_SEPARATORS = frozenset("/\\")
+
+
+def _refuse_unreadable(value: str, noun: str, path_separators: bool) -> None:
+    """Raise ValueError unless ``value`` reads back whole as the key of a line of ``utt2spk``, an
+    scp or a shape file: it must not be empty or hold any whitespace or line break (Unicode's too:
+    ESPnet2's ``read_2columns_text`` and kaldiio split lines with ``str.split``, and
+    ``str.splitlines`` breaks at U+2028, U+0085, ...), a control character or a lone surrogate;
+    with ``path_separators``, no ``/`` or ``\\`` either. ``noun`` names what the id is of."""
+    if not value:
+        raise ValueError(f"empty {noun} id")
+    bad = sorted(c for c in set(value) if c.isspace() or unicodedata.category(c) in ("Cc", "Cs")
+                 or path_separators and c in _PATH_SEPARATORS)
+    if bad:
+        named = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, '')}".strip() for c in bad[:5])
+        kinds = "a path separator, whitespace" if path_separators else "whitespace"
+        raise ValueError(f"{noun} id {quote(value)} contains unsafe characters ({clip(named)}): {kinds}, a line "
+                         f"break or a control character; rename the {noun}")
+
+
 def validate_utt_id(utt_id: str) -> str:
     """Reject ids that could escape a directory, break line-based files or not fit a file name.
 
-    Rejected: empty ids, ``.``/``..`` or any ``..`` component, path separators, NUL, any
-    whitespace or line break (Unicode's too: ESPnet2's ``read_2columns_text`` and kaldiio split
-    lines with ``str.split``, and ``str.splitlines`` breaks at U+2028, U+0085, ...), control
-    characters, lone surrogates, a leading ``-``, or more than :data:`MAX_ID_BYTES` UTF-8 bytes
-    (an id's files, ``{id}.pt`` and the like, and their temporary names must fit :data:`NAME_MAX`).
+    Rejected: what :func:`validate_speaker_id` rejects (empty ids, any whitespace or line break,
+    Unicode's too, control characters, lone surrogates), ``.``/``..`` or any ``..`` component,
+    path separators, a leading ``-``, or more than :data:`MAX_ID_BYTES` UTF-8 bytes (an id's
+    files, ``{id}.pt`` and the like, and their temporary names must fit :data:`NAME_MAX`).
 
     Returns:
         The id unchanged.
@@ -131,13 +150,7 @@ def validate_utt_id(utt_id: str) -> str:
     """
     if SAFE_ID.fullmatch(utt_id) and len(utt_id) <= 63:  # the common case, in one regex match
         return utt_id
-    if not utt_id:
-        raise ValueError("empty utterance id")
-    bad = sorted(c for c in set(utt_id) if c in _UNSAFE_CHARS or c.isspace() or unicodedata.category(c) in ("Cc", "Cs"))
-    if bad:
-        named = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, '')}".strip() for c in bad[:5])
-        raise ValueError(f"utterance id {quote(utt_id)} contains unsafe characters ({clip(named)}): a path "
-                         "separator, whitespace, a line break or a control character; rename the utterance")
+    _refuse_unreadable(utt_id, "utterance", path_separators=True)
     if ".." in utt_id or utt_id in (".",):
         raise ValueError(f"utterance id {quote(utt_id)} contains '..'")
     if utt_id.startswith("-"):
@@ -148,6 +161,27 @@ def validate_utt_id(utt_id: str) -> str:
                          f"most for which its files, such as '{{id}}{max(ID_FILE_SUFFIXES, key=len)}', fit a "
                          f"{NAME_MAX}-byte file name); shorten it")
     return utt_id
+
+
+def validate_speaker_id(speaker: str) -> str:
+    """Reject a speaker id that would not read back whole from ``utt2spk``, ``spk2utt`` or
+    ``spk_xvector.scp``: the character rule of :func:`validate_utt_id` (empty ids, any
+    whitespace or line break, Unicode's too, control characters, lone surrogates). Speaker ids
+    name no file, so path separators, ``..``, a leading ``-`` and any length are accepted.
+
+    Checked only for a job that writes files keyed by speaker id
+    (:attr:`~espnet3_flows.utterance_job.UtteranceRunner.speaker_keyed_outputs`): elsewhere a
+    speaker such as ``John Smith`` is harmless.
+
+    Returns:
+        The id unchanged.
+
+    Raises:
+        ValueError: naming the id and the reason.
+    """
+    if not SAFE_ID.fullmatch(speaker):  # the common case passes in one regex match
+        _refuse_unreadable(speaker, "speaker", path_separators=False)
+    return speaker
 
 
 def id_file_name(utt_id: str, suffix: str) -> str:

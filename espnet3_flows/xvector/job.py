@@ -279,6 +279,9 @@ class XVectorRunner(UtteranceRunner):
                          shard_subdir=f"{cfg.xvector.spk_embed_tag}/{split}/shards", batch_size=WHOLE_SHARD,
                          **kwargs)
 
+    #: ``utt2spk`` and the speaker means ``spk_{tag}.{ark,scp}`` are keyed by speaker id
+    speaker_keyed_outputs = True
+
     #: the model file's fingerprint and ESPnet's version are facts, not choices: a model
     #: downloaded again or an upgraded ESPnet recomputes shards, it does not refuse the directory
     owner_ignores = ("split", "on_error", "fingerprint", "espnet")

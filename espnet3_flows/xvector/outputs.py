@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from espnet3_flows.inputs.records import id_file_name, validate_utt_id
+from espnet3_flows.inputs.records import id_file_name, validate_speaker_id, validate_utt_id
 from espnet3_flows.storage import replace_atomically
 
 UTTS = "utts.tsv"  # a shard's per-utterance rows (written by EmbeddingWriter)
@@ -42,12 +42,12 @@ def _embedding_vector(key: str, value: object, kind: str = "utterance") -> np.nd
 
 
 def _validate_key(key: object, kind: str) -> str:
-    """An ark/scp key must be one non-empty token without whitespace or control characters."""
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"{kind} id must be a non-empty string, got {key!r}")
-    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in key):
-        raise ValueError(f"{kind} id {key!r} contains whitespace or control characters")
-    return key
+    """An ark/scp key of another kind than an utterance (a speaker): a string that reads back whole
+    (the rule of :func:`~espnet3_flows.inputs.records.validate_speaker_id`, which the planning of a
+    job writing such keys applied already)."""
+    if not isinstance(key, str):
+        raise ValueError(f"{kind} id must be a string, got {key!r}")
+    return validate_speaker_id(key)
 
 
 def write_utterance_tensors(out_dir: str | Path, embeddings: Mapping[str, np.ndarray]) -> list[Path]:
@@ -82,7 +82,7 @@ def write_xvector_ark_scp(
     """Write ``out_dir/{name}.ark`` and ``{name}.scp`` (kaldi binary float vectors, keys sorted).
 
     Keys are utterance ids checked with ``validate_utt_id`` (``kind="utterance"``) or, for any
-    other ``kind`` such as ``"speaker"``, single tokens without whitespace. The scp names the ark
+    other ``kind`` such as ``"speaker"``, with ``validate_speaker_id``. The scp names the ark
     by its absolute path (see the module's note). Returns (ark_path, scp_path).
     """
     import kaldiio

@@ -1,7 +1,8 @@
-"""Utterance-id checks: every id refused that ESPnet2's and kaldiio's readers would not read back
-whole (Unicode whitespace, line separators, control characters) or whose files would not fit a
-file name; each input format (TSV, lhotse, Kaldi data directory, Hugging Face dataset) refuses
-such an id at planning, naming its file, line and id."""
+"""Utterance- and speaker-id checks: every id refused that ESPnet2's and kaldiio's readers would not
+read back whole (Unicode whitespace, line separators, control characters) or whose files would not
+fit a file name; each input format (TSV, lhotse, Kaldi data directory, Hugging Face dataset) refuses
+such an id at planning, naming its file, line and id. Speaker ids are checked only for a job that
+writes files keyed by them (``utt2spk``, ``spk_xvector.scp``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from espnet3_flows.inputs.records import (
     NAME_MAX,
     ManifestError,
     id_file_name,
+    validate_speaker_id,
     validate_utt_id,
 )
 from espnet3_flows.storage import Storage, atomic_local_file
@@ -118,3 +120,103 @@ def test_every_format_refuses_the_id_at_planning_naming_file_line_and_id(tmp_pat
     assert len(message.splitlines()) == 1 and len(message) < 1000
     assert f"{named}:{line}:" in message
     assert repr(bad_id)[:40] in message
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_CHARS))
+def test_a_speaker_id_the_readers_would_split_is_refused_by_the_same_rule(kind):
+    speaker = f"spk{HOSTILE_CHARS[kind]}1"
+    with pytest.raises(ValueError, match="speaker id .* contains unsafe characters") as err:
+        validate_speaker_id(speaker)
+    assert repr(speaker)[:20] in str(err.value) and f"U+{ord(HOSTILE_CHARS[kind]):04X}" in str(err.value)
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_speaker_and_utterance_ids_share_the_character_rule():
+    # every code point a reader splits or strips at is refused in both; speaker ids name no file,
+    # so only the path separators, and the length bound, are the utterance id's own
+    assert validate_speaker_id("John_Smith") == "John_Smith"
+    for code in range(sys.maxunicode + 1):
+        c = chr(code)
+        if c in "/\\" or c.isalnum():
+            continue
+        try:
+            validate_utt_id(f"a{c}b")
+            utt_ok = True
+        except ValueError:
+            utt_ok = False
+        try:
+            validate_speaker_id(f"a{c}b")
+            spk_ok = True
+        except ValueError:
+            spk_ok = False
+        assert utt_ok == spk_ok, hex(code)
+
+
+@pytest.mark.parametrize("speaker", [*UNUSUAL_IDS, "a/b", "-spk", "s" * 400])
+def test_speaker_ids_that_read_back_whole_are_accepted(speaker):
+    assert validate_speaker_id(speaker) == speaker
+
+
+def _speaker_manifest(tmp_path, fmt: str, bad: str) -> tuple[str, str, int]:
+    """A manifest of format ``fmt`` whose second utterance's speaker is ``bad``: (manifest, the
+    file an error names, the line it names)."""
+    ids, speakers, wav = ["u1", "u2", "u3"], ["s1", bad, "s3"], str(tmp_path / "a.wav")
+    if fmt == "tsv":
+        path = tmp_path / "m.tsv"
+        path.write_text("".join(f"{u}\t{wav}\ttext\t{s}\n" for u, s in zip(ids, speakers)), encoding="utf-8")
+        return str(path), str(path), 2
+    if fmt == "lhotse":
+        path = tmp_path / "cuts.jsonl"
+        cuts = []
+        for u, s in zip(ids, speakers):
+            cut = _cut(u, wav)
+            cut["supervisions"] = [{"id": u, "recording_id": "r", "start": 0.0, "duration": 1.0, "speaker": s}]
+            cuts.append(json.dumps(cut) + "\n")
+        path.write_text("".join(cuts), encoding="utf-8")
+        return str(path), str(path), 2
+    if fmt == "kaldi":
+        data = tmp_path / "data"
+        data.mkdir()
+        (data / "wav.scp").write_text("".join(f"{u} {wav}\n" for u in ids), encoding="utf-8")
+        (data / "utt2spk").write_text("".join(f"{u} {s}\n" for u, s in zip(ids, speakers)), encoding="utf-8")
+        return str(data), str(data / "utt2spk"), 2
+    import datasets
+
+    directory = tmp_path / "ds"
+    datasets.Dataset.from_dict({"id": ids, "audio": [wav] * 3, "speaker": speakers}).save_to_disk(str(directory))
+    return str(directory), str(directory), 2
+
+
+#: speaker ids ESPnet's readers would split (a person's name too), each refused where speaker ids key files
+BAD_SPEAKERS = ["John Smith", "a\u3000b", "c\u00a0d", "e\u2028f", "g\x85h", "x\x1fy"]
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "lhotse", "kaldi", "hf"])
+@pytest.mark.parametrize("bad", BAD_SPEAKERS)
+def test_every_format_refuses_the_speaker_id_at_planning_when_speaker_ids_key_files(tmp_path, fmt, bad):
+    manifest, named, line = _speaker_manifest(tmp_path, fmt, bad)
+    with pytest.raises(ManifestError) as err:
+        plan_manifest(manifest, "train", 2, {}, spool=Storage(tmp_path / "out"), spool_rel="train/shards/inputs",
+                      fingerprint="manifest", speakers=True)
+    message = str(err.value)
+    assert len(message.splitlines()) == 1 and len(message) < 1000
+    assert f"{named}:{line}:" in message and "speaker id" in message
+    assert repr(bad)[:40] in message
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "lhotse", "kaldi", "hf"])
+def test_speaker_ids_are_left_alone_where_no_file_is_keyed_by_them(tmp_path, fmt):
+    manifest, _, _ = _speaker_manifest(tmp_path, fmt, "John Smith")
+    planned = plan_manifest(manifest, "train", 2, {}, spool=Storage(tmp_path / "out"),
+                            spool_rel="train/shards/inputs", fingerprint="manifest")
+    assert planned.plan.num_items == 3 and not planned.skipped
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "kaldi"])
+def test_a_bad_speaker_id_is_skipped_and_listed_under_skip(tmp_path, fmt):
+    manifest, named, line = _speaker_manifest(tmp_path, fmt, "a\u3000b")
+    planned = plan_manifest(manifest, "train", 2, {}, spool=Storage(tmp_path / "out"),
+                            spool_rel="train/shards/inputs", fingerprint="manifest", speakers=True, on_error="skip")
+    assert planned.plan.num_items == 2
+    assert [(s.utt_id, s.line) for s in planned.skipped] == [("u2", line)]
+    assert "speaker id" in planned.skipped[0].reason

@@ -35,8 +35,9 @@ class PreparedManifest:
         origin: The file its line numbers count in, for messages (empty: the line file itself).
         cwd: The directory commands (``cmd |`` entries) run in.
         skipped: Items left out while it was written (``on_error: skip``).
-        checked: Whether its ids are valid and unique and its lines well formed by construction
-            (one planning pass then; otherwise it is checked as any manifest).
+        checked: Whether its ids are valid and unique and its lines well formed by construction,
+            its speaker ids too when :meth:`ManifestFormat.prepare` was asked to check them (one
+            planning pass then; otherwise it is checked as any manifest).
     """
 
     path: str
@@ -79,9 +80,13 @@ class ManifestFormat:
 
     # planning
     def prepare(self, manifest: str, split: str, *, spool: "Storage | None", spool_rel: str, on_error: str,
-                storage_options: Mapping[str, Any] | None, allow_pipes: bool) -> PreparedManifest | None:
+                storage_options: Mapping[str, Any] | None, allow_pipes: bool,
+                check_speakers: bool = False) -> PreparedManifest | None:
         """The line file to plan, written below ``spool/spool_rel``; ``None`` plans the manifest's
-        own lines (decompressed into the spool first when it is gzipped)."""
+        own lines (decompressed into the spool first when it is gzipped). ``check_speakers``: the
+        job keys files by speaker id, so a ``checked`` file must hold only speaker ids that pass
+        :func:`~espnet3_flows.inputs.records.validate_speaker_id` (an unchecked one is checked
+        by the planner)."""
         return None
 
     def line_id(self, line: str) -> str:

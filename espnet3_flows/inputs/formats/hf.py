@@ -73,7 +73,9 @@ class HfDatasetFormat(ManifestFormat):
         return all(os.path.isfile(os.path.join(local, m)) for m in _MARKERS)
 
     def prepare(self, manifest: str, split: str, *, spool: Storage | None, spool_rel: str, on_error: str,
-                storage_options: Mapping[str, Any] | None, allow_pipes: bool) -> PreparedManifest:
+                storage_options: Mapping[str, Any] | None, allow_pipes: bool,
+                check_speakers: bool = False) -> PreparedManifest:
+        # its rows are planned as any manifest's lines (not ``checked``): the planner checks speaker ids
         directory, columns = split_spec(manifest)
         directory = directory[len("file://"):] if directory.startswith("file://") else directory
         if spool is None:

@@ -23,12 +23,13 @@ class KaldiFormat(ManifestFormat):
         return kaldi_dir.is_data_dir(manifest, storage_options)
 
     def prepare(self, manifest: str, split: str, *, spool: Storage | None, spool_rel: str, on_error: str,
-                storage_options: Mapping[str, Any] | None, allow_pipes: bool) -> PreparedManifest:
+                storage_options: Mapping[str, Any] | None, allow_pipes: bool,
+                check_speakers: bool = False) -> PreparedManifest:
         if spool is None:
             raise ManifestError(f"split {split!r}: a data directory ({manifest}) needs an output location to join "
                                 "its files into")
         joined = kaldi_dir.prepare_joined(manifest, split, spool, spool_rel, on_error=on_error,
-                                          storage_options=storage_options)
+                                          storage_options=storage_options, check_speakers=check_speakers)
         if not allow_pipes:
             kaldi_dir.refuse_pipes(joined, split)  # naming the wav.scp line, not the joined one
         return PreparedManifest(joined.path, joined.join.origin, joined.join.cwd, list(joined.join.skipped),
