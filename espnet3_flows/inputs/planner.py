@@ -129,8 +129,10 @@ def _plan_split(manifest: str, split: str, shard_size: int, config: Mapping[str,
     check_on_error(on_error)
     manifest = _local_abspath(manifest)
     fmt = detect_format(manifest, storage_options)
+    # (asked only where a job needs it: a plugin format's older prepare() takes no such keyword)
+    speaker_check = {"check_speakers": True} if speakers else {}
     prepared = fmt.prepare(manifest, split, spool=spool, spool_rel=spool_rel, on_error=on_error,
-                           storage_options=storage_options, allow_pipes=allow_pipes, check_speakers=speakers)
+                           storage_options=storage_options, allow_pipes=allow_pipes, **speaker_check)
     if prepared is not None and prepared.checked:
         return _plan_checked(manifest, fmt, prepared, split, shard_size, config, fingerprint, storage_options, salt)
     source_path, writer_target = manifest, None
