@@ -17,7 +17,7 @@ from espnet3_flows.credentials import mask_secrets
 from espnet3_flows.errors import clip
 from espnet3_flows.hashing import canonical_json
 from espnet3_flows.inputs.records import SkippedItem, write_skipped_tsv
-from espnet3_flows.published_files import bytes_digest, local_digest, mismatches
+from espnet3_flows.published_files import mismatches, publish_recorded, write_recorded
 from espnet3_flows.scp import point_scps_at_published
 from espnet3_flows.storage import Storage
 
@@ -34,8 +34,8 @@ def publish_split_files(store: Storage, rel: str, staged: Sequence[tuple[str, Pa
     it) naming the files of the old set and of the new one; the ``staged`` files (name, local path:
     list an ark before the scp that points into it) and ``skipped.tsv`` are published; files of
     the old set that the new one lacks are removed (e.g. ``feats_stats.npz`` when every utterance
-    was skipped); ``summary.json`` is written last with each file's size and SHA-256
-    (``digests``). Whatever instant this stops at, the split has either the old complete record,
+    was skipped); ``summary.json`` is written last with each file's size and SHA-256 (and ETag on
+    S3: ``digests``). Whatever instant this stops at, the split has either the old complete record,
     or a ``merging`` one that the next run merges again (removing what either set left), or the
     new complete record; and a complete record is trusted only while its files match their
     digests (:func:`espnet3_flows.orchestration.job_run.published_summary`). No name leads out of
@@ -58,12 +58,10 @@ def publish_split_files(store: Storage, rel: str, staged: Sequence[tuple[str, Pa
         point_scps_at_published([(local, posixpath.join(rel, name)) for name, local in staged], store.uri,
                                 Path(os.path.commonpath([str(local.parent) for _, local in staged])))
     for name, local in staged:
-        digests[name] = local_digest(local)
-        store.publish_file(local, posixpath.join(rel, name))
+        digests[name] = publish_recorded(store, local, posixpath.join(rel, name))
         files[name] = store.uri(rel, name)
     skipped_tsv = write_skipped_tsv(list(skipped)).encode("utf-8")
-    digests["skipped.tsv"] = bytes_digest(skipped_tsv)
-    store.write_bytes(posixpath.join(rel, "skipped.tsv"), skipped_tsv)
+    digests["skipped.tsv"] = write_recorded(store, posixpath.join(rel, "skipped.tsv"), skipped_tsv)
     files["skipped.tsv"] = store.uri(rel, "skipped.tsv")
     for stale in previous:
         if stale not in files:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -21,7 +20,8 @@ from espnet3_flows.credentials import has_secrets, redact  # noqa: F401
 from espnet3_flows.credentials import is_secret_key as _is_secret_key  # noqa: F401
 from espnet3_flows.config import ConfigError
 from espnet3_flows.confinement import OutsideOutputError, confine  # noqa: F401 - (raised through Storage)
-from espnet3_flows.deadlines import S3_PROTOCOLS, StorageTimeout, bounded_filesystem, is_unreachable, with_deadlines
+from espnet3_flows import s3_objects
+from espnet3_flows.deadlines import S3_PROTOCOLS, StorageTimeout, bounded_filesystem, endpoint_of, is_unreachable, with_deadlines
 from espnet3_flows.errors import Espnet3FlowsError
 from espnet3_flows.hashing import fileobj_sha256
 
@@ -34,11 +34,6 @@ class OutputNotWritableError(StorageError, ConfigError):
     """The output location cannot be written at all (permissions, a file in its place, a
     read-only file system, a bucket this account may not write): an error in the config, found
     before any work (exit status 2)."""
-
-
-#: Largest upload given an S3 SHA-256 checksum: s3fs 2026.9 sends a file in one PUT below twice its
-#: 50 MiB part size; a larger one goes in parts, and its content check reads it back
-CHECKSUM_MAX_BYTES = 2 * 50 * 2**20 - 1
 
 
 class Storage:
@@ -59,11 +54,22 @@ class Storage:
     def __init__(self, url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None):
         self.url = str(url)
         self.storage_options = dict(storage_options or {})
-        fs, root = fsspec.core.url_to_fs(self.url, **with_deadlines(self.storage_options, self.url))
-        self.fs = bounded_filesystem(fs, self.storage_options, self.url)  # no call waits forever
-        self.root = root.rstrip("/") or "/"
-        self.is_local = isinstance(fs, LocalFileSystem)
         self.is_s3 = fsspec.utils.get_protocol(self.url) in S3_PROTOCOLS
+        self.endpoint = endpoint_of(self.storage_options, self.url)
+        #: whether this storage's S3 client sends checksum headers (see :mod:`espnet3_flows.s3_objects`)
+        self.checksums = self.is_s3 and s3_objects.keeps_checksums(self.endpoint)
+        self.fs, root = self.connect(self.checksums)
+        self.root = root.rstrip("/") or "/"
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+
+    def connect(self, checksums: bool) -> tuple[Any, str]:
+        """A file system of ``url`` (every call bounded: none waits forever) and its root path;
+        on S3 without ``checksums``, a client that sends no checksum headers."""
+        options = with_deadlines(self.storage_options, self.url)
+        if self.is_s3 and not checksums:
+            options = s3_objects.without_checksum_headers(options)
+        fs, root = fsspec.core.url_to_fs(self.url, **options)
+        return bounded_filesystem(fs, self.storage_options, self.url), root
 
     def __repr__(self) -> str:
         return f"Storage({self.url!r}, storage_options={redact(self.storage_options)!r})"
@@ -143,17 +149,30 @@ class Storage:
     # -- writes ------------------------------------------------------------------------
     def write_bytes(self, rel: str, data: bytes) -> str:
         """Atomically write ``data`` to ``rel``; returns its URI."""
+        self.upload_bytes(rel, data)
+        return self.uri(rel)
+
+    def upload_bytes(self, rel: str, data: bytes) -> str | None:
+        """:meth:`write_bytes`, returning the ETag the store gave the object (``None`` where it
+        gives none: local disk, stores other than S3)."""
         dest = self.checked_path(rel)
         try:
             if self.is_local:
                 replace_atomically(dest, lambda f: f.write(data))
-            else:
-                self.fs.pipe_file(dest, data, **self._checksummed(len(data)))
+                return None
+            return self._upload(rel, len(data), lambda fs, extra: fs.pipe_file(dest, data, **extra))
         except StorageTimeout:
             raise  # names the endpoint and the file already
         except Exception as exc:  # noqa: BLE001 - OSError, or any of the fsspec back ends' types
             raise StorageError(f"cannot write {self.uri(rel)}: {exc}") from exc
-        return self.uri(rel)
+
+    def _upload(self, rel: str, size: int, send: Callable[[Any, dict[str, Any]], Any]) -> str | None:
+        """``send(fs, extra)``: one upload of ``size`` bytes to ``rel`` on a remote store; the
+        ETag the store gave it (on S3: :func:`espnet3_flows.s3_objects.upload`)."""
+        if self.is_s3:
+            return s3_objects.upload(self, rel, size, send)
+        send(self.fs, {})
+        return None
 
     def write_json(self, rel: str, obj: Any) -> str:
         """Atomically write ``obj`` as indented, key-sorted JSON."""
@@ -174,14 +193,14 @@ class Storage:
             return _link_new(dest, data)
         for attempt in range(3):
             try:
-                self.fs.pipe_file(dest, data, mode="create", **self._checksummed(len(data)))
+                self._upload(rel, len(data), lambda fs, extra: fs.pipe_file(dest, data, mode="create", **extra))
                 return True
             except FileExistsError:
                 return False
             except StorageTimeout:
                 raise
             except Exception as exc:  # noqa: BLE001 - s3fs maps some S3 errors, not all
-                code = _s3_error_code(exc)
+                code = s3_objects.s3_error_code(exc)
                 if code in ("PreconditionFailed", "412"):
                     return False  # there already (an endpoint whose 412 does not name the condition)
                 if code in ("ConditionalRequestConflict", "409") and attempt < 2:
@@ -192,34 +211,24 @@ class Storage:
                 raise StorageError(f"cannot create {self.uri(rel)}{hint}: {exc}") from exc
         return False
 
-    def size_and_sha256(self, rel: str) -> tuple[int, str | None]:
-        """The size of the file ``rel`` and the SHA-256 (hex) of its content that the store keeps,
-        ``None`` where it keeps none. S3 keeps one for an object uploaded in one PUT with
-        ``ChecksumAlgorithm=SHA256`` (what :meth:`write_bytes` and :meth:`publish_file` do up to
-        :data:`CHECKSUM_MAX_BYTES`), given by the HEAD request that gives its size.
+    def stored(self, rel: str) -> s3_objects.StoredObject:
+        """The size of the file ``rel`` and, on S3, the SHA-256 of its content that the store
+        keeps (for an object uploaded in one PUT with a checksum, as :meth:`upload_file` and
+        :meth:`upload_bytes` ask for) and its ETag: one HEAD request.
 
         Raises:
             FileNotFoundError: there is no file at ``rel``.
         """
         path = self.path(rel)
         if not self.is_s3:
-            return int(self.fs.size(path)), None
+            return s3_objects.StoredObject(int(self.fs.size(path)))
         bucket, key, _ = self.fs.split_path(path)
-        head = self.fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED")
-        stored = head.get("ChecksumSHA256")
-        # a multipart object's checksum is of its parts' checksums ("…-N"), not of its content
-        sha = base64.b64decode(stored).hex() if stored and "-" not in stored else None
-        return int(head["ContentLength"]), sha
+        return s3_objects.stored_object(self.fs.call_s3("head_object", Bucket=bucket, Key=key, ChecksumMode="ENABLED"))
 
     def read_sha256(self, rel: str) -> str:
         """The SHA-256 (hex) of the file ``rel``, read through (streamed, not held in memory)."""
         with self.fs.open(self.path(rel), "rb") as f:
             return fileobj_sha256(f)
-
-    def _checksummed(self, size: int) -> dict[str, Any]:
-        """Upload options that make S3 keep the object's SHA-256 (its content check then needs
-        no download): for single PUTs only, as s3fs does not give a multipart upload's parts one."""
-        return {"ChecksumAlgorithm": "SHA256"} if self.is_s3 and size <= CHECKSUM_MAX_BYTES else {}
 
     def write_text(self, rel: str, text: str) -> str:
         """Atomically write UTF-8 text."""
@@ -227,17 +236,22 @@ class Storage:
 
     def publish_file(self, local_path: str | os.PathLike[str], rel: str) -> str:
         """Atomically copy a local file to ``rel``; returns its URI."""
-        dest = self.checked_path(rel)
+        self.upload_file(local_path, rel)
+        return self.uri(rel)
+
+    def upload_file(self, local_path: str | os.PathLike[str], rel: str) -> str | None:
+        """:meth:`publish_file`, returning the ETag the store gave the object (as :meth:`upload_bytes`)."""
+        dest, src = self.checked_path(rel), str(local_path)
         try:
             if self.is_local:
-                replace_atomically(dest, lambda f: _copy_into(str(local_path), f))
-            else:
-                self.fs.put_file(str(local_path), dest, **self._checksummed(os.path.getsize(local_path)))
+                replace_atomically(dest, lambda f: _copy_into(src, f))
+                return None
+            send = s3_objects.file_upload(src, dest) if self.is_s3 else lambda fs, _: fs.put_file(src, dest)
+            return self._upload(rel, os.path.getsize(src), send)
         except StorageTimeout:
             raise  # names the endpoint and the file already
         except Exception as exc:  # noqa: BLE001
             raise StorageError(f"cannot publish {self.uri(rel)}: {exc}") from exc
-        return self.uri(rel)
 
     @contextlib.contextmanager
     def atomic_writer(self, rel: str) -> Iterator[BinaryIO]:
@@ -366,18 +380,6 @@ def _link_new(dest: str, data: bytes) -> bool:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-
-
-def _s3_error_code(exc: BaseException) -> str | None:
-    """The S3 error code (or HTTP status) behind ``exc``, found on a botocore error in its causes."""
-    seen = 0
-    while exc is not None and seen < 10:
-        response = getattr(exc, "response", None)
-        if isinstance(response, Mapping):
-            return str((response.get("Error") or {}).get("Code")
-                       or (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "") or None
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return None
 
 
 def _copy_into(src: str, out: BinaryIO) -> None:

@@ -29,8 +29,8 @@ class ShardResult:
         records_error: Why the shard's records could not be kept (not JSON-able), else ``None``.
         run_id: The run that computed the shard (a shard a worker finds done by its own run, e.g.
             after the worker that computed it died, is computed, not reused).
-        digests: Each of ``files``' size and SHA-256 as published
-            (:func:`~espnet3_flows.published_files.local_digest`): a shard whose file no longer
+        digests: Each of ``files``' size and SHA-256 (and ETag on S3) as published
+            (:func:`~espnet3_flows.published_files.publish_recorded`): a shard whose file no longer
             matches is recomputed before a merge reads it. Empty in records written before
             digests were kept (those are trusted as they are).
     """

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from espnet3_flows.errors import ItemError
 from espnet3_flows.parallel.env_injection import call_with_env, injected
 from espnet3_flows.parallel.results import ShardResult
-from espnet3_flows.published_files import local_digest
+from espnet3_flows.published_files import publish_recorded
 from espnet3_flows.scp import point_scps_at_published
 from espnet3_flows.sharding import Shard
 
@@ -146,7 +146,7 @@ def _keep_records(records: Any, shard_dir: Path, res: ShardResult) -> None:
 def _publish(runner: "BaseRunner", shard: Shard, staging: Path, shard_dirs: set[Path], res: ShardResult) -> None:
     """Publish what the shard left under ``staging``: files outside its directory to the same
     place under the output (first: an scp in the shard's directory may point at them), then the
-    shard directory's files to ``split.<hash>`` (each one's size and SHA-256 kept in ``done``),
+    shard directory's files to ``split.<hash>`` (each one's size, SHA-256 and ETag kept in ``done``),
     then ``done``."""
     store = runner.storage
     assert store is not None, "a shard runs with an output location"
@@ -166,8 +166,7 @@ def _publish(runner: "BaseRunner", shard: Shard, staging: Path, shard_dirs: set[
         store.publish_file(path, rel)
     res.published_elsewhere = len(elsewhere)
     for path, rel in inside:
-        res.digests[rel] = local_digest(path)
-        store.publish_file(path, rel)
+        res.digests[rel] = publish_recorded(store, path, rel)
         res.files.append(rel)
     store.write_json(runner.shard_rel(shard, DONE), res.to_dict())
 

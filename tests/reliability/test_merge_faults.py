@@ -94,7 +94,7 @@ _KILLED_MERGE = textwrap.dedent("""
             return method(*args, **kwargs)
         return call
 
-    for name in ("publish_file", "write_bytes", "remove"):  # every write of a merge goes through these
+    for name in ("upload_file", "upload_bytes", "remove"):  # every write of a merge goes through these
         setattr(Storage, name, counted(getattr(Storage, name)))
     merge = CollectStatsRunner.merge
 
