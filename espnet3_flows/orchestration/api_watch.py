@@ -130,18 +130,36 @@ def watching_api(interval: float = 1.0) -> Iterator[None]:
         yield
         return
     stop = threading.Event()
-    retries = settings.client.max_retries
-    thread = threading.Thread(target=_watch, args=((parts.hostname, port), interval, stop, settings), daemon=True,
-                              name="prefect-api-watch")
+    changed: list[Callable[[], None]] = []  # what puts the client settings back
+    thread = threading.Thread(target=_watch, args=((parts.hostname, port), interval, stop, settings, changed),
+                              daemon=True, name="prefect-api-watch")
     _watching.set()
     thread.start()
     try:
         yield
     finally:  # a process that goes on (a script, a notebook) gets its client back as it was
         stop.set()
+        thread.join(timeout=interval * 2 + 3.5)  # a probe in progress ends; no loss is declared after this
         _watching.clear()
         _lost.clear()
-        settings.client.max_retries = retries
+        for undo in changed:  # the run's settings and the process's own
+            undo()
+
+
+def stop_client_retries(settings: Any) -> Callable[[], None]:
+    """Turn off the retries of Prefect's client under ``settings`` (each call in progress fails at
+    its next try) and return what puts them back exactly: the value, and the field left unset if it
+    was (a field once set is serialized into every later settings context a worker gets)."""
+    client = settings.client
+    retries, was_set = client.max_retries, "max_retries" in client.model_fields_set
+    client.max_retries = 0
+
+    def undo() -> None:
+        client.max_retries = retries
+        if not was_set:
+            client.model_fields_set.discard("max_retries")
+
+    return undo
 
 
 def _through_proxy(url: str) -> bool:
@@ -164,7 +182,8 @@ def _refused(address: tuple[str, int], timeout: float) -> bool:
         return True
 
 
-def _watch(address: tuple[str, int], interval: float, stop: threading.Event, settings: Any) -> None:
+def _watch(address: tuple[str, int], interval: float, stop: threading.Event, settings: Any,
+           changed: list[Callable[[], None]]) -> None:
     since = None
     while not stop.wait(interval):
         if not _refused(address, timeout=min(interval * 2, 3.0)):
@@ -172,11 +191,11 @@ def _watch(address: tuple[str, int], interval: float, stop: threading.Event, set
             continue
         since = since or time.monotonic()
         if time.monotonic() - since >= LOST_AFTER_SECONDS and not stop.is_set():
-            _declare_lost(settings)
+            _declare_lost(settings, changed)
             return
 
 
-def _declare_lost(settings: Any) -> None:
+def _declare_lost(settings: Any, changed: list[Callable[[], None]]) -> None:
     """The API is gone: every further client call fails at once, nothing queued is drained into it,
     and a worker's flow-run process ends once its merges are done."""
     from prefect.settings import get_current_settings
@@ -185,7 +204,7 @@ def _declare_lost(settings: Any) -> None:
 
     _lost.set()
     for each in {id(settings): settings, id(s := get_current_settings()): s}.values():  # the run's, this thread's
-        each.client.max_retries = 0  # each call in progress fails at its next try
+        changed.append(stop_client_retries(each))  # put back when the watched block ends
     drop_undeliverable_api_work()
     if os.environ.get("PREFECT__FLOW_RUN_ID"):  # a worker's flow-run process: nothing else runs in it
         threading.Thread(target=_end_after_merges, name="end-after-lost-api", daemon=True).start()

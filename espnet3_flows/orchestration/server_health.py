@@ -151,27 +151,33 @@ def watched(url: str, process: subprocess.Popen, home: Path, log: Path | None) -
     what is queued for the server is dropped, so the run ends within seconds."""
     from prefect.settings import get_current_settings
 
+    from espnet3_flows.orchestration.api_watch import stop_client_retries
     from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work
 
     settings = get_current_settings()  # the run's (the watching thread has its own context)
+    undo: list[Callable[[], None]] = []
 
     def give_up() -> None:
-        settings.client.max_retries = 0  # each call in progress fails at its next try
+        undo.append(stop_client_retries(settings))  # each call in progress fails at its next try
         drop_undeliverable_api_work()
 
     describe = functools.partial(server_trouble, url, home, log)
-    with HealthWatch(url, process, describe, give_up) as watch:
-        try:
-            yield watch
-        except Exception as exc:
-            trouble = watch.trouble
-            if trouble is None and process.poll() is not None:
-                trouble = describe(f"exited with code {process.returncode} during the run")
-            if trouble is None and full_disk(home, log):
-                trouble = describe("failed")
-            if trouble is None:
-                raise
-            raise PrivateServerLost(trouble) from exc
+    try:
+        with HealthWatch(url, process, describe, give_up) as watch:
+            try:
+                yield watch
+            except Exception as exc:
+                trouble = watch.trouble
+                if trouble is None and process.poll() is not None:
+                    trouble = describe(f"exited with code {process.returncode} during the run")
+                if trouble is None and full_disk(home, log):
+                    trouble = describe("failed")
+                if trouble is None:
+                    raise
+                raise PrivateServerLost(trouble) from exc
+    finally:  # (after the watch's thread ended) a process that goes on gets its client back as it was
+        for each in undo:
+            each()
 
 
 def drain_prefect_clients(timeout: float = 15.0) -> None:

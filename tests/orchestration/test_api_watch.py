@@ -50,3 +50,25 @@ def test_an_api_reached_through_a_proxy_is_not_watched(quick_watch, monkeypatch)
     monkeypatch.setenv("NO_PROXY", "")
     monkeypatch.setenv("no_proxy", "")
     assert not _watch_for(f"http://127.0.0.1:{port}/api", 2, before_end=server.close)
+
+
+def test_a_loss_leaves_no_client_setting_changed_after_the_run(quick_watch):
+    """The watch turns the client's retries off when the API is lost, in the run's settings and in
+    the process's own: a process that goes on (a notebook, the test session) gets both back."""
+    from prefect.settings import get_current_settings
+
+    before = get_current_settings().client.max_retries
+    server = socket.create_server(("127.0.0.1", 0))
+    assert _watch_for(f"http://127.0.0.1:{server.getsockname()[1]}/api", 20, before_end=server.close)
+    assert get_current_settings().client.max_retries == before != 0
+
+
+def test_the_settings_serialized_for_workers_are_the_same_after_a_loss(quick_watch):
+    """A field set once stays in every settings context serialized for Dask workers: after a loss,
+    the process's settings serialize exactly as before."""
+    from prefect.settings import get_current_settings
+
+    before = get_current_settings().to_environment_variables(exclude_unset=True)
+    server = socket.create_server(("127.0.0.1", 0))
+    assert _watch_for(f"http://127.0.0.1:{server.getsockname()[1]}/api", 20, before_end=server.close)
+    assert get_current_settings().to_environment_variables(exclude_unset=True) == before
