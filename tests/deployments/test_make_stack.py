@@ -134,8 +134,14 @@ def _final_states(api_url: str, ids: list[str], timeout: float) -> list[str]:
 
     deadline = time.monotonic() + timeout
     while True:
-        states = [json.loads(urllib.request.urlopen(f"{api_url}/flow_runs/{i}", timeout=30).read())["state_type"]
-                  for i in ids]
+        try:
+            states = [json.loads(urllib.request.urlopen(f"{api_url}/flow_runs/{i}", timeout=30).read())["state_type"]
+                      for i in ids]
+        except OSError:  # SQLite busy with the runs' own writes may answer a read late: ask again
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+            continue
         if all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states) or time.monotonic() > deadline:
             return states
         time.sleep(2)
