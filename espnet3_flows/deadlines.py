@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 
 from fsspec.asyn import AsyncFileSystem
 
-from espnet3_flows.errors import Espnet3FlowsError, clip
+from espnet3_flows.errors import Espnet3FlowsError, causes, clip
 
 #: Seconds to open a connection (botocore ``connect_timeout``), when storage_options set none
 CONNECT_TIMEOUT = 10.0
@@ -168,21 +168,11 @@ def bounded_filesystem(fs: Any, options: Mapping[str, Any] | None, url: str) -> 
 def is_outage(exc: BaseException | None) -> bool:
     """Whether ``exc`` or one of its causes is a storage endpoint not answering in time
     (:class:`StorageTimeout`, or botocore's connect or read timeout)."""
-    seen = 0
-    while exc is not None and seen < 20:
-        if isinstance(exc, StorageTimeout) or type(exc).__name__ in _CLIENT_TIMEOUTS:
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+    return any(isinstance(e, StorageTimeout) or type(e).__name__ in _CLIENT_TIMEOUTS for e in causes(exc))
 
 
 def is_unreachable(exc: BaseException | None) -> bool:
     """Whether ``exc`` or one of its causes is a connection that could not be made (a store down
     or not listening: an outage, not a wrong setting), as opposed to a store that answered no."""
-    seen = 0
-    while exc is not None and seen < 20:
-        if isinstance(exc, ConnectionError) or type(exc).__name__ in ("EndpointConnectionError",
-                                                                       "ClientConnectorError"):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+    return any(isinstance(e, ConnectionError) or type(e).__name__ in ("EndpointConnectionError", "ClientConnectorError")
+               for e in causes(exc))

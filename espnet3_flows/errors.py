@@ -15,6 +15,7 @@ features that come out NaN for this input.
 from __future__ import annotations
 
 import errno
+from typing import Iterator
 
 #: The values of ``on_error``: ``fail`` stops at the first bad item, ``skip`` lists it and goes on
 #: (checked by :func:`espnet3_flows.config.check_on_error`, wherever a policy is given)
@@ -62,6 +63,16 @@ ITEM_ERRNOS = frozenset(
         "EPERM", "EFBIG", "EOVERFLOW",
     ) if hasattr(errno, name)
 )
+
+
+def causes(exc: BaseException | None, limit: int = 20) -> Iterator[BaseException]:
+    """``exc`` and what caused it (``__cause__``, else ``__context__``), nearest first: at most
+    ``limit`` of them, each once (a chain that loops back ends there)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen and len(seen) < limit:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
 
 
 def is_item_os_error(exc: BaseException) -> bool:

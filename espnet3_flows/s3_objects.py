@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 from espnet3_flows.deadlines import StorageTimeout
+from espnet3_flows.errors import causes
 
 if TYPE_CHECKING:
     from espnet3_flows.storage import Storage
@@ -145,11 +146,9 @@ def stored_object(head: Mapping[str, Any]) -> StoredObject:
 
 def s3_error_code(exc: BaseException | None) -> str | None:
     """The S3 error code (or HTTP status) behind ``exc``, found on a botocore error in its causes."""
-    seen = 0
-    while exc is not None and seen < 10:
-        response = getattr(exc, "response", None)
+    for e in causes(exc, limit=10):
+        response = getattr(e, "response", None)
         if isinstance(response, Mapping):
             return str((response.get("Error") or {}).get("Code")
                        or (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "") or None
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None

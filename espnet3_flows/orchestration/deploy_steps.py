@@ -33,7 +33,7 @@ from uuid import UUID
 import psutil
 
 from espnet3_flows.code_keys import refuse_untrusted_code
-from espnet3_flows.errors import clip
+from espnet3_flows.errors import causes, clip
 from espnet3_flows.orchestration.jobs import get_job, merged_data
 from espnet3_flows.orchestration.parameters import dotted_values
 
@@ -249,10 +249,4 @@ def is_api_lost(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) is the Prefect client failing to reach its API."""
     import httpx
 
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return False
+    return any(isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)) for e in causes(exc))

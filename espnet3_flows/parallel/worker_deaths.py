@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import contextlib
 
+from espnet3_flows.errors import causes
+
 #: The config key that sets a local worker's memory limit (``LocalCluster(memory_limit=...)``)
 MEMORY_KEY = "parallel.options.memory_limit"
 
 
 def killed_worker(exc: BaseException | None) -> BaseException | None:
     """distributed's ``KilledWorker`` in ``exc`` or what caused it (``None`` when there is none)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if type(exc).__name__ == "KilledWorker" and hasattr(exc, "last_worker"):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return next((e for e in causes(exc) if type(e).__name__ == "KilledWorker" and hasattr(e, "last_worker")), None)
 
 
 def memory_note(exc: BaseException | None) -> str:
