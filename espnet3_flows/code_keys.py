@@ -45,9 +45,10 @@ class CodeValue:
     why: str
 
     def shown(self) -> str:
-        """The key and what names the code, short (never the whole value: it may hold anything)."""
+        """The key and what names the code, short: a ``_target_``, else only the value's kind (a
+        value such as a worker's ``env`` may hold a credential under a name that does not say so)."""
         target = _first_target(self.value)
-        what = f"_target_ {target!r}" if target is not None else repr(self.value)
+        what = f"_target_ {target!r}" if target is not None else f"a {type(self.value).__name__} value"
         return f"{self.key} ({clip(what, 80)}: {self.why})"
 
 

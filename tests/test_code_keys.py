@@ -69,6 +69,13 @@ def test_the_refusal_is_one_line_naming_each_key_never_the_whole_value():
     assert "frontend.model (_target_ 'sympy.sympify'" in text and "parallel.cluster_class" in text
 
 
+def test_the_refusal_never_quotes_a_value_that_is_not_a_target():
+    hidden = "postgres://user:pw@db/x"
+    with pytest.raises(CodeFromFormError) as err:
+        refuse_untrusted_code(COLLECT, {"parallel": {"options": {"env": {"DATABASE_URL": hidden}}}}, {})
+    assert "parallel.options.env (a dict value" in str(err.value) and hidden not in str(err.value)
+
+
 def test_code_is_found_before_anything_it_names_is_imported(tmp_path):
     import sys
 
