@@ -72,7 +72,7 @@ def test_the_readme_py_lines_run_as_written(tmp_path):
     py = subprocess.run(["make", "-s", f"VENV={venv}", f"--assume-old={venv}/.installed", "python"], cwd=ROOT,
                         capture_output=True, text=True, timeout=60).stdout.strip()
     assert Path(py).resolve() == Path(sys.executable).resolve(), py  # `PY=$(make -s python)`
-    env = cli_env(tmp_path / "prefect-home", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
+    env = cli_env(tmp_path / "prefect-home", fresh_database=True, DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
     ran = []
     for command in (c for c in readme_commands() if c.startswith("$PY ")):
         for path in ("/data/mycorpus", "/exp/mycorpus", "/models/espnet_spk"):
@@ -114,7 +114,7 @@ def test_the_running_page_commands_run_as_written(tmp_path):
     for linked in ("flows", "conf"):
         (work / linked).symlink_to(ROOT / linked)
     build_random_ecapa_dir(tmp_path / "models" / "ecapa")
-    env = cli_env(tmp_path / "prefect-home", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
+    env = cli_env(tmp_path / "prefect-home", fresh_database=True, DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
     commands = [c for c in readme_commands("docs/running.md") if c.startswith("$PY ")]
     assert len(commands) == 7
     for command in commands:

@@ -71,7 +71,7 @@ def test_the_walkthrough_runs_as_written(tmp_path):
     assert [k for k, _, _ in found].count("run") >= 7 and [k for k, _, _ in found].count("file") == 3
 
     venv_bin = str(Path(sys.executable).parent)
-    env = cli_env(tmp_path / "prefect-home", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
+    env = cli_env(tmp_path / "prefect-home", fresh_database=True, DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
     env["PATH"] = f"{venv_bin}{os.pathsep}{env['PATH']}"  # what `source .../activate` does
     env.pop("PYTHONPATH", None)  # the installed package, as a user has it
     with PrefectServer(tmp_path / "server-home", log_dir=tmp_path / "logs") as server:

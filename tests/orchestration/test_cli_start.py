@@ -99,9 +99,10 @@ def test_serial_uses_the_private_server_and_a_rerun_starts_none(tmp_path, four_u
 
 
 def test_two_runs_at_once_on_one_prefect_database_both_succeed(tmp_path, four_utterances):
-    """Each run's private server writes the same SQLite database (one writer at a time)."""
+    """Each run's private server writes the same SQLite database (one writer at a time), a new
+    one: its migrations are the longest write."""
     home = tmp_path / "prefect-home"
-    env = cli_env(home, HF_HUB_OFFLINE="1")
+    env = cli_env(home, fresh_database=True, HF_HUB_OFFLINE="1")
     procs = [subprocess.Popen([sys.executable, "flows/collect_stats.py", f"manifests.train={four_utterances}",
                                f"output_dir={tmp_path / f'out{k}'}", "shard_size=2", "parallel.n_workers=1"],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

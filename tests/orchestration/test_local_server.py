@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from espnet3_flows.orchestration.local_server import SERVER_BATCHING, server_environment
+from tests.support.prefect_db import seed_home
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,7 +64,7 @@ def test_while_starting_runs_with_the_url_exported_before_the_server_answers(mon
             up = False
         seen.append((url, up))
 
-    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_HOME: str(tmp_path)}):
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_HOME: str(seed_home(tmp_path))}):
         with prefect_api(needs_server=True, while_starting=during) as url:
             assert httpx.get(f"{url}/health", timeout=5).status_code == 200
     assert seen == [(url, False)]
@@ -100,7 +101,7 @@ def test_an_early_server_is_taken_over_or_stopped(monkeypatch, tmp_path):
     from espnet3_flows.orchestration import local_server
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    monkeypatch.setenv("PREFECT_HOME", str(seed_home(tmp_path)))
     assert local_server.launch_early(["--help"]) is None and local_server.launch_early(["--dry-run"]) is None
     with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_HOME: str(tmp_path)}):
         early = local_server.launch_early(["output_dir=x"])
