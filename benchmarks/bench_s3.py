@@ -154,7 +154,13 @@ def run(quick: bool = False) -> dict[str, Any]:
              "XML parsing, on the same 2 cores. On a real object store a LIST takes 20-100 ms of round trip, "
              "which the 8 concurrent listings overlap; here they overlap only the server's and the client's CPU.",
              "before = the planner's code up to 81b04c8, kept in this file as the reference."]
-    return common.write_result(NAME, quick, rows, targets, notes, speedup=speedup)
+    return common.write_result(NAME, quick, rows, targets, notes, plot=lambda path: _plot(rows, path),
+                               speedup=speedup)
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    common.bar_chart(path, [f"{r['method']} #{r['rep']}" for r in rows], [r["seconds"] for r in rows],
+                     "fingerprinting, s", height=2.6)
 
 
 def table(result: dict[str, Any]) -> str:

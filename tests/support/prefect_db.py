@@ -60,12 +60,18 @@ def template_database() -> Path:
 
 
 def seed_home(home: Path) -> Path:
-    """``home`` with a copy of the migrated database in it, unless it has a database already."""
+    """``home`` with a copy of the migrated database in it, unless it has a database already or
+    Prefect cannot be imported here (the lent GPU machine, and ``gpu_check.sh --rehearse``: its
+    commands make no database)."""
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     db = home / DB_NAME
     if not db.exists():
+        try:
+            template = template_database()
+        except ImportError:
+            return home
         partial = home / f".{DB_NAME}.copying"
-        shutil.copyfile(template_database(), partial)
+        shutil.copyfile(template, partial)
         os.replace(partial, db)
     return home
