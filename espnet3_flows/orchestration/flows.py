@@ -30,7 +30,7 @@ from espnet3_flows.orchestration.artifacts import (
 from espnet3_flows.orchestration.job_run import PlannedFlow, current_run, plan_job, runner_modules, running
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
-from espnet3_flows.orchestration.prefect_compat import prompt_heartbeat_stop, share_tls_contexts, untokenized_task_keys
+from espnet3_flows.orchestration.prefect_compat import install_run_patches, untokenized_task_keys
 from espnet3_flows.orchestration.prefect_context_cache import (cache_flow_context_serialization,
                                                                cache_settings_serialization)
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
@@ -195,11 +195,10 @@ def _kebab(name: str) -> str:
 def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool) -> Any:
     """Run :func:`shard_flow` for ``run`` on the task runner its ``parallel`` asks for (in-process
     for merges only, and for shards that run here: ``ParallelConfig.runs_here``)."""
-    share_tls_contexts()
+    install_run_patches()
     console.quiet_completed_shards()  # shard tasks of a serial run complete in this process
     cache_settings_serialization()
     cache_flow_context_serialization()
-    prompt_heartbeat_stop()
     _export_api_url()
     if run.pending_shards and not run.parallel.runs_here(run.pending_shards):
         untokenized_task_keys()  # imports prefect_dask (and distributed): only for a run on a cluster

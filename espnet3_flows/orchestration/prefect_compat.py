@@ -31,6 +31,10 @@ per worker.
 **Heartbeats that stop at once.** :func:`prompt_heartbeat_stop`: a flow run's heartbeat thread
 wakes when the run ends instead of finishing a one-second sleep (0–1 s at the end of every run).
 
+**Forked children that exit cleanly.** :func:`forked_children_exit_cleanly` (a fix, not a
+speed-up): a process forked after a flow ran here (a torch ``DataLoader``'s workers) no longer
+exits 1 on Prefect's inherited exit hook.
+
 **No draining into a dead server.** :func:`drop_undeliverable_api_work`: after the API server is
 lost, Prefect's queued events and logs are dropped instead of drained at exit (~7 s each).
 """
@@ -244,6 +248,45 @@ def prompt_heartbeat_stop() -> bool:
                 thread.join(timeout=2)
 
     return install_wrapper(flow_engine, "_send_heartbeats", send_heartbeats, original)
+
+
+def forked_children_exit_cleanly() -> bool:
+    """Let a process forked from this one after a flow ran here exit 0, not 1 (idempotent).
+
+    Prefect 3.8's log and event services register a ``threading`` exit hook that drains them. A
+    forked child inherits the hook, and Prefect's after-fork handler resets the services
+    (``_done_event = None``) but leaves the hook: at the child's exit ``drain`` fails an
+    ``assert``, and ``multiprocessing``'s fork start method turns that into exit code 1 with no
+    message. A torch ``DataLoader`` with workers (forked) then fails with "DataLoader worker
+    exited unexpectedly" in any process that ran a flow before, e.g. a training script that
+    collects its statistics first. This makes ``drain`` at exit a no-op for a service reset so
+    (it has nothing of the parent's to send); every other drain is Prefect's own. A fix, not a
+    speed-up: with the patches off the bug is back.
+
+    Returns:
+        Whether installed (``False`` with a Prefect version it was not verified against).
+    """
+    from prefect._internal.concurrency.services import _QueueServiceBase
+
+    ok, original = unpatched_target(_QueueServiceBase, "drain")
+    if original is None:
+        return ok
+
+    def drain(self: Any, at_exit: bool = False) -> Any:
+        if at_exit and self._done_event is None:  # never started, or reset in a forked child
+            return False
+        return original(self, at_exit=at_exit)
+
+    return install_wrapper(_QueueServiceBase, "drain", drain, original)
+
+
+def install_run_patches() -> None:
+    """What every flow run of this process needs installed before it starts (idempotent): shared
+    TLS contexts, prompt heartbeat stops, and forked children that exit cleanly (before the run
+    starts Prefect's services and their exit hooks)."""
+    share_tls_contexts()
+    prompt_heartbeat_stop()
+    forked_children_exit_cleanly()
 
 
 def drop_undeliverable_api_work() -> int:

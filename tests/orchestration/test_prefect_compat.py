@@ -210,3 +210,29 @@ def test_a_flow_runs_with_every_patch_off(tmp_path, demo_corpus):
     with np.load(out / "valid" / "feats_stats.npz") as a, np.load(serial / "valid" / "feats_stats.npz") as b:
         for key in b.files:
             np.testing.assert_allclose(a[key], b[key], rtol=1e-12)
+
+
+def _exit_at_once() -> None:
+    """A forked child's whole work: none (its exit is what is checked)."""
+
+
+@pytest.mark.patch
+def test_a_process_forked_after_a_flow_exits_cleanly(prefect_harness, demo_corpus, tmp_path):
+    """Before: Prefect's log and event services left their exit hook in a forked child, where it
+    failed an ``assert`` after Prefect's own after-fork reset: the child exited 1 without a word,
+    and a torch ``DataLoader`` with workers in a process that had run a flow failed with "worker
+    exited unexpectedly" (found by the batching tests run after a flow test in one process)."""
+    import multiprocessing
+
+    import torch.utils.data
+
+    from espnet3_flows.orchestration.flows import run_job
+
+    run_job("collect_stats", {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(tmp_path / "out"),
+                              "parallel": {"env": "serial"}}, progress=False)
+    child = multiprocessing.get_context("fork").Process(target=_exit_at_once)
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    assert sorted(int(x) for batch in loader for x in batch) == list(range(8))
