@@ -71,11 +71,18 @@ system-deps:  ## Debian packages for the SLURM, ssh and compose tests (installed
 # The whole suite, SLURM included: starts a single-node SLURM cluster and stops it after. A
 # SLURM that does not start stops here with its own error, before pytest runs.
 SLURM_DIR := $(or $(ESPNET3_SLURM_DIR),/tmp/espnet3-flows-slurm)
+# Two pytest processes (pytest-xdist): most of a test's time is spent waiting on the processes it
+# starts (a server, a worker, a CLI run), so one process kept 2 cores ~45 % busy. A module runs
+# whole on one of them (its module-scoped servers start once), the modules of slow tests first
+# (tests/conftest.py). TEST_JOBS=1: one process, in collection order. More than 2 on a 2-core
+# machine oversubscribes it (each test's own runs use 1-2 cores).
+TEST_JOBS ?= 2
+XDIST = $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 test: install system-deps
 	@trap 'ci/slurm/stop.sh >&2' EXIT; \
 	  ci/slurm/start.sh >/dev/null || { echo "error: make test: the single-node SLURM cluster" \
 	    "did not start (its error is above)" >&2; exit 1; }; \
-	  . $(SLURM_DIR)/env.sh && $(PY) -m pytest --run-slurm $(PYTEST_ARGS) && $(UNPATCHED) $(PYTEST_ARGS)
+	  . $(SLURM_DIR)/env.sh && $(PY) -m pytest --run-slurm $(XDIST) $(PYTEST_ARGS) && $(UNPATCHED) $(XDIST) $(PYTEST_ARGS)
 
 # With every patch of another library off (ESPNET3_FLOWS_PATCHES=off, ~4 min): runs end to end still
 # work (marker unpatched) and each test of what a patch does fails on its assertion (marker patch).
@@ -86,7 +93,7 @@ test-unpatched: install
 
 # Everything but the SLURM tests (no root needed).
 test-fast: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The wheels benchmarks/gpu_check.sh installs on a lent GPU machine (Python 3.12, no registry there),
 # into .whl/ (git-ignored); it checks that they and the tree stay under the 60 MiB that travel.

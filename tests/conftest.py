@@ -50,6 +50,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             del sys.modules[name]
 
 
+#: the per-test ceiling of a test marked ``slow`` (every other test has pyproject.toml's 120 s; one
+#: that needs more than this says so with its own ``timeout`` mark and why)
+SLOW_TIMEOUT = 240
+
+
+def _slow_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items of modules holding a ``slow`` test first, in collection order otherwise. Under
+    ``make test``'s ``-n 2 --dist loadfile --no-loadscope-reorder`` a module runs whole on one
+    worker in this order: the minutes-long ones start at once instead of ending the run on one
+    worker while the other waits."""
+    slow_modules = {item.module for item in items if "slow" in item.keywords}
+    return sorted(items, key=lambda item: item.module not in slow_modules)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_slurm = pytest.mark.skip(reason="needs SLURM: run ci/slurm/start.sh and pass --run-slurm")
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: pass --run-gpu on a GPU machine")
@@ -60,12 +74,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     patch_off = pytest.mark.xfail(strict=True, raises=AssertionError,
                                   reason="ESPNET3_FLOWS_PATCHES=off: the patch this test checks is not applied")
     for item in items:
+        if "slow" in item.keywords and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
         if "patch" in item.keywords and not patches_enabled():
             item.add_marker(patch_off)
         if "slurm" in item.keywords and not config.getoption("--run-slurm"):
             item.add_marker(skip_slurm)
         if "gpu" in item.keywords and not config.getoption("--run-gpu"):
             item.add_marker(skip_gpu)
+    items[:] = _slow_modules_first(items)
 
 
 @pytest.fixture(scope="session")

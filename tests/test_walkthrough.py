@@ -26,7 +26,8 @@ from tests.support.servers import PrefectServer, PrefectWorker, cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "walkthrough.md"
-pytestmark = [pytest.mark.prefect_server, pytest.mark.slow, pytest.mark.timeout(1500)]
+# ~2 min on 2 cores: every command of the page, a server, a worker and its deployment runs included
+pytestmark = [pytest.mark.prefect_server, pytest.mark.slow, pytest.mark.timeout(420)]
 #: the page's paths, moved under the test's directory
 PATHS = ("/data/mycorpus", "/exp/mycorpus", "/models/ecapa", "/home/me/mycorpus_jobs")
 _STEP = re.compile(r"<!-- walkthrough: (run|file (\S+)) -->\n```\w*\n(.*?)```", re.S)

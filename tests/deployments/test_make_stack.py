@@ -19,7 +19,8 @@ import pytest
 from tests.support.servers import cli_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
+# ~3 min on 2 cores: 14 deployment runs, ten of them two at a time through one process worker
+pytestmark = [pytest.mark.prefect_server, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):

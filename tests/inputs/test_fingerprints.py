@@ -7,6 +7,7 @@ import subprocess
 import uuid
 
 import fsspec
+import pytest
 
 from espnet3_flows.inputs.fingerprints import Fingerprinter, fingerprint_files
 
@@ -89,6 +90,7 @@ def test_remote_listing_cache_is_bounded(tmp_path):
         assert fp._cached <= 120 + 50 and len(fp._listings) <= 3  # at most ~cache_entries kept
 
 
+@pytest.mark.slow
 def test_s3_key_streams_equal_per_directory_listings(moto_server):
     """On a real S3 endpoint: the grouped key streams give what one listing per parent gives,
     for nested wanted parents, a wanted parent's sub-directory, directory markers, missing files

@@ -23,7 +23,7 @@ from tests.support.servers import PrefectServer, PrefectWorker
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
-pytestmark = [pytest.mark.prefect_server, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
 
 SLOW_FRAMER = {"_target_": "tests.orchestration.slow_model.SlowFramer", "delay": 0.0}
 POOL = {"name": "espnet3", "work_queue_name": "default"}

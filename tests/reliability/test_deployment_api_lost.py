@@ -19,7 +19,7 @@ from tests.reliability.test_deployment_workdir import PREFECT, _worker_env
 from tests.support.servers import PrefectServer, PrefectWorker
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.prefect_server, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
 #: The bound (espnet3_flows.orchestration.api_watch) plus slack for a loaded machine: a deadline
 #: on the action, not a measurement
 ENDED_WITHIN = 30 + 60

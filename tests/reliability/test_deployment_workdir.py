@@ -24,7 +24,7 @@ import pytest
 from tests.support.servers import PrefectServer, PrefectWorker
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.prefect_server, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 # The shipped flow with a pull step that chooses no directory (as a deployment made without

@@ -116,6 +116,7 @@ def _merge_b(versions, out: Path, kill_at: int) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_merge_killed_before_any_of_its_writes_is_never_trusted_as_a_mix(versions, tmp_path):
     counted = tmp_path / "count"
     shutil.copytree(versions["base"], counted)

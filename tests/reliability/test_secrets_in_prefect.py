@@ -36,7 +36,9 @@ from tests.support.prefect_readback import (columns_with, context, paths_contain
 from tests.support.servers import ManagedProcess, PrefectServer, PrefectWorker
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.prefect_server, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(900)]
+# the module's scenario (server, CLI run, deploy, worker, two deployment runs) is set up by its
+# first test: ~2 min on 2 cores
+pytestmark = [pytest.mark.prefect_server, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(420)]
 
 SECRET = f"sEcReT-{uuid.uuid4().hex}-do-not-leak"
 ACCESS_KEY = "AKIA" + uuid.uuid4().hex[:16].upper()

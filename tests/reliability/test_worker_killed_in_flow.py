@@ -62,6 +62,7 @@ def test_flow_survives_a_killed_worker(prefect_harness, demo_corpus, reference, 
     assert again["shards_cached"] == again["shards"] and again["shards_computed"] == 0
 
 
+@pytest.mark.slow
 def test_a_shard_that_kills_every_worker_fails_naming_it_then_rerun_finishes(
         prefect_harness, demo_corpus, reference, tmp_path):
     ref, ref_summary = reference
