@@ -75,7 +75,8 @@ class XVectorConfig:
         manifest_paths: ESPnet3's name of ``manifests`` (an alias: give either; both set to
             different manifests is an error).
         splits: Splits to process; empty means every split in ``manifests``.
-        savedir: Where speechbrain links the model files (a temporary directory by default).
+        savedir: Where speechbrain links the model files (by default a temporary directory,
+            removed once the model is loaded).
     """
 
     toolkit: str = field(default="speechbrain", metadata={"choices": BUILTIN_TOOLKITS, "registry": TOOLKITS})

@@ -157,3 +157,19 @@ def test_files_are_named_after_the_tag_as_espnet2_names_them(ecapa_dir, demo_cor
     assert len(utt) == summary["utterances"] and len(spk) == summary["speakers"]
     with pytest.raises(ConfigError, match="must be a plain name"):
         _cfg(ecapa_dir, demo_corpus["valid"], tmp_path, "xvector.spk_embed_tag=x y")
+
+
+def test_the_default_link_directory_is_removed_once_the_model_is_loaded(ecapa_dir, tmp_path, monkeypatch, demo_corpus):
+    """Before: every load left an ``espnet3-speechbrain-*`` directory in the temporary folder (one
+    per worker and run: thousands after months of nightly runs)."""
+    import tempfile
+
+    from espnet3_flows.xvector.toolkits.speechbrain import SpeechbrainToolkit
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg = load_config(XVectorJobConfig, overrides=[f"manifests.valid={demo_corpus['valid']}",
+                                                    f"xvector.pretrained_model={ecapa_dir}"])
+    embed = SpeechbrainToolkit().embedder(cfg.xvector)
+    assert list(tmp_path.iterdir()) == []
+    wav = torch.zeros(1, 16000)
+    assert embed(wav, torch.tensor([1.0])).shape[0] == 1  # the loaded model needs none of the links

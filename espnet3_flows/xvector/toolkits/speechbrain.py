@@ -32,5 +32,9 @@ class SpeechbrainToolkit(XVectorToolkit):
 
         from espnet3_flows.xvector.model import load_speechbrain_encoder, speechbrain_embedder
 
-        savedir = xv.savedir or tempfile.mkdtemp(prefix="espnet3-speechbrain-")
-        return speechbrain_embedder(load_speechbrain_encoder(xv.pretrained_model, savedir, xv.device))
+        if xv.savedir:
+            return speechbrain_embedder(load_speechbrain_encoder(xv.pretrained_model, xv.savedir, xv.device))
+        # the links are read while the model loads, never after: removed with it (one directory
+        # was left per worker and run before, thousands in /tmp after months of nightly runs)
+        with tempfile.TemporaryDirectory(prefix="espnet3-speechbrain-") as savedir:
+            return speechbrain_embedder(load_speechbrain_encoder(xv.pretrained_model, savedir, xv.device))
