@@ -11,7 +11,9 @@ engine on the driver and from Dask (~150 lines around the one line that says wha
 - warnings and errors of everything else (a model's own, through ``get_run_logger`` too), except
   the state reports of Prefect's flow and task engines (``Finished in state Failed(...)`` once per failed shard and again for the flow: the
   CLI prints the outcome itself, once, as ``error: ...``) and Dask's warnings about failed
-  computations (the same failure again),
+  computations (the same failure again), and a Dask worker's failed heartbeat (a race of
+  Dask's own when the cluster closes: the scheduler goes first; a scheduler lost mid-run fails
+  the run with its own ``error:`` line),
 
 each as one line, without its traceback, and Prefect's link to the flow run in the UI when the
 API is a server of the user's. Only the console changes: Prefect's API log handler
@@ -35,6 +37,8 @@ from typing import Any, Iterator
 QUIET_ENV = "ESPNET3_FLOWS_QUIET"
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
 _ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+#: what ``distributed.worker`` logs at ERROR when a heartbeat meets a closed scheduler
+_HEARTBEAT_RACE = "Failed to communicate with scheduler during heartbeat"
 
 
 @functools.lru_cache(maxsize=256)
@@ -66,7 +70,7 @@ class _QuietFilter(logging.Filter):
                 return self.run_links and record.getMessage().startswith("View at ")
             return record.levelno >= logging.WARNING  # user code (a model) through get_run_logger
         if record.name.startswith("distributed"):
-            return record.levelno >= logging.ERROR
+            return record.levelno >= logging.ERROR and not record.getMessage().startswith(_HEARTBEAT_RACE)
         return record.levelno >= logging.WARNING
 
 
