@@ -5,8 +5,7 @@ CPU on 2 cores, paid by every test that points a server, a CLI run or a benchmar
 The migrated result is the same file each time, so it is made once (per Prefect version and set of
 migration scripts, kept under the system's temporary directory) and copied into each new home:
 what a user's second run finds. A test of what a *new* database does (the private server's start
-lock, a first run on a fresh machine) asks for none (``cli_env(..., fresh_database=True)``,
-``PrefectServer(..., fresh_database=True)``).
+lock, a first run on a fresh machine) asks for none: ``cli_env(..., fresh_database=True)``.
 """
 
 from __future__ import annotations

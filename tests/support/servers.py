@@ -410,11 +410,10 @@ class PrefectServer(_ServerBase):
 
     def __init__(self, home: Path, port: int | None = None, *, database_url: str | None = None,
                  ui: bool = False, extra_env: Mapping[str, str] | None = None,
-                 startup_timeout: float | None = None, log_dir: Path | None = None,
-                 fresh_database: bool = False):
+                 startup_timeout: float | None = None, log_dir: Path | None = None):
         self.home = Path(home)
         self.home.mkdir(parents=True, exist_ok=True)
-        if database_url is None and not fresh_database:  # a migrated copy: starts in ~3 s, not ~10
+        if database_url is None:  # a migrated copy: starts in ~3 s, not ~10
             seed_home(self.home)
         super().__init__(log_dir or self.home / "logs", startup_timeout)
         self.port = port or free_port()

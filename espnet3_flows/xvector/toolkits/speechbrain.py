@@ -28,13 +28,14 @@ class SpeechbrainToolkit(XVectorToolkit):
         return {}
 
     def embedder(self, xv: "XVectorConfig") -> Any:
+        import contextlib
         import tempfile
 
         from espnet3_flows.xvector.model import load_speechbrain_encoder, speechbrain_embedder
 
-        if xv.savedir:
-            return speechbrain_embedder(load_speechbrain_encoder(xv.pretrained_model, xv.savedir, xv.device))
-        # the links are read while the model loads, never after: removed with it (one directory
-        # was left per worker and run before, thousands in /tmp after months of nightly runs)
-        with tempfile.TemporaryDirectory(prefix="espnet3-speechbrain-") as savedir:
+        # the links are read while the model loads, never after: a temporary directory goes with
+        # the load (one was left per worker and run before, thousands after months of nightly runs)
+        links = (contextlib.nullcontext(xv.savedir) if xv.savedir
+                 else tempfile.TemporaryDirectory(prefix="espnet3-speechbrain-"))
+        with links as savedir:
             return speechbrain_embedder(load_speechbrain_encoder(xv.pretrained_model, savedir, xv.device))
