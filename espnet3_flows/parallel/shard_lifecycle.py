@@ -52,7 +52,9 @@ def batches(items: Sequence[Any], size: int | str | None) -> list[Any]:
 
 def run_shard(runner: "BaseRunner", shard: Shard, env: Mapping[str, Any], run_id: str = "") -> ShardResult:
     """Compute one shard with the worker's ``env`` and publish it (files first, ``done`` last);
-    ``run_id`` names the run in its ``done`` record.
+    ``run_id`` names the run in its ``done`` record. Resuming, a matching ``done`` record found
+    once the shard is computed (another run on the same output published it meanwhile) is kept,
+    with its files, and this computation's outputs are dropped.
 
     Returns:
         The shard's ``done`` record.
@@ -77,6 +79,9 @@ def run_shard(runner: "BaseRunner", shard: Shard, env: Mapping[str, Any], run_id
         if records:
             _keep_records(records, staged if _inside(staged, staging) else expected, res)
         res.seconds = time.perf_counter() - t0
+        theirs = runner.load_done(shard)
+        if theirs is not None:  # another run on this output published the shard while this one computed it
+            return theirs
         _publish(runner, shard, staging, {staged, expected}, res)
         return res
     finally:
@@ -147,10 +152,18 @@ def _publish(runner: "BaseRunner", shard: Shard, staging: Path, shard_dirs: set[
     """Publish what the shard left under ``staging``: files outside its directory to the same
     place under the output (first: an scp in the shard's directory may point at them), then the
     shard directory's files to ``split.<hash>`` (each one's size, SHA-256 and ETag kept in ``done``),
-    then ``done``."""
+    then ``done``.
+
+    A ``done`` record already there goes first, so no instant pairs it with a mix of old and new
+    files. Resuming, one is there only when it is not this shard's (unreadable, another hash, or
+    failing the runner's ``is_shard_done``; a matching one was kept instead, by ``run_shard``):
+    where none is there nothing is removed, so a run merging this output at the same time (one
+    that published this shard a moment before) never finds it missing."""
     store = runner.storage
     assert store is not None, "a shard runs with an output location"
-    store.remove(runner.shard_rel(shard, DONE))
+    done_rel = runner.shard_rel(shard, DONE)
+    if not runner.resume or store.exists(done_rel):
+        store.remove(done_rel)
     roots = sorted((d.resolve() for d in shard_dirs), key=lambda d: -len(d.parts))
     elsewhere: list[tuple[Path, str]] = []
     inside: list[tuple[Path, str]] = []
@@ -168,7 +181,7 @@ def _publish(runner: "BaseRunner", shard: Shard, staging: Path, shard_dirs: set[
     for path, rel in inside:
         res.digests[rel] = publish_recorded(store, path, rel)
         res.files.append(rel)
-    store.write_json(runner.shard_rel(shard, DONE), res.to_dict())
+    store.write_json(done_rel, res.to_dict())
 
 
 def state_summary(state: Any) -> Any:
