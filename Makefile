@@ -127,5 +127,9 @@ bench-quick: install
 clean:  ## outputs and build leftovers of this checkout
 	rm -rf exp/ .pytest_cache build *.egg-info
 
-distclean: clean  ## also the virtual environments under ~/.cache/espnet3-flows/
-	rm -rf $(HOME)/.cache/espnet3-flows/venv-*
+# Only this checkout's venvs (their editable install is this directory, ci/checkout_venvs.py) and
+# $(VENV): another clone's venv under the same cache may be in use.
+distclean: clean  ## also this checkout's virtual environments under ~/.cache/espnet3-flows/
+	@{ $(PYTHON) ci/checkout_venvs.py "$(CURDIR)" "$(HOME)/.cache/espnet3-flows"; \
+	  test ! -e "$(VENV)" || echo "$(VENV)"; } | sort -u | while read -r venv; do \
+	  echo "distclean: removing $$venv"; rm -rf "$$venv"; done
