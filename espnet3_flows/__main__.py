@@ -7,6 +7,7 @@ those of :mod:`espnet3_flows.job_registry`.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable
 
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         start_early(args[0], args[1:])  # the server, the plan and the workers start while the job's imports run
     if not args or args[0] not in jobs:
         listing = "\n".join(f"  {name:18s} {spec.description}" for name, spec in jobs.items())
-        usage = (f"usage: python -m espnet3_flows {{{','.join(jobs)}}} [--help | --config FILE | --dry-run | "
+        usage = (f"usage: {_program(argv)} {{{','.join(jobs)}}} [--help | --config FILE | --dry-run | "
                  f"--print-config | --verbose | key=value ...]\n\njobs:\n{listing}")
         if not args or args[0] in ("-h", "--help"):  # asked for the list: stdout, success
             print(usage)
@@ -38,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     from espnet3_flows.orchestration.entry import main as run
 
     return run(args[0], args[1:])
+
+
+def _program(argv: list[str] | None) -> str:
+    """The command as the user typed it: ``espnet3-flows`` from the console script, else (``-m``,
+    or :func:`main` called with its own ``argv``) ``python -m espnet3_flows``."""
+    name = os.path.basename(sys.argv[0]) if argv is None and sys.argv and sys.argv[0] else ""
+    return name if name and not name.endswith(".py") and not name.startswith("-") else "python -m espnet3_flows"
 
 
 def __getattr__(name: str) -> Callable[[], int]:

@@ -43,6 +43,10 @@ def test_no_job_name_in_orchestration():
 def test_module_entry_lists_jobs_and_console_scripts_resolve():
     proc = subprocess.run([sys.executable, "-m", "espnet3_flows"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stderr == ""  # a listing asked for: stdout (| less shows it)
+    assert proc.stdout.startswith("usage: python -m espnet3_flows {")
+    script = Path(sys.executable).with_name("espnet3-flows")  # the console script names itself
+    listed = subprocess.run([str(script), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and listed.stdout.startswith("usage: espnet3-flows {"), listed.stdout + listed.stderr
     for name, spec in available_jobs().items():
         assert name in proc.stdout and spec.description in proc.stdout
     wrong = subprocess.run([sys.executable, "-m", "espnet3_flows", "collect-stat"], cwd=ROOT, capture_output=True,
