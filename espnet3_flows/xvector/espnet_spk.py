@@ -139,7 +139,7 @@ def resolve_espnet_model(source: str) -> EspnetSpkFiles:
         raise XVectorModelError(
             f"{source!r} is neither a local ESPnet-SPK model nor a model tag in the local Hugging Face cache, "
             "and this job never downloads models: fetch it where the network is reachable "
-            f"(`huggingface-cli download {tag}`, or `huggingface-cli download {tag} --local-dir DIR` and pass DIR)")
+            f"(`hf download {tag}`, or `hf download {tag} --local-dir DIR` and pass DIR)")
     return _from_meta(Path(cached).parent, source)
 
 

@@ -194,7 +194,7 @@ class XVectorJobConfig(EngineConfig, SplitsConfig):
 DEMO_WARNING = ("x-vector DEMO: no manifest and no model given, so this runs on generated audio with a "
                 "RANDOM-WEIGHT ECAPA-TDNN built at {model}. Its embeddings are meaningless (no training). For real "
                 "x-vectors pass xvector.pretrained_model=<a speechbrain model directory, e.g. spkrec-ecapa-voxceleb "
-                "downloaded with `huggingface-cli download speechbrain/spkrec-ecapa-voxceleb --local-dir DIR`> and "
+                "downloaded with `hf download speechbrain/spkrec-ecapa-voxceleb --local-dir DIR`> and "
                 "manifests.<split>=<manifest>.")
 
 

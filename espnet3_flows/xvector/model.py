@@ -98,7 +98,7 @@ def resolve_model_source(source: str | Path) -> Path:
         raise XVectorModelError(
             f"{source_str!r} is neither a local model directory nor a hub id in the local Hugging Face "
             "cache, and this job never downloads models: fetch it where the network is reachable "
-            f"(`huggingface-cli download {source_str} --local-dir DIR`) and pass DIR")
+            f"(`hf download {source_str} --local-dir DIR`) and pass DIR")
     return Path(cached).parent
 
 

@@ -107,6 +107,8 @@ def test_uncached_hub_id_gives_clear_error_without_trying_the_hub(tmp_path: Path
         load_speechbrain_encoder(hub_id, savedir=tmp_path / "save")
     message = str(info.value)
     assert hub_id in message and "local Hugging Face cache" in message and "never downloads" in message
+    # the command huggingface_hub >= 1 installs (it no longer ships huggingface-cli)
+    assert f"`hf download {hub_id} --local-dir DIR`" in message and "huggingface-cli" not in message
 
 
 def test_local_path_problems_are_clear(tmp_path: Path) -> None:
