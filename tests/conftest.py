@@ -3,9 +3,30 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import MutableMapping
 
 import pytest
 
+#: what ``make`` exports to the commands of its recipes: its flags, and each variable given on its
+#: command line (``.ci/run`` runs ``make test VENV=/tmp/...``). A test that runs ``make`` itself
+#: would inherit them: ``make distclean`` in a scratch checkout then removed the venv this suite
+#: runs from. The suite's processes never see the ``make`` that started them.
+MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR")
+
+
+def _forget_the_make_that_started_us(environ: MutableMapping[str, str]) -> list[str]:
+    """Remove ``make``'s flags and its command-line variables from ``environ``; the names removed.
+
+    GNU make writes ``MAKEFLAGS`` as ``s -- VENV=/tmp/x PYTEST_ARGS=-q\\ -x``: the variables given
+    on its command line follow ``--``, a space inside a value escaped with a backslash."""
+    flags = " " + environ.get("MAKEFLAGS", "")
+    given = flags.split(" -- ", 1)[1] if " -- " in flags else ""
+    names = re.findall(r"(?:^|(?<!\\) )([A-Za-z_][A-Za-z0-9_.]*)=", given)
+    return [name for name in (*MAKE_VARIABLES, *names) if environ.pop(name, None) is not None]
+
+
+_forget_the_make_that_started_us(os.environ)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")

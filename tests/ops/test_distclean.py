@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -56,3 +57,31 @@ def test_a_checkout_path_that_needs_quoting_is_matched(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [str(mine)], (proc.stdout, theirs)
+
+
+def test_the_suite_runs_without_the_variables_of_the_make_that_started_it(tmp_path):
+    """``.ci/run`` runs ``make test VENV=<its venv>``; make exports that to pytest. A test running
+    ``make distclean`` then removed the suite's own venv (the CI run of stop 65). Run here under a
+    real ``make`` with a decoy ``VENV``: the distclean test leaves it alone."""
+    decoy = _venv(tmp_path / "ci", "venv", ROOT)
+    (decoy / "keep").write_text("the venv the suite runs from")
+    makefile = tmp_path / "Makefile"
+    test = "tests/ops/test_distclean.py::test_distclean_keeps_other_clones_venvs"
+    makefile.write_text(f"run:\n\t{sys.executable} -m pytest -q -p no:cacheprovider -p no:xdist {test}\n")
+    proc = subprocess.run(["make", "-s", "-f", str(makefile), "run", f"VENV={decoy}", "PYTEST_ARGS=-q -x"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (decoy / "keep").is_file(), proc.stdout
+
+
+def test_make_variables_are_read_as_make_writes_them(tmp_path):
+    from tests.conftest import _forget_the_make_that_started_us
+
+    (tmp_path / "Makefile").write_text("all:\n\t@env -0\n")
+    proc = subprocess.run(["make", "-s", "-j2", "-C", str(tmp_path), "all", "VENV=/tmp/a b", "PYTEST_ARGS=-q X=1"],
+                          capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"], "KEEP": "1"})
+    environ = dict(item.split("=", 1) for item in proc.stdout.split("\0") if item)
+    assert environ["VENV"] == "/tmp/a b" and "MAKEFLAGS" in environ, environ
+    removed = _forget_the_make_that_started_us(environ)
+    assert {"VENV", "PYTEST_ARGS", "MAKEFLAGS", "MAKELEVEL"} <= set(removed), (removed, environ)
+    assert "X" not in removed and environ["KEEP"] == "1" and "VENV" not in environ, environ
