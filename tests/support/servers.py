@@ -506,6 +506,18 @@ class PrefectWorker(_ServerBase):
     def _ready(self) -> bool:
         return self.worker_name in self.registered_workers()
 
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Wait until no flow-run process of this worker is left (a run's last logs are sent as its
+        process exits); False if one still runs after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = [] if self.process is None else [p for p in self.process.family() if p.pid != self.pid]
+            if not runs:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+
     def registered_workers(self) -> dict[str, str]:
         """{worker name: status} of the pool's workers, as the server reports them."""
         status, body = _http_status(f"{self.api_url}/work_pools/{self.pool}/workers/filter",
