@@ -68,12 +68,15 @@ def test_a_shard_that_kills_every_worker_fails_naming_it_then_rerun_finishes(
     ref, ref_summary = reference
     marker, poison, out = tmp_path / "killed", tmp_path / "poison", tmp_path / "out"
     poison.touch()
+    cfg = _cfg(demo_corpus["train"], out, marker, poison)
+    cfg["parallel"]["allowed_failures"] = 1  # the default 3 costs two more worker restarts (~20 s)
     with pytest.raises(ShardFailure) as err:
-        run_job("collect_stats", _cfg(demo_corpus["train"], out, marker, poison), progress=False)
+        run_job("collect_stats", cfg, progress=False)
     message = str(err.value)
-    # Dask gives up on a task after its workers died allowed-failures + 1 (4) times: the run
-    # ends with the shards named, it does not loop restarting workers
+    # Dask gives up on a task after its workers died parallel.allowed_failures + 1 (2) times: the
+    # run ends with the shards named, it does not loop restarting workers
     assert "train/shards/split." in message and "workers died" in message, message
+    assert "2 different workers" in message, message  # parallel.allowed_failures reached the scheduler
     assert not (out / "train" / "feats_stats.npz").exists(), "a failed run must not publish"
     done = sorted(p.parent.name for p in (out / "train" / "shards").glob("split.*/done"))
     assert len(done) < ref_summary["shards"]
