@@ -1,6 +1,6 @@
 """The README's deployment sequence, run literally: `make serve`, export the URL it prints,
 `make deploy`, `make worker`, `prefect deployment run ... --watch`, `make stop` — real server,
-real worker, real flow runs. A failed run's `--watch` output carries the one-line cause, and ten
+real worker, real flow runs. A failed run's `--watch` output carries the one-line cause, and four
 runs triggered at once against the SQLite server are all created and all complete."""
 
 from __future__ import annotations
@@ -19,14 +19,16 @@ import pytest
 from tests.support.servers import cli_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-# ~3 min on 2 cores: 14 deployment runs, ten of them two at a time through one process worker
+# ~2 min on 2 cores: 8 deployment runs, four of them two at a time through one process worker
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
     venv = Path(sys.executable).parent.parent
     port = free_port()
-    env = cli_env(tmp_path / "prefect-home", ESPNET3_STACK_DIR=str(tmp_path / "stack"), HF_HUB_OFFLINE="1")
+    # the worker asks for runs every 2 s, not Prefect's 10: 8 runs, each picked up ~4 s sooner
+    env = cli_env(tmp_path / "prefect-home", ESPNET3_STACK_DIR=str(tmp_path / "stack"), HF_HUB_OFFLINE="1",
+                  PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_WORKER_PREFETCH_SECONDS="2")
     # this suite's venv, taken as installed (never rebuilt or removed by make from here)
     make = ["make", "-s", f"VENV={venv}", f"--assume-old={venv}/.installed", f"PREFECT_PORT={port}"]
 
@@ -75,7 +77,7 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
                    for r in logs), sorted({(r["name"], r["message"][:100]) for r in logs if r["level"] >= 30 or "espnet3" in r["name"]})
         assert not any("shard/s]" in r["message"] for r in logs), "a progress bar in the run's logs"
 
-        _ten_at_once(prefect, env, params, tmp_path, reference=out / "valid" / "feats_stats.npz")
+        _four_at_once(prefect, env, params, tmp_path, reference=out / "valid" / "feats_stats.npz")
 
         status = sh(*make, "status")
         assert "server: running" in status.stdout and "worker: running" in status.stdout, status.stdout
@@ -100,14 +102,20 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
     assert "does not answer" in sh(*make, "status").stdout
 
 
-def _ten_at_once(prefect: str, env: dict[str, str], params: dict, tmp_path: Path, reference: Path) -> None:
-    """Ten `prefect deployment run` at once, as ten people or a script would: each creates its run
+#: triggers at once: twice `make worker`'s limit (2), so runs queue behind the limit while their
+#: creations race on SQLite. Ten, as first written (issue 57), cost ~1.5 min more; the hang they
+#: were written for did not reproduce here with ten either
+AT_ONCE = 4
+
+
+def _four_at_once(prefect: str, env: dict[str, str], params: dict, tmp_path: Path, reference: Path) -> None:
+    """Four `prefect deployment run` at once, as people or a script would: each creates its run
     (SQLite answers some writes "database is locked"; the client retries them), the worker runs
     them `make worker`'s limit at a time, and each completes with the outputs of the first run."""
     triggers = [subprocess.Popen([prefect, "deployment", "run", "collect-stats/collect-stats", "--params",
-                                  json.dumps(params | {"output_dir": str(tmp_path / f"ten{i}")})],
+                                  json.dumps(params | {"output_dir": str(tmp_path / f"at-once{i}")})],
                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                for i in range(10)]
+                for i in range(AT_ONCE)]
     ids = []
     try:
         for trigger in triggers:
@@ -120,10 +128,10 @@ def _ten_at_once(prefect: str, env: dict[str, str], params: dict, tmp_path: Path
             if trigger.poll() is None:
                 trigger.kill()
     states = _final_states(env["PREFECT_API_URL"], ids, timeout=900)
-    assert states == ["COMPLETED"] * 10, states
+    assert states == ["COMPLETED"] * AT_ONCE, states
     with np.load(reference) as first:
-        for i in range(10):
-            with np.load(tmp_path / f"ten{i}" / "valid" / "feats_stats.npz") as again:
+        for i in range(AT_ONCE):
+            with np.load(tmp_path / f"at-once{i}" / "valid" / "feats_stats.npz") as again:
                 assert int(again["count"]) == int(first["count"])
                 np.testing.assert_allclose(again["sum"], first["sum"], rtol=1e-12)
                 np.testing.assert_allclose(again["sum_square"], first["sum_square"], rtol=1e-12)
