@@ -1,7 +1,7 @@
 """Benchmark: ESPnet2 frontend collect-stats, this flow vs ESPnet2's own, on the same data and cores.
 
 On a Kaldi data directory of the cached benchmark corpus (2,000 utterances of 2–6 s by default,
-``ESPNET3_BENCH_ESPNET2_UTTS`` sets another size; 120 with ``--quick``), ESPnet2's ``default``
+``ESPNET3_BENCH_ESPNET2_UTTS`` sets another size; 40 with ``--quick``), ESPnet2's ``default``
 frontend (``n_fft 512, hop 128, n_mels 80``), each side a fresh process (start-up included):
 
 - **ESPnet2, 1 process**: ``benchmarks/espnet2_reference.py`` (ESPnet2's ``collect_stats`` with
@@ -153,9 +153,9 @@ def _flow(data: Path, out: Path, workers: int, env: dict[str, str],
 
 
 def corpus_size(quick: bool) -> int:
-    """``ESPNET3_BENCH_ESPNET2_UTTS`` if set, else 120 with ``--quick`` and :data:`UTTERANCES` without."""
+    """``ESPNET3_BENCH_ESPNET2_UTTS`` if set, else 40 with ``--quick`` and :data:`UTTERANCES` without."""
     value = os.environ.get("ESPNET3_BENCH_ESPNET2_UTTS")
-    return int(value) if value else (120 if quick else UTTERANCES)
+    return int(value) if value else (40 if quick else UTTERANCES)
 
 
 ROWS = {"one": "ESPnet2 collect_stats, 1 process",

@@ -1,6 +1,6 @@
 """Benchmark: fingerprinting s3:// inputs on a local S3 endpoint (moto's server on loopback).
 
-N objects (100,000; 4,000 with ``--quick``), 100 per prefix (one prefix per speaker or
+N objects (100,000; 1,000 with ``--quick``), 100 per prefix (one prefix per speaker or
 recording session, as corpora are laid out), every one named by the manifest. Two ways of
 fingerprinting them, each in a fresh process (wall time and peak RSS of that process), run
 alternately, two repetitions each:
@@ -104,7 +104,7 @@ def _populate(server: Any, n: int) -> list[str]:
 def run(quick: bool = False) -> dict[str, Any]:
     from tests.support.servers import MotoServer
 
-    n = 4_000 if quick else 100_000
+    n = 1_000 if quick else 100_000
     reps = 1 if quick else 2
     work = common.scratch(NAME)
     rows: list[dict[str, Any]] = []
