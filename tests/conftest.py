@@ -175,5 +175,19 @@ def prefect_harness():
     """One Prefect test harness (temporary SQLite server) for the whole session; startup is slow."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+    from espnet3_flows.orchestration.local_server import SERVER_BATCHING, SERVER_START_SETTINGS
+
+    # the server settings of the CLI's private server and `make serve`: task-run states recorded in
+    # batches (one INSERT a state otherwise: most of this server's CPU in the suite), no block-type
+    # registration at start. In the environment only while the harness starts its server process.
+    added = {k: v for k, v in {**SERVER_BATCHING, **SERVER_START_SETTINGS}.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        with prefect_test_harness(server_startup_timeout=180):
+            for key in added:
+                del os.environ[key]
+            added.clear()
+            yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
