@@ -173,21 +173,31 @@ def dask_client():
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One Prefect test harness (temporary SQLite server) for the whole session; startup is slow."""
+    from prefect.server.api.server import SubprocessASGIServer
     from prefect.testing.utilities import prefect_test_harness
 
     from espnet3_flows.orchestration.local_server import SERVER_BATCHING, SERVER_START_SETTINGS
 
-    # the server settings of the CLI's private server and `make serve`: task-run states recorded in
+    # The server settings of the CLI's private server and `make serve`: task-run states recorded in
     # batches (one INSERT a state otherwise: most of this server's CPU in the suite), no block-type
-    # registration at start. In the environment only while the harness starts its server process.
-    added = {k: v for k, v in {**SERVER_BATCHING, **SERVER_START_SETTINGS}.items() if k not in os.environ}
-    os.environ.update(added)
-    try:
-        with prefect_test_harness(server_startup_timeout=180):
+    # registration at start. Given to the server process alone, in the environment only while it is
+    # launched: set any earlier, the harness's settings context would read them and hand them to
+    # every private server a test starts in this process (test_local_server saw them).
+    launch = SubprocessASGIServer._run_uvicorn_command
+
+    def launch_batched(server: SubprocessASGIServer):
+        added = {k: v for k, v in {**SERVER_BATCHING, **SERVER_START_SETTINGS}.items() if k not in os.environ}
+        os.environ.update(added)
+        try:
+            return launch(server)
+        finally:
             for key in added:
                 del os.environ[key]
-            added.clear()
+
+    SubprocessASGIServer._run_uvicorn_command = launch_batched
+    try:
+        with prefect_test_harness(server_startup_timeout=180):
+            SubprocessASGIServer._run_uvicorn_command = launch
             yield
     finally:
-        for key in added:
-            os.environ.pop(key, None)
+        SubprocessASGIServer._run_uvicorn_command = launch

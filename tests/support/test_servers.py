@@ -258,3 +258,21 @@ def test_prefect_server_stop_leaves_no_process(tmp_path):
     assert _alive(pids) == []
     assert server.process.family() == []
     assert f"PREFECT_API_URL={server.api_url}" in (server.log_dir / "prefect-server.log").read_text()
+
+
+def test_the_session_harness_server_batches_and_the_tests_settings_do_not(prefect_harness):
+    """conftest gives the harness's server process the private server's batching; the settings
+    this process's tests see (and hand to the private servers they start) stay without it."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    from espnet3_flows.orchestration.local_server import SERVER_BATCHING, SERVER_START_SETTINGS
+
+    server = SubprocessASGIServer._instances[None].server_process
+    assert server is not None and server.poll() is None
+    with open(f"/proc/{server.pid}/environ", "rb") as fh:
+        launched = dict(item.decode().split("=", 1) for item in fh.read().split(b"\0") if b"=" in item)
+    wanted = {**SERVER_BATCHING, **SERVER_START_SETTINGS}
+    assert {k: launched.get(k) for k in wanted} == {k: os.environ.get(k, v) for k, v in wanted.items()}
+    mine = get_current_settings().to_environment_variables(exclude_unset=True)
+    assert not set(wanted) & set(mine), sorted(set(wanted) & set(mine))
