@@ -77,7 +77,7 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
                    for r in logs), sorted({(r["name"], r["message"][:100]) for r in logs if r["level"] >= 30 or "espnet3" in r["name"]})
         assert not any("shard/s]" in r["message"] for r in logs), "a progress bar in the run's logs"
 
-        _four_at_once(prefect, env, params, tmp_path, reference=out / "valid" / "feats_stats.npz")
+        _runs_at_once(prefect, env, params, tmp_path, reference=out / "valid" / "feats_stats.npz")
 
         status = sh(*make, "status")
         assert "server: running" in status.stdout and "worker: running" in status.stdout, status.stdout
@@ -108,8 +108,8 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
 AT_ONCE = 4
 
 
-def _four_at_once(prefect: str, env: dict[str, str], params: dict, tmp_path: Path, reference: Path) -> None:
-    """Four `prefect deployment run` at once, as people or a script would: each creates its run
+def _runs_at_once(prefect: str, env: dict[str, str], params: dict, tmp_path: Path, reference: Path) -> None:
+    """AT_ONCE `prefect deployment run` at once, as people or a script would: each creates its run
     (SQLite answers some writes "database is locked"; the client retries them), the worker runs
     them `make worker`'s limit at a time, and each completes with the outputs of the first run."""
     triggers = [subprocess.Popen([prefect, "deployment", "run", "collect-stats/collect-stats", "--params",

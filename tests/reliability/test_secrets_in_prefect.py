@@ -179,7 +179,7 @@ def scenario(tmp_path_factory, moto_server, demo_corpus) -> Scenario:
                                            "AWS_ENDPOINT_URL_S3": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
                 worker = PrefectWorker(POOL, worker_env, ROOT, log_dir=logs)
                 worker.start()
-                sc.deployed_run_id, sc.deployed_state, name = asyncio.run(_trigger_and_wait(
+                sc.deployed_run_id, sc.deployed_state = asyncio.run(_trigger_and_wait(
                     server.api_url, worker, timeout=420, parameters={
                         "manifests": {"valid": demo_corpus["valid"]}, "output_dir": f"s3://{sc.bucket}/deployed",
                         "shard_size": 4, "parallel": {"env": "serial"}}))
@@ -192,7 +192,7 @@ def scenario(tmp_path_factory, moto_server, demo_corpus) -> Scenario:
                 sc.deployed_published = _s3_exists(endpoint, sc.bucket, "deployed/valid/summary.json")
             # a credential in a deployment run's parameters and overrides: refused, naming its keys
             with _stage(sc, "refused run"):
-                sc.refused_run_id, sc.refused_state, name = asyncio.run(_trigger_and_wait(
+                sc.refused_run_id, sc.refused_state = asyncio.run(_trigger_and_wait(
                     server.api_url, worker, timeout=300, parameters={
                         "manifests": {"valid": demo_corpus["valid"]}, "output_dir": f"s3://{sc.bucket}/refused",
                         "parallel": {"env": "serial", "options": {"env": {"AWS_SECRET_ACCESS_KEY": REFUSED}}},
@@ -229,7 +229,7 @@ def scenario(tmp_path_factory, moto_server, demo_corpus) -> Scenario:
 
 
 async def _trigger_and_wait(api_url: str, worker: PrefectWorker, timeout: float,
-                            parameters: dict[str, Any]) -> tuple[str, str | None, str]:
+                            parameters: dict[str, Any]) -> tuple[str, str | None]:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -248,7 +248,7 @@ async def _trigger_and_wait(api_url: str, worker: PrefectWorker, timeout: float,
             state = None if run.state is None else run.state.type.value
             if run.state is not None and not run.state.is_completed():
                 state = f"{state}: {run.state.message}"
-            return str(run.id), state, run.name
+            return str(run.id), state
 
 
 # ----------------------------------------------------------------------------- the checks
