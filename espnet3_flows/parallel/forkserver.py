@@ -46,7 +46,8 @@ MAIN_ENV = "ESPNET3_FLOWS_FORKSERVER_MAIN"
 DASK_TRIM_DEFAULT = "65536"
 
 _LOG = logging.getLogger(__name__)
-_MP_METHOD_KEY = "distributed.worker.multiprocessing-method"
+#: How Dask's nannies start a worker process, read each time one starts (a restart too)
+MP_METHOD_KEY = "distributed.worker.multiprocessing-method"
 
 #: The environment the running forkserver was started with (``None``: not started by us).
 _SERVER_ENV: dict[str, str] | None = None
@@ -266,5 +267,5 @@ def worker_start_method(method: str) -> Iterator[None]:
     (nannies read it when they start their worker process)."""
     import dask
 
-    with dask.config.set({_MP_METHOD_KEY: method}):
+    with dask.config.set({MP_METHOD_KEY: method}):
         yield

@@ -61,6 +61,10 @@ class LocalProcesses(OnThisMachine):
         from espnet3_flows.parallel.forkserver import local_worker_start, main_import_checked, worker_start_method
 
         method, kwargs = local_worker_start(cfg, spec.kwargs)
+        if method == "forkserver" and "worker_class" not in kwargs:  # a user's worker_class restarts as Dask says
+            from espnet3_flows.parallel.forking_nanny import ForkingNanny
+
+            kwargs = {**kwargs, "worker_class": ForkingNanny}  # a dead worker's restart is forked too
         with worker_start_method(method), main_import_checked(method):
             yield kwargs
 
