@@ -82,11 +82,11 @@ test: install system-deps
 	@trap 'ci/slurm/stop.sh >&2' EXIT; \
 	  ci/slurm/start.sh >/dev/null || { echo "error: make test: the single-node SLURM cluster" \
 	    "did not start (its error is above)" >&2; exit 1; }; \
-	  . $(SLURM_DIR)/env.sh && $(PY) -m pytest --run-slurm $(XDIST) $(PYTEST_ARGS) && $(UNPATCHED) $(XDIST) $(PYTEST_ARGS)
+	  . $(SLURM_DIR)/env.sh && $(PY) -m pytest --run-slurm $(XDIST) $(PYTEST_ARGS)
 
-# With every patch of another library off (ESPNET3_FLOWS_PATCHES=off, ~4 min): runs end to end still
+# With every patch of another library off (ESPNET3_FLOWS_PATCHES=off, ~2 min): runs end to end still
 # work (marker unpatched) and each test of what a patch does fails on its assertion (marker patch).
-# (`make test` runs it last; not through $(MAKE), which `make -n test` would run for real.)
+# `make test` runs the same selection as one of its tests (tests/test_patches_off.py), beside the others.
 UNPATCHED = ESPNET3_FLOWS_PATCHES=off $(PY) -m pytest -m "patch or unpatched"
 test-unpatched: install
 	$(UNPATCHED) $(PYTEST_ARGS)

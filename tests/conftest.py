@@ -30,6 +30,8 @@ _forget_the_make_that_started_us(os.environ)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+#: this process's environment before any fixture changed it, for a nested pytest run
+_ENVIRONMENT_AT_START = dict(os.environ)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -156,6 +158,13 @@ def _run_environment_restored():
             else:
                 os.environ[name] = value
         pytest.fail(f"the test left the environment changed: {before} -> {after}")
+
+
+@pytest.fixture(scope="session")
+def suite_environment() -> dict[str, str]:
+    """A copy of this process's environment as it was when the suite started (make's variables
+    removed, the defaults above set), before a session fixture changed it: for a nested pytest."""
+    return dict(_ENVIRONMENT_AT_START)
 
 
 @pytest.fixture(scope="session")
