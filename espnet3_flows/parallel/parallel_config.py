@@ -64,8 +64,8 @@ class ParallelConfig:
             one server process that imports Prefect's task engine and the job's libraries
             (torch, lhotse, ...) once, in the background while the driver starts, and is kept
             for later runs in the same process, and a worker that died is forked again (see
-            :mod:`espnet3_flows.parallel.forkserver`); ``spawn`` starts a fresh interpreter per worker (Dask's default). Other
-            environments, and ``trim_worker_memory``, always spawn.
+            :mod:`espnet3_flows.parallel.forkserver`); ``spawn`` starts a fresh interpreter per
+            worker (Dask's default). Other environments, and ``trim_worker_memory``, always spawn.
         address: ``env: address`` only: the running scheduler, e.g. ``tcp://host:8786``. The
             run connects a client, runs its shards there and closes only its client: the
             scheduler and workers keep running, so repeated runs (nightly deployments) pay

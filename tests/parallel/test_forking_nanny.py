@@ -1,28 +1,15 @@
-"""A local worker that dies is restarted from the forkserver, not spawned, and the start method
-is set only while the nanny's own code runs."""
+"""The start method is set only while the nanny's own code runs (a killed worker restarted from the
+forkserver: ``tests/parallel/test_forkserver.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import multiprocessing.forkserver
-import os
-import signal
-import sys
-import time
 
 import dask
 import pytest
 
-from espnet3_flows.parallel import ParallelConfig, get_client
 from espnet3_flows.parallel.forking_nanny import _UnderConfig
-from espnet3_flows.parallel.forkserver import MP_METHOD_KEY, start_forkserver, stop_forkserver
-
-PRELOAD = "colorsys"  # a stdlib module nothing else here imports
-
-
-def _worker_view() -> tuple[int, int, bool]:
-    return os.getpid(), os.getppid(), PRELOAD in sys.modules
+from espnet3_flows.parallel.forkserver import MP_METHOD_KEY
 
 
 def test_the_method_is_set_while_the_coroutine_runs_and_only_then():
@@ -72,33 +59,3 @@ def test_an_error_and_a_cancellation_reach_the_coroutine_and_leave_the_setting_u
     asyncio.run(run())
     assert cleanup == ["forkserver"]  # its finally ran under the setting, as its own code
     assert dask.config.get(MP_METHOD_KEY) == default
-
-
-@pytest.fixture
-def fresh_forkserver():
-    stop_forkserver()
-    sys.modules.pop(PRELOAD, None)
-    yield
-    stop_forkserver()
-
-
-@pytest.mark.patch
-@pytest.mark.dask
-def test_a_killed_worker_is_restarted_from_the_forkserver(fresh_forkserver):
-    assert start_forkserver([PRELOAD])
-    server = multiprocessing.forkserver._forkserver._forkserver_pid
-    with get_client(config=ParallelConfig(env="local", n_workers=1), wait_for_workers=1) as client:
-        [(first, parent, preloaded)] = client.run(_worker_view).values()
-        assert parent == server and preloaded
-        os.kill(first, signal.SIGKILL)
-        deadline = time.monotonic() + 90
-        while True:  # the nanny restarts it; the scheduler may still list the dead one a moment
-            with contextlib.suppress(Exception):
-                views = list(client.run(_worker_view).values())
-                if views and views[0][0] != first:
-                    break
-            assert time.monotonic() < deadline, "the killed worker was not restarted in 90 s"
-            time.sleep(0.2)
-        [(second, parent, preloaded)] = views
-    # forked by the same server, its imports already done: not a spawned interpreter of this process
-    assert parent == server and preloaded, (second, parent, os.getpid())

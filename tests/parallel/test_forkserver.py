@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing.forkserver
+import contextlib
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +56,31 @@ def test_workers_are_forked_preloaded_and_see_later_environment(fresh_forkserver
     # the server's imports done, marked once by the server itself in the run's timeline
     events = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
     assert [(e["event"], e["pid"]) for e in events] == [("forkserver_ready", server_pid)]
+
+
+@pytest.mark.patch
+@pytest.mark.dask
+def test_a_killed_worker_is_restarted_from_the_forkserver(fresh_forkserver):
+    """Its nanny (:class:`~espnet3_flows.parallel.forking_nanny.ForkingNanny`) forks it again, not
+    Dask's default outside the cluster's start: a spawned interpreter of this process."""
+    assert start_forkserver([PRELOAD])
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    with get_client(config=ParallelConfig(env="local", n_workers=1), wait_for_workers=1) as client:
+        [first] = client.run(os.getpid).values()
+        [(preloaded, _, parent)] = client.run(_worker_view, 0).values()
+        assert parent == server and preloaded
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while True:  # the nanny restarts it; the scheduler may still list the dead one a moment
+            with contextlib.suppress(Exception):
+                pids = list(client.run(os.getpid).values())
+                if pids and pids[0] != first:
+                    break
+            assert time.monotonic() < deadline, "the killed worker was not restarted in 90 s"
+            time.sleep(0.2)
+        [(preloaded, _, parent)] = client.run(_worker_view, 0).values()
+    # forked by the same server, its imports already done
+    assert parent == server and preloaded, (pids, parent, os.getpid())
 
 
 @pytest.mark.dask
