@@ -210,3 +210,18 @@ def prefect_harness():
             yield
     finally:
         SubprocessASGIServer._run_uvicorn_command = launch
+
+
+@pytest.fixture(scope="session")
+def session_api_url(prefect_harness) -> str:
+    """The session server's ``PREFECT_API_URL``, for a command-line run whose test is not about the
+    private server a run with no API configured starts (``cli_env(home, PREFECT_API_URL=...)``):
+    such a run saves that server's start (~4 CPU-s on 2 cores, the largest fixed cost of a run).
+    The tests of the private server itself (``tests/orchestration/test_cli_start.py``,
+    ``test_local_server.py``, ``test_early_start.py``, ``test_server_health.py``, the README and
+    walkthrough commands) keep it."""
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    assert url, "the session's Prefect test harness set no PREFECT_API_URL"
+    return str(url)

@@ -56,14 +56,15 @@ def corpus(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     return root / "train.pipes", waves
 
 
-def _run(args: list[str], site: Path, home: Path, cwd: Path) -> subprocess.CompletedProcess:
-    env = cli_env(home / "prefect-home", DO_NOT_TRACK="1")
+def _run(args: list[str], site: Path, home: Path, cwd: Path, api_url: str | None = None) -> subprocess.CompletedProcess:
+    """The CLI with the plugins installed in ``site``; against the server ``api_url`` if given."""
+    env = cli_env(home / "prefect-home", DO_NOT_TRACK="1", **({"PREFECT_API_URL": api_url} if api_url else {}))
     env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
     return subprocess.run([sys.executable, "-m", "espnet3_flows", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
 
 
-def test_a_plugin_format_frontend_and_backend_run_collect_stats(plugins, corpus, tmp_path):
+def test_a_plugin_format_frontend_and_backend_run_collect_stats(plugins, corpus, tmp_path, session_api_url):
     manifest, waves = corpus
     out = tmp_path / "stats"
     args = ["collect_stats", f"manifests.train={manifest}", "frontend.type=log_energy", "frontend.conf.frame=320",
@@ -72,7 +73,7 @@ def test_a_plugin_format_frontend_and_backend_run_collect_stats(plugins, corpus,
     assert plan.returncode == 0, plan.stderr[-4000:]
     assert "cluster: lab_processes: lab_plugins.backends.process_cluster(" in plan.stdout
     assert "train: 6 utterances in 3 shard(s)" in plan.stdout
-    proc = _run(args, plugins, tmp_path, tmp_path)
+    proc = _run(args, plugins, tmp_path, tmp_path, session_api_url)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "train: 6 utterances, 6.8 s of audio, shards computed 3" in proc.stdout
     # the statistics of the features the plugin defines, computed here on their own
@@ -86,12 +87,12 @@ def test_a_plugin_format_frontend_and_backend_run_collect_stats(plugins, corpus,
     assert shapes == {k: f"{len(w) // 320},1" for k, w in waves.items()}
 
 
-def test_a_plugin_toolkit_format_and_backend_run_extract_xvectors(plugins, corpus, tmp_path):
+def test_a_plugin_toolkit_format_and_backend_run_extract_xvectors(plugins, corpus, tmp_path, session_api_url):
     manifest, waves = corpus
     out = tmp_path / "xv"
     proc = _run(["extract_xvectors", f"manifests.train={manifest}", "xvector.toolkit=mean_std",
                  "parallel.env=lab_processes", "parallel.n_workers=1", f"output_dir={out}"], plugins, tmp_path,
-                tmp_path)
+                tmp_path, session_api_url)
     assert proc.returncode == 0, proc.stderr[-4000:]
     embeddings = dict(kaldiio.load_scp_sequential(str(out / "xvector" / "train" / "xvector.scp")))
     assert sorted(embeddings) == sorted(waves)

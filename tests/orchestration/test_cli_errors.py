@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.prefect, pytest.mark.dask]
 
 
-def _cli(tmp_path: Path, *args: str) -> tuple[int, list[str], str]:
-    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1")
+def _cli(tmp_path: Path, *args: str, api_url: str | None = None) -> tuple[int, list[str], str]:
+    """(exit status, output lines as a terminal shows them, the whole output) of a CLI run: with
+    ``api_url``, against that server; else with no API configured (the run's private server)."""
+    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", **({"PREFECT_API_URL": api_url} if api_url else {}))
     proc = subprocess.run([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     text = proc.stdout + proc.stderr
@@ -79,9 +81,9 @@ CASES = ["missing-audio", "bad-line", "duplicate-id", "missing-manifest", "outpu
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_error_is_one_line(tmp_path, demo_corpus, name):
+def test_error_is_one_line(tmp_path, demo_corpus, name, session_api_url):
     args, expected = _case(name, tmp_path, demo_corpus)
-    code, lines, text = _cli(tmp_path, *args)
+    code, lines, text = _cli(tmp_path, *args, api_url=session_api_url)
     assert code != 0, text
     _assert_one_error_line(lines, text, *expected)
     if name == "missing-audio":  # found after the flow started: the traceback is kept beside the outputs
@@ -90,10 +92,10 @@ def test_error_is_one_line(tmp_path, demo_corpus, name):
         assert "Traceback" in saved[0].read_text() and "utt-missing" in saved[0].read_text()
 
 
-def test_verbose_keeps_the_traceback_and_the_logs(tmp_path, demo_corpus):
+def test_verbose_keeps_the_traceback_and_the_logs(tmp_path, demo_corpus, session_api_url):
     args, expected = _case("missing-audio", tmp_path, demo_corpus)
     # on a cluster (one shard would run in the driver): Dask's log lines are shown too
-    code, lines, text = _cli(tmp_path, *args, "--verbose", "parallel.inline_shards=0")
+    code, lines, text = _cli(tmp_path, *args, "--verbose", "parallel.inline_shards=0", api_url=session_api_url)
     assert code == 1
     assert "Traceback" in text and "distributed.scheduler" in text and "Finished in state Failed" in text
     assert sum(line.startswith("error:") for line in lines) == 1
@@ -120,21 +122,14 @@ def test_good_run_is_short_and_says_where_outputs_are(tmp_path, demo_corpus, sta
 
 
 
-@pytest.mark.prefect_server
-def test_with_a_configured_server_the_run_link_is_printed(tmp_path, demo_corpus):
-    from tests.support.servers import PrefectServer
-
+def test_with_a_configured_server_the_run_link_is_printed(tmp_path, demo_corpus, session_api_url):
     manifest = tmp_path / "train.tsv"
     manifest.write_text("\n".join(_good_lines(demo_corpus)) + "\n")
-    with PrefectServer(tmp_path / "server-home") as server:
-        env = server.env() | {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.run([sys.executable, "flows/collect_stats.py", f"manifests.train={manifest}",
-                               f"output_dir={tmp_path / 'out'}", "parallel.env=local", "parallel.n_workers=1"],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 0, text
+    code, _, text = _cli(tmp_path, f"manifests.train={manifest}", f"output_dir={tmp_path / 'out'}",
+                         "parallel.env=local", "parallel.n_workers=1", api_url=session_api_url)
+    assert code == 0, text
     links = [line for line in text.splitlines() if "View at " in line]
-    assert links and all(server.api_url.removesuffix("/api") in line for line in links), text
+    assert links and all(session_api_url.removesuffix("/api") in line for line in links), text
     assert "Finished in state" not in text and "distributed." not in text, text
 
 
@@ -158,7 +153,7 @@ print(json.dumps({"status": status, "seen": seen, "after": after}))
 
 
 @pytest.mark.parametrize("own_level", [None, "error"])
-def test_main_called_in_process_leaves_the_environment_as_it_was(tmp_path, demo_corpus, own_level):
+def test_main_called_in_process_leaves_the_environment_as_it_was(tmp_path, demo_corpus, own_level, session_api_url):
     """``main()`` from a process that goes on (a notebook, a Prefect worker, a test session): the
     quiet logging it asked of its local workers is put back after the run, failed or not, so what
     that process starts later (an ``env=ssh`` scheduler, which inherits Dask's logging config and is
@@ -166,7 +161,8 @@ def test_main_called_in_process_leaves_the_environment_as_it_was(tmp_path, demo_
     manifest = tmp_path / "train.tsv"
     manifest.write_text("\n".join(_good_lines(demo_corpus)) + "\n")
     (tmp_path / "a-file").write_text("x")  # output_dir: found unwritable once the run is planned
-    env = cli_env(tmp_path / "prefect-home", drop=("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED"))
+    env = cli_env(tmp_path / "prefect-home", drop=("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED"),
+                  PREFECT_API_URL=session_api_url)
     if own_level:
         env["DASK_LOGGING__DISTRIBUTED"] = own_level
     proc = subprocess.run([sys.executable, "-c", _CALLS_MAIN, f"manifests.train={manifest}",

@@ -185,7 +185,7 @@ def test_one_switch_turns_every_patch_off(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.dask
-def test_a_flow_runs_with_every_patch_off(tmp_path, demo_corpus):
+def test_a_flow_runs_with_every_patch_off(tmp_path, demo_corpus, session_api_url):
     """The patches are speed-ups only: with the switch off a flow on a 2-worker cluster is correct."""
     import subprocess
     import sys
@@ -205,7 +205,8 @@ def test_a_flow_runs_with_every_patch_off(tmp_path, demo_corpus):
     serial = tmp_path / "serial"
     again = subprocess.run([sys.executable, "flows/collect_stats.py", f"manifests.valid={demo_corpus['valid']}",
                             f"output_dir={serial}", "shard_size=4", "parallel.env=serial"], cwd=root,
-                           env=cli_env(tmp_path / "home2"), capture_output=True, text=True, timeout=600)
+                           env=cli_env(tmp_path / "home2", PREFECT_API_URL=session_api_url), capture_output=True,
+                           text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     with np.load(out / "valid" / "feats_stats.npz") as a, np.load(serial / "valid" / "feats_stats.npz") as b:
         for key in b.files:

@@ -49,7 +49,7 @@ def test_extract_xvectors_on_slurm(prefect_harness, demo_corpus, tmp_path):
     assert (tmp_path / "xv/xvector/valid/xvector.scp").is_file()
 
 
-def test_a_site_jobqueue_yaml_sizes_the_submitted_jobs_and_a_user_option_wins(demo_corpus, tmp_path):
+def test_a_site_jobqueue_yaml_sizes_the_submitted_jobs_and_a_user_option_wins(demo_corpus, tmp_path, session_api_url):
     """The command line on real SLURM with a site's ``jobqueue.yaml`` (``DASK_CONFIG``) and no
     ``parallel.options`` but one: the jobs SLURM ran carry the site's partition, size (not our
     1-core, 2 GB fallbacks), job name, directive and log directory, and the user's walltime
@@ -60,7 +60,7 @@ def test_a_site_jobqueue_yaml_sizes_the_submitted_jobs_and_a_user_option_wins(de
         "jobqueue:\n  slurm:\n    queue: debug\n    cores: 2\n    memory: 3GB\n    walltime: '00:10:00'\n"
         f"    name: espnet3-site\n    log-directory: {logs}\n"
         "    job-extra-directives: ['--comment=from-site-jobqueue-yaml']\n")
-    env = cli_env(tmp_path / "prefect-home") | {"DASK_CONFIG": str(site)}
+    env = cli_env(tmp_path / "prefect-home", PREFECT_API_URL=session_api_url) | {"DASK_CONFIG": str(site)}
     args = [sys.executable, "flows/collect_stats.py", f"manifests.valid={demo_corpus['valid']}",
             f"output_dir={tmp_path / 'out'}", "shard_size=4", "parallel.env=slurm", "parallel.n_workers=1",
             "parallel.options.walltime=00:19:00"]

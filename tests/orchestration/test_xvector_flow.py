@@ -42,8 +42,8 @@ def test_xvector_flow_on_local_cluster(prefect_harness, ecapa_dir, demo_corpus, 
     assert again["shards_cached"] == summary["shards"] and again["shards_computed"] == 0
 
 
-def test_extract_xvectors_command_line(ecapa_dir, demo_corpus, tmp_path):
-    env = cli_env(tmp_path / "home", HF_HUB_OFFLINE="1")
+def test_extract_xvectors_command_line(ecapa_dir, demo_corpus, tmp_path, session_api_url):
+    env = cli_env(tmp_path / "home", HF_HUB_OFFLINE="1", PREFECT_API_URL=session_api_url)
     proc = subprocess.run([sys.executable, "flows/extract_xvectors.py", f"xvector.pretrained_model={ecapa_dir}",
                            f"xvector.manifest_paths.valid={demo_corpus['valid']}", "xvector.splits=[valid]",
                            f"xvector.save_path={tmp_path / 'out'}", "shard_size=6", "parallel.env=serial"],
@@ -86,8 +86,9 @@ def test_xvector_flow_to_s3_equals_the_local_outputs(prefect_harness, ecapa_dir,
         assert options["secret"].encode() not in fs.cat(path), f"{path} holds the secret"
 
 
-def _cli_env(tmp_path: Path) -> dict[str, str]:
-    return cli_env(tmp_path / "home", drop=("HF_",))
+def _cli_env(tmp_path: Path, api_url: str) -> dict[str, str]:
+    """A CLI run's environment with no ``HF_*`` variable, against the session's server ``api_url``."""
+    return cli_env(tmp_path / "home", drop=("HF_",), PREFECT_API_URL=api_url)
 
 
 def _cache_as_hub_model(model_dir: Path, cache: Path, repo_id: str) -> None:
@@ -101,13 +102,13 @@ def _cache_as_hub_model(model_dir: Path, cache: Path, repo_id: str) -> None:
     (repo / "refs" / "main").write_text(revision)
 
 
-def test_cached_hub_id_runs_with_no_network_attempt(ecapa_dir, demo_corpus, tmp_path):
+def test_cached_hub_id_runs_with_no_network_attempt(ecapa_dir, demo_corpus, tmp_path, session_api_url):
     """HF_HUB_OFFLINE unset (the job itself must not go online): every process of the run is
     audited for TCP connects and name lookups of non-loopback hosts, and there are none."""
     cache = tmp_path / "hf-cache"
     _cache_as_hub_model(ecapa_dir, cache, "espnet3-tests/ecapa-random")
     audit = tmp_path / "net.log"
-    env = _cli_env(tmp_path)
+    env = _cli_env(tmp_path, session_api_url)
     env.update(HF_HUB_CACHE=str(cache), NETAUDIT_LOG=str(audit),
                PYTHONPATH=f"{ROOT / 'tests' / 'support' / 'netaudit'}{os.pathsep}{ROOT}")
     # the audit is really on in processes started this way: a lookup of a non-loopback name is seen
@@ -128,8 +129,8 @@ def test_cached_hub_id_runs_with_no_network_attempt(ecapa_dir, demo_corpus, tmp_
     ("{tmp}/no-such-dir", "does not exist"),
     ("espnet3-tests/not-in-any-cache", "never downloads models"),
 ])
-def test_model_source_problems_are_found_before_any_cluster(demo_corpus, tmp_path, source, expected):
-    env = _cli_env(tmp_path) | {"HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+def test_model_source_problems_are_found_before_any_cluster(demo_corpus, tmp_path, source, expected, session_api_url):
+    env = _cli_env(tmp_path, session_api_url) | {"HF_HUB_CACHE": str(tmp_path / "empty-cache")}
     proc = subprocess.run([sys.executable, "flows/extract_xvectors.py",
                            f"xvector.pretrained_model={source.format(tmp=tmp_path)}",
                            f"xvector.manifest_paths.valid={demo_corpus['valid']}", f"xvector.save_path={tmp_path / 'o'}",
@@ -139,8 +140,8 @@ def test_model_source_problems_are_found_before_any_cluster(demo_corpus, tmp_pat
     assert len(lines) == 1 and lines[0].startswith("error: xvector.pretrained_model:") and expected in lines[0], lines
 
 
-def test_xvector_demo_runs_with_no_arguments_and_says_its_model_is_random(tmp_path):
-    env = _cli_env(tmp_path) | {"HF_HUB_OFFLINE": "1"}
+def test_xvector_demo_runs_with_no_arguments_and_says_its_model_is_random(tmp_path, session_api_url):
+    env = _cli_env(tmp_path, session_api_url) | {"HF_HUB_OFFLINE": "1"}
     out = tmp_path / "exp" / "xvectors"
     args = [sys.executable, "flows/extract_xvectors.py", f"xvector.save_path={out}", "parallel.n_workers=1"]
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -79,12 +79,13 @@ print(json.dumps({"status": main("collect_stats", sys.argv[1:])}))
 
 
 @pytest.mark.prefect
-def test_the_cli_exits_2_in_one_line_naming_an_unwritable_output_dir(tmp_path, demo_corpus):
+def test_the_cli_exits_2_in_one_line_naming_an_unwritable_output_dir(tmp_path, demo_corpus, session_api_url):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     proc = subprocess.run([sys.executable, "-c", _CALLS_MAIN, f"manifests.train={demo_corpus['valid']}",
                            f"output_dir={blocker / 'out'}", "parallel.env=serial"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1"))
+                          text=True, timeout=300,
+                          env=cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", PREFECT_API_URL=session_api_url))
     text = proc.stdout + proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == {"status": 2}, text
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -29,10 +29,12 @@ _MEASURED = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]
              "sys.exit(rc)")
 
 
-def _cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, int]:
-    """(exit status, stderr without the measurement line, peak RSS in bytes)."""
+def _cli(tmp_path: Path, *args: str, api_url: str = "", env: dict[str, str] | None = None) -> tuple[int, str, int]:
+    """(exit status, stderr without the measurement line, peak RSS in bytes) of a run against the
+    server ``api_url`` (the session's), or in ``env``."""
+    env = env or cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", **({"PREFECT_API_URL": api_url} if api_url else {}))
     proc = subprocess.run([sys.executable, "-c", _MEASURED, sys.executable, "flows/collect_stats.py", *args],
-                          cwd=ROOT, env=env or cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1"),
+                          cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     lines = proc.stderr.splitlines()
     rss = int(lines[-1].split()[1]) * 1024
@@ -55,13 +57,14 @@ def _assert_saved_small(out: Path) -> None:
 
 
 @pytest.mark.parametrize("on_error", ["fail", "skip"])
-def test_a_line_over_the_bound_is_named_never_held(tmp_path, demo_corpus, on_error):
+def test_a_line_over_the_bound_is_named_never_held(tmp_path, demo_corpus, on_error, session_api_url):
     good = _lines(demo_corpus)
     manifest = tmp_path / "train.tsv"
     with open(manifest, "w") as f:
         f.write("\n".join(good[:3]) + "\n" + "x" * HUGE + "\t/a.wav\n" + "\n".join(good[3:]) + "\n")
     out = tmp_path / "out"
-    code, err, rss = _cli(tmp_path, f"manifests.train={manifest}", f"output_dir={out}", f"on_error={on_error}")
+    code, err, rss = _cli(tmp_path, f"manifests.train={manifest}", f"output_dir={out}", f"on_error={on_error}",
+                          api_url=session_api_url)
     print(f"on_error={on_error}: stderr {len(err.encode())} bytes, peak RSS {rss >> 20} MiB")
     assert len(err.encode()) < STDERR_BOUND, err[:5000]
     _assert_saved_small(out)
@@ -87,12 +90,13 @@ def _gzip_bomb(path: Path, good: list[str], size: int) -> None:
 
 
 @pytest.mark.parametrize("on_error", ["fail", "skip"])
-def test_a_gzip_bomb_leaves_no_unbounded_copy(tmp_path, demo_corpus, on_error):
+def test_a_gzip_bomb_leaves_no_unbounded_copy(tmp_path, demo_corpus, on_error, session_api_url):
     manifest = tmp_path / "train.tsv.gz"
     _gzip_bomb(manifest, _lines(demo_corpus), 200 << 20)  # ~200 KiB on disk
     assert manifest.stat().st_size < 1 << 20
     out = tmp_path / "out"
-    code, err, rss = _cli(tmp_path, f"manifests.train={manifest}", f"output_dir={out}", f"on_error={on_error}")
+    code, err, rss = _cli(tmp_path, f"manifests.train={manifest}", f"output_dir={out}", f"on_error={on_error}",
+                          api_url=session_api_url)
     spooled = sum(p.stat().st_size for p in (out / "train" / "shards" / "inputs").rglob("*") if p.is_file()) \
         if (out / "train" / "shards" / "inputs").exists() else 0
     print(f"gzip on_error={on_error}: stderr {len(err.encode())} bytes, peak RSS {rss >> 20} MiB, spool {spooled} bytes")
@@ -134,7 +138,7 @@ def test_a_long_field_reaching_a_worker_is_clipped_everywhere(tmp_path, demo_cor
 
 
 @pytest.mark.parametrize("on_error", ["fail", "skip"])
-def test_a_kaldi_data_dir_line_over_the_bound_is_named_never_held(tmp_path, demo_corpus, on_error):
+def test_a_kaldi_data_dir_line_over_the_bound_is_named_never_held(tmp_path, demo_corpus, on_error, session_api_url):
     rows = [line.split("\t")[:2] for line in _lines(demo_corpus)]
     data = tmp_path / "data"
     data.mkdir()
@@ -142,7 +146,8 @@ def test_a_kaldi_data_dir_line_over_the_bound_is_named_never_held(tmp_path, demo
         f.write("".join(f"{u} {p}\n" for u, p in rows[:3]) + "u3" + "x" * HUGE + " /a.wav\n"
                 + "".join(f"{u} {p}\n" for u, p in rows[3:]))
     out = tmp_path / "out"
-    code, err, rss = _cli(tmp_path, f"manifests.train={data}", f"output_dir={out}", f"on_error={on_error}")
+    code, err, rss = _cli(tmp_path, f"manifests.train={data}", f"output_dir={out}", f"on_error={on_error}",
+                          api_url=session_api_url)
     assert len(err.encode()) < STDERR_BOUND, err[:5000]
     _assert_saved_small(out)
     if on_error == "fail":

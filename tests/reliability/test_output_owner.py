@@ -31,17 +31,18 @@ def _run(job: str, manifest: str, out: Path, *overrides: str) -> None:
         run_planned(run.runners, InProcessExecutor(), progress=False)
 
 
-def _cli(job: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def _cli(job: str, tmp_path: Path, *args: str, api_url: str) -> subprocess.CompletedProcess:
+    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", PREFECT_API_URL=api_url)
     return subprocess.run([sys.executable, "-m", "espnet3_flows", job, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1"))
+                          text=True, timeout=300, env=env)
 
 
-def test_another_job_in_the_same_directory_is_refused_in_one_line(demo_corpus, tmp_path):
+def test_another_job_in_the_same_directory_is_refused_in_one_line(demo_corpus, tmp_path, session_api_url):
     out = tmp_path / "exp"
     _run("collect_stats", demo_corpus["valid"], out)
     before = {p: p.read_bytes() for p in (out / "train").iterdir() if p.is_file()}
     proc = _cli("extract_features", tmp_path, f"manifests.train={demo_corpus['valid']}", f"output_dir={out}",
-                "frontend.num_mel_bins=40", "parallel.env=serial")
+                "frontend.num_mel_bins=40", "parallel.env=serial", api_url=session_api_url)
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert proc.returncode != 0
     assert len(lines) == 1 and lines[0].startswith("error: "), lines

@@ -84,13 +84,14 @@ def test_a_stale_name_through_a_linked_directory_is_refused_and_nothing_is_chang
 
 
 @pytest.mark.prefect
-def test_the_cli_ends_in_one_line_naming_the_path_and_the_link(demo_corpus, merged, tmp_path):
+def test_the_cli_ends_in_one_line_naming_the_path_and_the_link(demo_corpus, merged, tmp_path, session_api_url):
     out, _, elsewhere = merged
     (out / "train" / "evil").symlink_to(elsewhere)
     _merging_record(out, "evil/victim_del.txt")
     args = [f"manifests.train={demo_corpus['valid']}", f"output_dir={out}", "shard_size=8", "parallel.env=serial"]
     proc = subprocess.run([sys.executable, "-m", "espnet3_flows", "collect_stats", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1"))
+                          text=True, timeout=300,
+                          env=cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", PREFECT_API_URL=session_api_url))
     text = proc.stdout + proc.stderr
     errors = [line for line in text.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in text, text

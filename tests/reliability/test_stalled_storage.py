@@ -33,18 +33,19 @@ def _args(manifest: str, out: str, endpoint: str | None) -> list[str]:
     return args + ([f"storage_options.client_kwargs.endpoint_url={endpoint}", *DEADLINES] if endpoint else [])
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    # credentials from the environment, as a user gives them (never as flow parameters)
-    return cli_env(tmp_path / "prefect-home", drop=("AWS_",), AWS_ACCESS_KEY_ID="testing",
+def _env(tmp_path: Path, api_url: str) -> dict[str, str]:
+    # credentials from the environment, as a user gives them (never as flow parameters); the
+    # session's Prefect server at api_url
+    return cli_env(tmp_path / "prefect-home", drop=("AWS_",), PREFECT_API_URL=api_url, AWS_ACCESS_KEY_ID="testing",
                    AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1", HF_HUB_OFFLINE="1")
 
 
-def _cli(tmp_path: Path, args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=_env(tmp_path),
+def _cli(tmp_path: Path, args: list[str], api_url: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=_env(tmp_path, api_url),
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_stalled_endpoint_ends_the_run_naming_it_then_rerun_loses_nothing(demo_corpus, tmp_path):
+def test_stalled_endpoint_ends_the_run_naming_it_then_rerun_loses_nothing(demo_corpus, tmp_path, session_api_url):
     with MotoServer(log_dir=tmp_path / "moto") as moto:
         moto.make_bucket("stall")
         s3 = boto3.client("s3", endpoint_url=moto.endpoint_url, region_name="us-east-1",
@@ -55,8 +56,8 @@ def test_stalled_endpoint_ends_the_run_naming_it_then_rerun_loses_nothing(demo_c
             return sum(o["Key"].endswith("/done") for o in listed.get("Contents", []))
 
         args = _args(demo_corpus["train"], "s3://stall/out", moto.endpoint_url)
-        proc = subprocess.Popen([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=_env(tmp_path),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT,
+                                env=_env(tmp_path, session_api_url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stopped = False
         try:
             deadline = time.monotonic() + 240
@@ -84,14 +85,14 @@ def test_stalled_endpoint_ends_the_run_naming_it_then_rerun_loses_nothing(demo_c
         assert not any(o["Key"].endswith("summary.json") for o in listed.get("Contents", []))
         done_before = done_records()
 
-        rerun = _cli(tmp_path, args)  # the endpoint answers again
+        rerun = _cli(tmp_path, args, session_api_url)  # the endpoint answers again
         assert rerun.returncode == 0, rerun.stdout + rerun.stderr
         counts = re.search(r"shards computed (\d+) / cached (\d+)", rerun.stdout)
         assert counts and int(counts.group(2)) >= done_before >= 2, rerun.stdout
         remote = s3.get_object(Bucket="stall", Key="out/train/feats_stats.npz")["Body"].read()
         (tmp_path / "remote.npz").write_bytes(remote)
 
-    clean = _cli(tmp_path, _args(demo_corpus["train"], str(tmp_path / "clean"), None))
+    clean = _cli(tmp_path, _args(demo_corpus["train"], str(tmp_path / "clean"), None), session_api_url)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     with np.load(tmp_path / "remote.npz") as got, np.load(tmp_path / "clean" / "train" / "feats_stats.npz") as want:
         assert sorted(got.files) == sorted(want.files)
