@@ -185,17 +185,23 @@ def prefect_harness():
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.testing.utilities import prefect_test_harness
 
-    from espnet3_flows.orchestration.local_server import SERVER_BATCHING, SERVER_START_SETTINGS
+    from espnet3_flows.orchestration.local_server import SERVER_BATCHING, SERVER_START_SETTINGS, UNUSED_SERVICES
 
     # The server settings of the CLI's private server and `make serve`: task-run states recorded in
     # batches (one INSERT a state otherwise: most of this server's CPU in the suite), no block-type
-    # registration at start. Given to the server process alone, in the environment only while it is
+    # registration at start, and the private server's unused loop services off (scheduler, late
+    # runs, automations...: idle, this server took 4.2 CPU-s a minute with them, 3.1 without, for
+    # the whole session on each xdist worker). The event persister stays on: the secrets tests read
+    # every event back. Given to the server process alone, in the environment only while it is
     # launched: set any earlier, the harness's settings context would read them and hand them to
     # every private server a test starts in this process (test_local_server saw them).
     launch = SubprocessASGIServer._run_uvicorn_command
+    services_off = {f"PREFECT_SERVER_SERVICES_{name.upper()}_ENABLED": "false"
+                    for name in UNUSED_SERVICES if name != "event_persister"}
 
     def launch_batched(server: SubprocessASGIServer):
-        added = {k: v for k, v in {**SERVER_BATCHING, **SERVER_START_SETTINGS}.items() if k not in os.environ}
+        settings = {**SERVER_BATCHING, **SERVER_START_SETTINGS, **services_off}
+        added = {k: v for k, v in settings.items() if k not in os.environ}
         os.environ.update(added)
         try:
             return launch(server)

@@ -32,7 +32,7 @@ _PR_SET_PDEATHSIG = 1
 #: database. The event persister (the raw event feed, read by the UI's event pages and by
 #: automations, neither of which this server has) is off: it took 4.4 s of the server's CPU in a
 #: 1,000-shard run beside the workers on this 2-core machine.
-_UNUSED_SERVICES = ("scheduler", "late_runs", "triggers", "foreman", "repossessor", "cancellation_cleanup",
+UNUSED_SERVICES = ("scheduler", "late_runs", "triggers", "foreman", "repossessor", "cancellation_cleanup",
                     "cleanup_reconciler", "pause_expirations", "db_vacuum", "event_persister")
 
 
@@ -77,7 +77,7 @@ def server_environment() -> dict[str, str]:
 
         env.update(get_current_settings().to_environment_variables(exclude_unset=True))
     env |= {"PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    for service in _UNUSED_SERVICES:
+    for service in UNUSED_SERVICES:
         env.setdefault(f"PREFECT_SERVER_SERVICES_{service.upper()}_ENABLED", "false")
     for key, value in (SERVER_BATCHING | SERVER_START_SETTINGS).items():
         env.setdefault(key, value)
