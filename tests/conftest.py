@@ -167,16 +167,23 @@ def suite_environment() -> dict[str, str]:
     return dict(_ENVIRONMENT_AT_START)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dask_client():
     """A real process-based ``distributed.LocalCluster`` with 2 single-threaded workers. Its client is
     not the process's default: a default client would take over every later flow's Dask tasks
-    (prefect-dask runs them on it), whatever their ``parallel`` says."""
+    (prefect-dask runs them on it), whatever their ``parallel`` says.
+
+    One per module, with the workers' statistical profiler off: idle, such a cluster took ~12 CPU-s
+    a minute on 2 cores (4 each worker, half of it the profiler's 10 ms stack samples, 4 the
+    scheduler in this process), and a session-scoped one stayed up for the last ~8 minutes of
+    each xdist worker; a start is ~7 CPU-s."""
+    import dask
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        with Client(cluster, set_as_default=False) as client:
-            yield client
+    with dask.config.set({"distributed.worker.profile.enabled": False}):
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    with cluster, Client(cluster, set_as_default=False) as client:
+        yield client
 
 
 @pytest.fixture(scope="session")
