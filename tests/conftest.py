@@ -228,7 +228,7 @@ def prefect_harness():
 @pytest.fixture(scope="session")
 def session_api_url(prefect_harness) -> str:
     """The session server's ``PREFECT_API_URL``, for a command-line run whose test is not about the
-    private server a run with no API configured starts (``cli_env(home, PREFECT_API_URL=...)``):
+    private server a run with no API configured starts (``cli_env(home, api_url=...)``):
     such a run saves that server's start (~4 CPU-s on 2 cores, the largest fixed cost of a run).
     The tests of the private server itself (``tests/orchestration/test_cli_start.py``,
     ``test_local_server.py``, ``test_early_start.py``, ``test_server_health.py``, the README and

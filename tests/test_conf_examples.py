@@ -99,7 +99,7 @@ def test_example_config_plans_with_dry_run(example, tmp_path, demo_corpus, ecapa
 
 
 def test_a_target_that_does_not_import_is_a_config_error_before_work(tmp_path, demo_corpus, session_api_url):
-    env = cli_env(tmp_path / "home", PREFECT_API_URL=session_api_url)
+    env = cli_env(tmp_path / "home", api_url=session_api_url)
     # the GPU example with its frontend section replaced by your own module, as its comment says
     conf = yaml.safe_load((ROOT / "conf/stats_slurm_gpu.yaml").read_text())
     conf["frontend"] = {"type": "model", "model": {"_target_": "my_pkg.frontends.SSLFrontend"}, "device": "cuda"}

@@ -58,7 +58,7 @@ def corpus(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
 
 def _run(args: list[str], site: Path, home: Path, cwd: Path, api_url: str | None = None) -> subprocess.CompletedProcess:
     """The CLI with the plugins installed in ``site``; against the server ``api_url`` if given."""
-    env = cli_env(home / "prefect-home", DO_NOT_TRACK="1", **({"PREFECT_API_URL": api_url} if api_url else {}))
+    env = cli_env(home / "prefect-home", DO_NOT_TRACK="1", api_url=api_url)
     env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
     return subprocess.run([sys.executable, "-m", "espnet3_flows", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)

@@ -110,7 +110,7 @@ def test_config_refuses_a_frontend_without_features():
 
 
 def test_command_line_demo_and_help(tmp_path, session_api_url):
-    env = cli_env(tmp_path / "prefect-home", PREFECT_API_URL=session_api_url)
+    env = cli_env(tmp_path / "prefect-home", api_url=session_api_url)
     out = tmp_path / "exp" / "features"
     proc = subprocess.run([sys.executable, "flows/extract_features.py", f"output_dir={out}", "demo_utterances=20",
                            "shard_size=10", "parallel.env=serial"], cwd=ROOT, env=env, capture_output=True, text=True,

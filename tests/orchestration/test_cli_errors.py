@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.prefect, pytest.mark.dask]
 def _cli(tmp_path: Path, *args: str, api_url: str | None = None) -> tuple[int, list[str], str]:
     """(exit status, output lines as a terminal shows them, the whole output) of a CLI run: with
     ``api_url``, against that server; else with no API configured (the run's private server)."""
-    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", **({"PREFECT_API_URL": api_url} if api_url else {}))
+    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", api_url=api_url)
     proc = subprocess.run([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     text = proc.stdout + proc.stderr
@@ -169,7 +169,7 @@ def test_main_called_in_process_leaves_the_environment_as_it_was(tmp_path, demo_
     manifest.write_text("\n".join(_good_lines(demo_corpus)) + "\n")
     (tmp_path / "a-file").write_text("x")  # output_dir: found unwritable once the run is planned
     env = cli_env(tmp_path / "prefect-home", drop=("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED"),
-                  PREFECT_API_URL=session_api_url)
+                  api_url=session_api_url)
     if own_level:
         env["DASK_LOGGING__DISTRIBUTED"] = own_level
     proc = subprocess.run([sys.executable, "-c", _CALLS_MAIN, f"manifests.train={manifest}",

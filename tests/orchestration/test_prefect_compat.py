@@ -205,7 +205,7 @@ def test_a_flow_runs_with_every_patch_off(tmp_path, demo_corpus, session_api_url
     serial = tmp_path / "serial"
     again = subprocess.run([sys.executable, "flows/collect_stats.py", f"manifests.valid={demo_corpus['valid']}",
                             f"output_dir={serial}", "shard_size=4", "parallel.env=serial"], cwd=root,
-                           env=cli_env(tmp_path / "home2", PREFECT_API_URL=session_api_url), capture_output=True,
+                           env=cli_env(tmp_path / "home2", api_url=session_api_url), capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     with np.load(out / "valid" / "feats_stats.npz") as a, np.load(serial / "valid" / "feats_stats.npz") as b:

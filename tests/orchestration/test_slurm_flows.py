@@ -60,7 +60,7 @@ def test_a_site_jobqueue_yaml_sizes_the_submitted_jobs_and_a_user_option_wins(de
         "jobqueue:\n  slurm:\n    queue: debug\n    cores: 2\n    memory: 3GB\n    walltime: '00:10:00'\n"
         f"    name: espnet3-site\n    log-directory: {logs}\n"
         "    job-extra-directives: ['--comment=from-site-jobqueue-yaml']\n")
-    env = cli_env(tmp_path / "prefect-home", PREFECT_API_URL=session_api_url) | {"DASK_CONFIG": str(site)}
+    env = cli_env(tmp_path / "prefect-home", api_url=session_api_url) | {"DASK_CONFIG": str(site)}
     args = [sys.executable, "flows/collect_stats.py", f"manifests.valid={demo_corpus['valid']}",
             f"output_dir={tmp_path / 'out'}", "shard_size=4", "parallel.env=slurm", "parallel.n_workers=1",
             "parallel.options.walltime=00:19:00"]

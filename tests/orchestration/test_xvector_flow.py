@@ -43,7 +43,7 @@ def test_xvector_flow_on_local_cluster(prefect_harness, ecapa_dir, demo_corpus, 
 
 
 def test_extract_xvectors_command_line(ecapa_dir, demo_corpus, tmp_path, session_api_url):
-    env = cli_env(tmp_path / "home", HF_HUB_OFFLINE="1", PREFECT_API_URL=session_api_url)
+    env = cli_env(tmp_path / "home", HF_HUB_OFFLINE="1", api_url=session_api_url)
     proc = subprocess.run([sys.executable, "flows/extract_xvectors.py", f"xvector.pretrained_model={ecapa_dir}",
                            f"xvector.manifest_paths.valid={demo_corpus['valid']}", "xvector.splits=[valid]",
                            f"xvector.save_path={tmp_path / 'out'}", "shard_size=6", "parallel.env=serial"],
@@ -88,7 +88,7 @@ def test_xvector_flow_to_s3_equals_the_local_outputs(prefect_harness, ecapa_dir,
 
 def _cli_env(tmp_path: Path, api_url: str) -> dict[str, str]:
     """A CLI run's environment with no ``HF_*`` variable, against the session's server ``api_url``."""
-    return cli_env(tmp_path / "home", drop=("HF_",), PREFECT_API_URL=api_url)
+    return cli_env(tmp_path / "home", drop=("HF_",), api_url=api_url)
 
 
 def _cache_as_hub_model(model_dir: Path, cache: Path, repo_id: str) -> None:

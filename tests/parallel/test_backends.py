@@ -221,7 +221,7 @@ def test_kube_resource_carries_our_image_command_env_and_resources():
 
 
 def test_kube_without_a_kubernetes_api_is_one_error_line(tmp_path, demo_corpus, session_api_url):
-    env = cli_env(tmp_path / "home", KUBECONFIG=str(tmp_path / "no-kubeconfig"), PREFECT_API_URL=session_api_url)
+    env = cli_env(tmp_path / "home", KUBECONFIG=str(tmp_path / "no-kubeconfig"), api_url=session_api_url)
     env.pop("KUBERNETES_SERVICE_HOST", None)
     proc = subprocess.run([sys.executable, "flows/collect_stats.py", f"manifests.train={demo_corpus['valid']}",
                            f"output_dir={tmp_path / 'out'}", "parallel.env=kube"], cwd=ROOT, env=env,
@@ -307,7 +307,7 @@ def test_ssh_through_the_cli_with_a_config_file(sshd, demo_corpus, serial_stats,
     config = tmp_path / "stats_ssh.yaml"
     config.write_text(yaml.safe_dump({"manifests": {"train": demo_corpus["train"]}, "output_dir": str(tmp_path / "out"),
                                       "shard_size": 12, "parallel": _ssh_parallel(sshd)}))
-    env = cli_env(tmp_path / "home", PREFECT_API_URL=session_api_url)
+    env = cli_env(tmp_path / "home", api_url=session_api_url)
     dry = subprocess.run([sys.executable, "flows/collect_stats.py", "--config", str(config), "--dry-run"], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=300)
     assert dry.returncode == 0 and "  cluster: ssh: distributed.SSHCluster(" in dry.stdout, dry.stdout + dry.stderr

@@ -85,7 +85,7 @@ def test_the_cli_exits_2_in_one_line_naming_an_unwritable_output_dir(tmp_path, d
     proc = subprocess.run([sys.executable, "-c", _CALLS_MAIN, f"manifests.train={demo_corpus['valid']}",
                            f"output_dir={blocker / 'out'}", "parallel.env=serial"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300,
-                          env=cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", PREFECT_API_URL=session_api_url))
+                          env=cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", api_url=session_api_url))
     text = proc.stdout + proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == {"status": 2}, text
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

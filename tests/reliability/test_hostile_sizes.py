@@ -29,10 +29,10 @@ _MEASURED = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]
              "sys.exit(rc)")
 
 
-def _cli(tmp_path: Path, *args: str, api_url: str = "", env: dict[str, str] | None = None) -> tuple[int, str, int]:
+def _cli(tmp_path: Path, *args: str, api_url: str | None = None, env: dict[str, str] | None = None) -> tuple[int, str, int]:
     """(exit status, stderr without the measurement line, peak RSS in bytes) of a run against the
     server ``api_url`` (the session's), or in ``env``."""
-    env = env or cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", **({"PREFECT_API_URL": api_url} if api_url else {}))
+    env = env or cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", api_url=api_url)
     proc = subprocess.run([sys.executable, "-c", _MEASURED, sys.executable, "flows/collect_stats.py", *args],
                           cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -118,7 +118,7 @@ def test_a_long_field_reaching_a_worker_is_clipped_everywhere(tmp_path, demo_cor
     manifest.write_text("\n".join([*good[:3], f"utt-long\t{long_path}", *good[3:]]) + "\n")
     out = tmp_path / "out"
     with PrefectServer(tmp_path / "server") as server:  # its database outlives the run: read the states
-        env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", PREFECT_API_URL=server.api_url)
+        env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", api_url=server.api_url)
         code, err, _ = _cli(tmp_path, f"manifests.train={manifest}", f"output_dir={out}", env=env)
         runs = []
         for kind in ("task_runs", "flow_runs"):

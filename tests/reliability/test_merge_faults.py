@@ -287,7 +287,7 @@ def test_the_cli_names_an_unreadable_done_record_in_one_line_and_recomputes_it(d
     out = tmp_path / "exp"
     args = [sys.executable, "flows/collect_stats.py", f"manifests.train={demo_corpus['valid']}", f"output_dir={out}",
             "shard_size=4", "parallel.env=serial"]
-    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", PREFECT_API_URL=session_api_url)
+    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", api_url=session_api_url)
     first = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     with np.load(out / "train" / "feats_stats.npz") as z:

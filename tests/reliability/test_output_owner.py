@@ -32,7 +32,7 @@ def _run(job: str, manifest: str, out: Path, *overrides: str) -> None:
 
 
 def _cli(job: str, tmp_path: Path, *args: str, api_url: str) -> subprocess.CompletedProcess:
-    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", PREFECT_API_URL=api_url)
+    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", api_url=api_url)
     return subprocess.run([sys.executable, "-m", "espnet3_flows", job, *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=env)
 

@@ -91,7 +91,7 @@ def test_the_cli_ends_in_one_line_naming_the_path_and_the_link(demo_corpus, merg
     args = [f"manifests.train={demo_corpus['valid']}", f"output_dir={out}", "shard_size=8", "parallel.env=serial"]
     proc = subprocess.run([sys.executable, "-m", "espnet3_flows", "collect_stats", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300,
-                          env=cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", PREFECT_API_URL=session_api_url))
+                          env=cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", api_url=session_api_url))
     text = proc.stdout + proc.stderr
     errors = [line for line in text.splitlines() if line.startswith("error:")]
     assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in text, text

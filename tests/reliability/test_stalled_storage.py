@@ -36,7 +36,7 @@ def _args(manifest: str, out: str, endpoint: str | None) -> list[str]:
 def _env(tmp_path: Path, api_url: str) -> dict[str, str]:
     # credentials from the environment, as a user gives them (never as flow parameters); the
     # session's Prefect server at api_url
-    return cli_env(tmp_path / "prefect-home", drop=("AWS_",), PREFECT_API_URL=api_url, AWS_ACCESS_KEY_ID="testing",
+    return cli_env(tmp_path / "prefect-home", drop=("AWS_",), api_url=api_url, AWS_ACCESS_KEY_ID="testing",
                    AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1", HF_HUB_OFFLINE="1")
 
 

@@ -76,19 +76,23 @@ def _clean_env(base: Mapping[str, str] | None, drop_prefixes: Sequence[str]) -> 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli_env(home: Path, *, drop: Sequence[str] = (), fresh_database: bool = False,
+def cli_env(home: Path, *, drop: Sequence[str] = (), fresh_database: bool = False, api_url: str | None = None,
             **settings: str) -> dict[str, str]:
     """The environment of a command a user runs from this checkout with no Prefect server
     configured: no inherited ``PREFECT_*`` (nor other ``drop`` prefixes), its own ``PREFECT_HOME``,
     analytics off, the checkout importable, unbuffered output; ``settings`` added last.
 
     The home gets a copy of an already migrated database (:mod:`tests.support.prefect_db`), as
-    on a user's second run; ``fresh_database=True`` leaves it empty, as on a first run."""
+    on a user's second run; ``fresh_database=True`` leaves it empty, as on a first run. With
+    ``api_url`` (the ``session_api_url`` fixture's) the command runs against that server instead
+    of starting its private one."""
     if not fresh_database:
         seed_home(home)
     env = _clean_env(None, ("PREFECT_", *drop))
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT),
                PYTHONUNBUFFERED="1")
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
     env.update(settings)
     return env
 
