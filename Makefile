@@ -71,12 +71,13 @@ system-deps:  ## Debian packages for the SLURM, ssh and compose tests (installed
 # The whole suite, SLURM included: starts a single-node SLURM cluster and stops it after. A
 # SLURM that does not start stops here with its own error, before pytest runs.
 SLURM_DIR := $(or $(ESPNET3_SLURM_DIR),/tmp/espnet3-flows-slurm)
-# Two pytest processes (pytest-xdist): most of a test's time is spent waiting on the processes it
-# starts (a server, a worker, a CLI run), so one process kept 2 cores ~45 % busy. A module runs
-# whole on one of them (its module-scoped servers start once), the modules of slow tests first
-# (tests/conftest.py). TEST_JOBS=1: one process, in collection order. More than 2 on a 2-core
-# machine oversubscribes it (each test's own runs use 1-2 cores).
-TEST_JOBS ?= 2
+# Three pytest processes (pytest-xdist): most of a test's time is spent waiting on the processes it
+# starts (a server, a worker, a CLI run). Measured on 2 cores (/proc/stat over the whole run): with
+# -n 3 the cores were 98 % busy and pytest took 1,114 s; with -n 2 the same ~2,200 CPU-seconds took
+# 1,300-1,490 s (74-85 % busy). A module runs whole on one of them (its module-scoped servers start
+# once), the modules of slow tests first (tests/conftest.py). TEST_JOBS=1: one process, in
+# collection order. More than 3 was not measured: at 3 the 2 cores are already full.
+TEST_JOBS ?= 3
 XDIST = $(if $(filter 1,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 test: install system-deps
 	@trap 'ci/slurm/stop.sh >&2' EXIT; \

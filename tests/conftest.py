@@ -80,9 +80,9 @@ SLOW_TIMEOUT = 240
 
 def _slow_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """The items of modules holding a ``slow`` test first, in collection order otherwise. Under
-    ``make test``'s ``-n 2 --dist loadfile --no-loadscope-reorder`` a module runs whole on one
+    ``make test``'s ``-n 3 --dist loadfile --no-loadscope-reorder`` a module runs whole on one
     worker in this order: the minutes-long ones start at once instead of ending the run on one
-    worker while the other waits."""
+    worker while the others wait."""
     slow_modules = {item.module for item in items if "slow" in item.keywords}
     return sorted(items, key=lambda item: item.module not in slow_modules)
 
