@@ -186,29 +186,76 @@ def dask_client():
         yield client
 
 
+#: the run's one Prefect server, when this process is the xdist controller that started it
+_SHARED_SERVER = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """As pytest-xdist's controller: start the Prefect server every worker shares (in a thread:
+    the workers start and collect meanwhile) and name its file in the environment they inherit
+    (:mod:`tests.support.session_server`)."""
+    global _SHARED_SERVER
+    from tests.support.session_server import ENV, SharedServer
+
+    workers = config.getoption("numprocesses", None)
+    if hasattr(config, "workerinput") or not workers or ENV in os.environ:
+        return
+    _SHARED_SERVER = SharedServer()
+    _SHARED_SERVER.start_in_background()
+    os.environ[ENV] = str(_SHARED_SERVER.info_file)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _SHARED_SERVER
+    if _SHARED_SERVER is not None:  # every worker has ended: nobody uses it any more
+        from tests.support.session_server import ENV
+
+        _SHARED_SERVER.stop()
+        _SHARED_SERVER = None
+        os.environ.pop(ENV, None)
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """One Prefect test harness (temporary SQLite server) for the whole session; startup is slow."""
+    """The session's Prefect server, as ``PREFECT_API_URL`` of this process's settings: the run's
+    shared one (``make test``: :mod:`tests.support.session_server`), else a Prefect test harness
+    (temporary SQLite server) of this process's own. Yields ``{"api_url", "pid"}``.
+
+    Other processes' runs are on a shared server: read your own back by name and output
+    directory (:mod:`tests.support.prefect_readback`), never "the latest run"."""
+    from tests.support.session_server import ENV, wait_for
+
+    if os.environ.get(ENV):
+        from prefect.context import _temporary_global_settings_context, get_settings_context
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        info = wait_for(os.environ[ENV])
+        with temporary_settings(updates={PREFECT_API_URL: info["api_url"]}):
+            # the process-wide settings too, as prefect_test_harness sets them: code in a context
+            # copied before this fixture ran (another thread's) reads those
+            with _temporary_global_settings_context(get_settings_context()):
+                yield info
+        return
+    yield from _own_harness()
+
+
+def _own_harness():
+    """prefect_test_harness, its server process launched with the shared server's settings."""
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.testing.utilities import prefect_test_harness
 
-    from espnet3_flows.orchestration.local_server import SERVER_BATCHING, SERVER_START_SETTINGS, UNUSED_SERVICES
+    from tests.support.session_server import server_settings
 
-    # The server settings of the CLI's private server and `make serve`: task-run states recorded in
-    # batches (one INSERT a state otherwise: most of this server's CPU in the suite), no block-type
-    # registration at start, and the private server's unused loop services off (scheduler, late
-    # runs, automations...: idle, this server took 4.2 CPU-s a minute with them, 3.1 without, for
-    # the whole session on each xdist worker). The event persister stays on: the secrets tests read
-    # every event back. Given to the server process alone, in the environment only while it is
-    # launched: set any earlier, the harness's settings context would read them and hand them to
-    # every private server a test starts in this process (test_local_server saw them).
+    # Task-run states recorded in batches (one INSERT a state otherwise: most of this server's CPU
+    # in the suite), no block-type registration at start, the unused loop services off (idle, this
+    # server took 4.2 CPU-s a minute with them, 3.1 without). Given to the server process alone, in
+    # the environment only while it is launched: set any earlier, the harness's settings context
+    # would read them and hand them to every private server a test starts in this process
+    # (test_local_server saw them).
     launch = SubprocessASGIServer._run_uvicorn_command
-    services_off = {f"PREFECT_SERVER_SERVICES_{name.upper()}_ENABLED": "false"
-                    for name in UNUSED_SERVICES if name != "event_persister"}
 
     def launch_batched(server: SubprocessASGIServer):
-        settings = {**SERVER_BATCHING, **SERVER_START_SETTINGS, **services_off}
-        added = {k: v for k, v in settings.items() if k not in os.environ}
+        added = {k: v for k, v in server_settings().items() if k not in os.environ}
         os.environ.update(added)
         try:
             return launch(server)
@@ -220,7 +267,10 @@ def prefect_harness():
     try:
         with prefect_test_harness(server_startup_timeout=180):
             SubprocessASGIServer._run_uvicorn_command = launch
-            yield
+            from prefect.settings import PREFECT_API_URL
+
+            server = SubprocessASGIServer._instances[None].server_process
+            yield {"api_url": str(PREFECT_API_URL.value()), "pid": server.pid}
     finally:
         SubprocessASGIServer._run_uvicorn_command = launch
 

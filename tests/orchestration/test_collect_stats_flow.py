@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -11,53 +10,9 @@ import pytest
 import s3fs
 
 from espnet3_flows.orchestration.flows import run_job
+from tests.support.prefect_readback import artifacts_of, runs_writing, task_run_states
 
 pytestmark = pytest.mark.prefect
-
-
-def _artifacts(prefix: str) -> dict[str, object]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    from tests.support.prefect_readback import read_all
-
-    async def read():
-        async with get_client() as client:
-            return await read_all(client.read_artifacts,
-                                  artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=prefix)))
-
-    # the latest version of each key: other tests in the session publish the same keys
-    found = sorted(asyncio.run(read()), key=lambda a: a.created)
-    return {a.key: a for a in found if a.key and a.key.startswith(prefix)}
-
-
-def _task_run_states(flow_name: str, expected: int = 0) -> dict[str, str]:
-    """Task run name → state type of the latest run of ``flow_name``, once the API has recorded
-    every one as final and at least ``expected`` of them (the server records task runs from
-    events, a moment after they are sent)."""
-    import time
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId
-    from prefect.client.schemas.sorting import FlowRunSort
-
-    from tests.support.prefect_readback import read_all
-
-    async def read() -> dict[str, str]:
-        async with get_client() as client:
-            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
-                                               sort=FlowRunSort.START_TIME_DESC, limit=1)
-            tasks = await read_all(client.read_task_runs,
-                                   flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[0].id])))
-            return {t.name: t.state_type.value if t.state_type else "NONE" for t in tasks}
-
-    deadline = time.monotonic() + 60
-    while True:
-        states = asyncio.run(read())
-        final = all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states.values())
-        if (final and len(states) >= expected) or time.monotonic() > deadline:
-            return states
-        time.sleep(0.5)
 
 
 @pytest.mark.unpatched
@@ -74,14 +29,15 @@ def test_flow_on_local_cluster_caches_and_publishes(prefect_harness, demo_corpus
                      "stats.png", "skipped.tsv"):
             assert (out / split / name).is_file(), name
     assert not (out / ".prefect-results").exists(), "the done records are the cache: Prefect persists nothing"
-    arts = _artifacts("collect-stats-")
+    (run,) = runs_writing("collect-stats-shards", out, newest_only=True)
+    arts = artifacts_of(run, "collect-stats-")
     report = arts["collect-stats-train-report"]
     assert report.type == "markdown" and "| Utterances | 48 |" in report.data and "data:image/png;base64," in report.data
     assert arts["collect-stats-splits"].type == "table"
     assert arts["collect-stats-progress"].type == "progress" and float(arts["collect-stats-progress"].data) == 100.0
     assert f"file://{out}/train/feats_stats.npz" in arts["collect-stats-train-feats-stats-npz"].data
     # every task's final state reached the API, the merges' too (sent just before the workers exit)
-    states = _task_run_states("collect-stats-shards", expected=sum(shards.values()) + len(shards))
+    states = task_run_states("collect-stats-shards", out, expected=sum(shards.values()) + len(shards))
     assert len(states) == sum(shards.values()) + len(shards) and set(states.values()) == {"COMPLETED"}, states
     before = (out / "train" / "feats_stats.npz").read_bytes()
 

@@ -14,9 +14,9 @@ from prefect import flow
 from espnet3_flows.orchestration import runner_flow
 from espnet3_flows.parallel import ShardFailure, set_parallel
 from espnet3_flows.storage import Storage
-from tests.orchestration.test_collect_stats_flow import _artifacts, _task_run_states
 from tests.parallel.espnet3_runners import FailsOn13Runner, HookLogRunner, ListProvider, RecordsRunner
 from tests.parallel.jobs_for_tests import ArrayProvider, ScaleSumRunner
+from tests.support.prefect_readback import artifacts_of, runs_writing, task_run_states
 
 pytestmark = [pytest.mark.prefect]
 LOCAL2 = {"env": "local", "n_workers": 2}
@@ -36,27 +36,17 @@ def test_a_task_per_pending_shard_none_on_a_rerun(prefect_harness, tmp_path):
     assert merged["rows"] == reference["rows"] == [f"{i} {2 * i}" for i in range(30)]
     assert [Path(d).name for d in merged["dirs"]] == [Path(d).name for d in reference["dirs"]]
     n_shards = len(merged["dirs"])
-    states = _task_run_states("hooks-flow", expected=n_shards + 1)
+    states = task_run_states("hooks-flow", tmp_path / "out", expected=n_shards + 1)
     assert len(_shard_runs(states)) == n_shards and set(states.values()) == {"COMPLETED"}, states
     assert "HookLogRunner/merge" in states
-    report = _artifacts("hooks-flow-")["hooks-flow-report"]
+    (run,) = runs_writing("hooks-flow", tmp_path / "out")
+    report = artifacts_of(run, "hooks-flow-")["hooks-flow-report"]
     assert f"| Shards computed | {n_shards} |" in report.data and "HookLogRunner" in report.data
 
     again = runner_flow(runner(tmp_path / "out"), range(30), parallel=LOCAL2, name="hooks-flow", progress=False)
     assert again["tokens"] == merged["tokens"] and again["rows"] == merged["rows"]  # nothing recomputed
     # nothing due: merged in this process as runner(indices) does, no flow run (nor cluster, nor server)
-    assert _flow_runs("hooks-flow") == 1
-
-
-def _flow_runs(flow_name: str) -> int:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-
-    async def count() -> int:
-        async with get_client() as client:
-            return await client.count_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])))
-
-    return asyncio.run(count())
+    assert len(runs_writing("hooks-flow", tmp_path / "out")) == 1
 
 
 def test_inside_a_users_flow_it_is_a_subflow_with_set_parallels_config(prefect_harness, tmp_path):
@@ -70,17 +60,23 @@ def test_inside_a_users_flow_it_is_a_subflow_with_set_parallels_config(prefect_h
     finally:
         set_parallel(None)
 
-    async def parent_of_latest(name: str):
+    async def children_of_latest(parent: str) -> list:
+        """The flow runs started inside the newest run of the flow ``parent`` (a name only this
+        test uses: other tests, and other pytest processes on a shared server, run records-runner)."""
         from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+        from prefect.client.schemas.filters import (FlowFilter, FlowFilterName, FlowRunFilter,
+                                                    FlowRunFilterParentFlowRunId)
         from prefect.client.schemas.sorting import FlowRunSort
 
         async with get_client() as client:
-            (run,) = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[name])),
+            (run,) = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[parent])),
                                                  sort=FlowRunSort.START_TIME_DESC, limit=1)
-            return run.parent_task_run_id
+            children = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+            return [((await client.read_flow(child.flow_id)).name, child.parent_task_run_id) for child in children]
 
-    assert asyncio.run(parent_of_latest("records-runner")) is not None
+    children = asyncio.run(children_of_latest("users-own-flow"))
+    assert [name for name, _ in children] == ["records-runner"] and all(task for _, task in children), children
 
 
 @pytest.mark.dask

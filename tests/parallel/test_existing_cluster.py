@@ -331,7 +331,7 @@ def test_only_pending_shards_run_as_tasks_on_warm_workers_with_flat_memory(prefe
     from prefect.settings import PREFECT_API_URL
 
     from espnet3_flows.orchestration.flows import run_job
-    from tests.orchestration.test_collect_stats_flow import _task_run_states
+    from tests.support.prefect_readback import runs_writing, task_run_states
 
     wavs = _short_wavs(tmp_path / "wav")
     lines = [f"utt{i:05d}\t{wavs[i % len(wavs)]}\n" for i in range(600)]
@@ -353,7 +353,7 @@ def test_only_pending_shards_run_as_tasks_on_warm_workers_with_flat_memory(prefe
         manifest.write_text("".join(lines))
         second = run_job("collect_stats", cfg, progress=False)["train"]
         assert (second["shards"], second["shards_computed"], second["shards_cached"]) == (600, 580, 20)
-        states = _task_run_states("collect-stats-shards", expected=581)
+        states = task_run_states("collect-stats-shards", tmp_path / "out", expected=581)
         shard_runs = [name for name in states if name.startswith("train/split.")]
         assert len(shard_runs) == 580 and len(states) == 581, len(states)  # + the merge
         assert set(states.values()) == {"COMPLETED"}  # no Cached task run for a done shard
@@ -365,25 +365,11 @@ def test_only_pending_shards_run_as_tasks_on_warm_workers_with_flat_memory(prefe
         print(f"580 shard tasks: worker RSS +{growth_workers / 2**20:.0f} MB, driver +{growth_driver / 2**20:.0f} MB")
         assert growth_workers < 300 * 2**20 and growth_driver < 300 * 2**20  # generous; benchmarks/ hold the targets
 
-        runs_before = len(_flow_runs("collect-stats-shards"))
+        runs_before = len(runs_writing("collect-stats-shards", tmp_path / "out"))
         third = run_job("collect_stats", cfg, progress=False)["train"]
         assert (third["shards_computed"], third["shards_cached"]) == (0, 600)
-        assert len(_flow_runs("collect-stats-shards")) == runs_before, "a no-op run started a flow"
+        assert len(runs_writing("collect-stats-shards", tmp_path / "out")) == runs_before, "a no-op run started a flow"
         assert cluster.alive() and list(cluster.snapshot().values()) == workers
     finally:
         cluster.stop()
 
-
-def _flow_runs(name: str) -> list:
-    import asyncio
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-
-    from tests.support.prefect_readback import read_all
-
-    async def read():
-        async with get_client() as client:
-            return await read_all(client.read_flow_runs, flow_filter=FlowFilter(name=FlowFilterName(any_=[name])))
-
-    return asyncio.run(read())

@@ -4,6 +4,7 @@ the checks that no credential reached the server."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,84 @@ async def read_all(read, **kwargs) -> list[Any]:
         out.extend(page)
         if len(page) < PAGE:
             return out
+
+
+def runs_writing(flow_name: str, output_dir: str | os.PathLike, newest_only: bool = False) -> list[Any]:
+    """The flow runs named ``flow_name`` on the session's server whose shown config writes to
+    ``output_dir`` (the ``config`` parameter of :func:`~espnet3_flows.orchestration.flows.shard_flow`),
+    newest first: a test's own, among every other test's (and, on the run's shared server, every
+    other pytest process's) runs of the same flow. ``newest_only``: stop at the first found."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    wanted = os.path.normpath(os.fspath(output_dir))
+
+    def writes_there(run: Any) -> bool:
+        config = (run.parameters or {}).get("config")
+        return isinstance(config, dict) and os.path.normpath(str(config.get("output_dir"))) == wanted
+
+    async def read() -> list[Any]:
+        found: list[Any] = []
+        async with get_client() as client:
+            offset = 0
+            while True:  # newest first: a test's own run is on the first page, unless thousands came after it
+                page = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+                                                   sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=PAGE,
+                                                   offset=offset)
+                found += [run for run in page if writes_there(run)]
+                offset += len(page)
+                if len(page) < PAGE or (newest_only and found):
+                    return found[:1] if newest_only else found
+
+    return asyncio.run(read())
+
+
+def task_run_states(flow_name: str, output_dir: str | os.PathLike, expected: int = 0,
+                    timeout: float = 60.0) -> dict[str, str]:
+    """Task run name → state type of the newest run of ``flow_name`` writing to ``output_dir``,
+    once the API has recorded every one as final and at least ``expected`` of them (the server
+    records task runs from events, a moment after they are sent), or as they are after ``timeout``."""
+    import asyncio
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    (run,) = runs_writing(flow_name, output_dir, newest_only=True) or [None]
+    assert run is not None, f"no {flow_name} flow run writing to {output_dir} on the server"
+
+    async def read() -> dict[str, str]:
+        async with get_client() as client:
+            tasks = await read_all(client.read_task_runs, flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+            return {t.name: t.state_type.value if t.state_type else "NONE" for t in tasks}
+
+    deadline = time.monotonic() + timeout
+    while True:
+        states = asyncio.run(read())
+        final = all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states.values())
+        if (final and len(states) >= expected) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.5)
+
+
+def artifacts_of(flow_run: Any, prefix: str) -> dict[str, Any]:
+    """Key → artifact, for the artifacts ``flow_run`` published whose key starts with ``prefix``
+    (the latest of each key)."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    async def read() -> list[Any]:
+        async with get_client() as client:
+            return await read_all(client.read_artifacts, artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(like_=prefix), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
+
+    found = sorted(asyncio.run(read()), key=lambda a: a.created)
+    return {a.key: a for a in found if a.key and a.key.startswith(prefix)}
 
 
 async def read_everything(api_url: str, pool: str) -> dict[str, Any]:
