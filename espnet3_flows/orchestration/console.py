@@ -13,7 +13,10 @@ engine on the driver and from Dask (~150 lines around the one line that says wha
   CLI prints the outcome itself, once, as ``error: ...``) and Dask's warnings about failed
   computations (the same failure again), and a Dask worker's failed heartbeat (a race of
   Dask's own when the cluster closes: the scheduler goes first; a scheduler lost mid-run fails
-  the run with its own ``error:`` line),
+  the run with its own ``error:`` line), and the ``Still processing items: N items remaining``
+  of Prefect's event and log queues draining at the process's exit (on a busy machine a run's
+  last events are still queued when it ends; they are still sent, and the line says nothing a
+  user can act on),
 
 each as one line, without its traceback, and Prefect's link to the flow run in the UI when the
 API is a server of the user's. Only the console changes: Prefect's API log handler
@@ -101,13 +104,34 @@ def _console_handlers() -> list[logging.Handler]:
     return list(found.values())
 
 
+#: Prefect's queue services that drain at interpreter exit (their loggers' names), and the line
+#: each logs every 4 s while items remain then
+_EXIT_DRAINS = ("EventsWorker", "APILogWorker")
+_DRAIN_PROGRESS = "Still processing items"
+
+
+class _DrainProgressFilter(logging.Filter):
+    """Drops the exit-time drain progress line of a Prefect queue service (its other records stay)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_DRAIN_PROGRESS)
+
+
 def quiet_console(run_links: bool = False) -> None:
     """Apply the quiet rules to every console handler of this process (idempotent).
+
+    The drain progress of Prefect's queues is dropped at its loggers, for the rest of the process:
+    it is logged at the interpreter's exit, after :func:`quiet_during` has given the handlers
+    back.
 
     Args:
         run_links: keep Prefect's ``View at <UI URL>`` line of each run (when the API is a
             server the user runs; a private server's links are dead once the run ends).
     """
+    for name in _EXIT_DRAINS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DrainProgressFilter) for f in logger.filters):
+            logger.addFilter(_DrainProgressFilter())
     for handler in _console_handlers():
         if not any(isinstance(f, _QuietFilter) for f in handler.filters):
             handler.addFilter(_QuietFilter(run_links))
