@@ -268,7 +268,8 @@ def test_the_session_harness_server_batches_and_the_tests_settings_do_not(prefec
 
     from espnet3_flows.orchestration.local_server import SERVER_BATCHING, SERVER_START_SETTINGS
 
-    assert psutil.pid_exists(prefect_harness["pid"])
+    server = psutil.Process(prefect_harness["pid"])
+    assert server.is_running() and server.status() != psutil.STATUS_ZOMBIE
     with open(f"/proc/{prefect_harness['pid']}/environ", "rb") as fh:
         launched = dict(item.decode().split("=", 1) for item in fh.read().split(b"\0") if b"=" in item)
     wanted = {**SERVER_BATCHING, **SERVER_START_SETTINGS}
