@@ -1,0 +1,89 @@
+"""Run benchmarks in ``--quick`` mode and check what they wrote (no timing is asserted).
+
+The quick benchmarks are split over a few test modules (``tests/benchmarks/test_quick_*.py``), each
+running a group of about 75 CPU-seconds on 2 cores in one ``python -m benchmarks --quick --only
+...``: under ``make test``'s ``--dist loadfile`` the groups go to different pytest processes.
+One run of all eleven took 445 s there, and over 600 s on CI's machine (stop 67): the suite's
+longest single item, and past its own timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support.prefect_db import seed_home
+
+REPO = Path(__file__).resolve().parents[2]
+#: the quick groups, each run by its module ``tests/benchmarks/test_quick_<group>.py``
+GROUPS: dict[str, tuple[str, ...]] = {
+    "startup": ("startup", "espnet2"),  # ~74 CPU-s alone on 2 cores
+    "flows": ("collect_stats", "overhead", "memory"),  # ~82
+    "models": ("xvector", "spk_embed", "frontend_espnet2", "batching", "runners", "s3"),  # ~70
+}
+#: what every benchmark's ``<name>.json`` holds
+KEYS = {"name", "machine", "command", "quick", "rows", "targets", "notes"}
+#: the benchmarks the quick groups leave out: ``gpu`` runs on the lent device
+#: (``tests/benchmarks/test_gpu_check.py`` rehearses it); ``scale`` and ``corpus`` run the CLI a
+#: dozen times even with ``--quick``, so only their bookkeeping is checked
+#: (``tests/benchmarks/test_benchmarks_quick.py``)
+NOT_QUICK = frozenset({"gpu", "scale", "corpus"})
+#: the ceiling of a quick group's module: a group takes ~150 s under ``make test`` on 2 cores
+TIMEOUT = 600
+
+QuickRun = tuple[Path, subprocess.CompletedProcess]
+
+
+def run_quick(names: tuple[str, ...], tmp: Path, api_url: str) -> QuickRun:
+    """``python -m benchmarks --quick --only NAMES`` into ``tmp/results`` (the repository's results
+    stay untouched), its flows reporting to the Prefect API at ``api_url``; the benchmarks that time
+    a private server (``startup``, ``espnet2``) start theirs on a migrated copy of the database."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PYTHONPATH=str(REPO), PREFECT_HOME=str(seed_home(tmp / "prefect-home")), PREFECT_API_URL=api_url,
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", *names, "--results-dir",
+                           str(tmp / "results")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT - 30)
+    return tmp / "results", proc
+
+
+def quick_fixture(names: tuple[str, ...]) -> Callable[..., QuickRun]:
+    """A module-scoped fixture running :func:`run_quick` on ``names`` once for its module."""
+
+    @pytest.fixture(scope="module")
+    def quick_results(tmp_path_factory: pytest.TempPathFactory, session_api_url: str) -> QuickRun:
+        return run_quick(names, tmp_path_factory.mktemp("bench"), session_api_url)
+
+    return quick_results
+
+
+def assert_run_succeeded(run: QuickRun, names: tuple[str, ...]) -> None:
+    """The run exited 0, ran each of ``names``, and left ``benchmarks/README.md`` alone."""
+    _, proc = run
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for name in names:
+        assert f"[bench] === {name} (quick) ===" in proc.stdout
+    assert "[bench] updated" not in proc.stdout
+
+
+def assert_result_json(run: QuickRun, name: str) -> None:
+    """``name``'s JSON has every key, a target or more each with its verdict, the machine and notes;
+    its chart was drawn."""
+    results, _ = run
+    data = json.loads((results / f"{name}.json").read_text())
+    assert KEYS <= set(data), KEYS - set(data)
+    assert data["name"] == name and data["quick"] is True
+    assert f"--only {name}" in data["command"] and "--quick" in data["command"]
+    assert data["rows"] and isinstance(data["rows"], list)
+    assert data["targets"], "every benchmark states at least one target"
+    for t in data["targets"]:
+        assert {"name", "target", "measured", "met"} <= set(t) and isinstance(t["met"], bool)
+    assert {"cpu", "usable_cores", "versions"} <= set(data["machine"])
+    assert isinstance(data["notes"], list) and data["notes"]
+    assert (results / f"{name}.png").stat().st_size > 0
