@@ -22,7 +22,7 @@ import numpy as np
 
 from benchmarks import common
 
-from espnet3_flows.batching import BatchConfig, LengthTable, build_batch_plan, padding_stats  # noqa: E402
+from espnet3_flows.batching import BatchConfig, LengthTable, build_batch_plan, padding_stats
 
 NAME = "batching"
 FRAME_SHIFT = 0.01
@@ -167,14 +167,14 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     width = 0.8 / len(methods)
     positions = np.arange(len(durations))
     for k, method in enumerate(methods):
-        for axis, key in zip(axes, ["padding_fraction", "num_batches"]):
+        for axis, key in zip(axes, ["padding_fraction", "num_batches"], strict=True):
             stats = [by_key[(method, d)][key] for d in durations]
             medians = np.array([s["median"] for s in stats])
             spread = np.array([medians - [s["min"] for s in stats],
                                [s["max"] for s in stats] - medians])
             axis.bar(positions + k * width, medians, width, yerr=spread, label=method, capsize=3)
     titles = ["padding fraction (lower is better)", "batches per epoch (lower is better)"]
-    for axis, title in zip(axes, titles):
+    for axis, title in zip(axes, titles, strict=True):
         axis.set_xticks(positions + 0.4 - width / 2, [f"max_duration={d:.0f} s" for d in durations])
         axis.set_title(title)
     axes[0].legend(fontsize=8)

@@ -36,7 +36,8 @@ import functools
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from benchmarks import common
 
@@ -131,7 +132,7 @@ def lhotse_pipeline(paths: Sequence[str], ids: Sequence[str], workdir: Path, one
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     try:
         t0 = time.perf_counter()
-        recordings = RecordingSet.from_recordings(Recording.from_file(p, recording_id=i) for p, i in zip(paths, ids))
+        recordings = RecordingSet.from_recordings(Recording.from_file(p, recording_id=i) for p, i in zip(paths, ids, strict=True))
         cuts = CutSet.from_manifests(recordings=recordings)
         t1 = time.perf_counter()
         extractor = Fbank(FbankConfig(num_mel_bins=NUM_MEL_BINS, dither=0.0))

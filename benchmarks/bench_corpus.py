@@ -24,6 +24,7 @@ Sizes: ``$ESPNET3_BENCH_CORPUS_SIZES`` = ``SMALL,LARGE,PLAN`` (default 10000,100
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -83,10 +84,8 @@ def ensure_links(n: int) -> dict[str, Any]:
             d = link_path(d0).parent
             d.mkdir(parents=True, exist_ok=True)
             for i in range(d0, d0 + PER_DIR):
-                try:
+                with contextlib.suppress(FileExistsError):
                     os.link(src[i % len(src)], link_path(i))
-                except FileExistsError:
-                    pass
             (LINKS / ".count").write_text(str(d0 + PER_DIR))
             if (d0 // PER_DIR) % 500 == 499:
                 print(f"[bench] {NAME}: {d0 + PER_DIR:,} links ({time.perf_counter() - t0:.0f} s)", flush=True)

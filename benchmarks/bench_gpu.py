@@ -39,7 +39,8 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -90,7 +91,7 @@ def part_hubert(device: str, quick: bool) -> dict[str, Any]:
             frontend = model_frontend(model, device, mbs, precision)
             frontend(data[:2], {})  # warm-up at this precision
             reset_peak(device)
-            elapsed, _ = timed(device, lambda: frontend(data, {}))
+            elapsed, _ = timed(device, lambda frontend=frontend: frontend(data, {}))
             peak = peak_memory_mb(device)
             err = feature_error(frontend(subset, {}), ref)
             rows.append({"part": "hubert", "mode": "batched", "precision": precision, "max_batch_samples": mbs,
@@ -114,7 +115,7 @@ def part_hubert(device: str, quick: bool) -> dict[str, Any]:
 
     for precision in precisions:
         model_only(precision)
-        elapsed, _ = timed(device, lambda: model_only(precision))
+        elapsed, _ = timed(device, lambda precision=precision: model_only(precision))
         rows.append({"part": "hubert", "mode": "model only (batches on the device)", "precision": precision,
                      "max_batch_samples": batch_sizes[-1], "utts": len(data), "audio_s": seconds(data),
                      "wall_s": elapsed, "x_realtime": seconds(data) / elapsed, "peak_mb": None, "max_rel": None,
@@ -158,7 +159,7 @@ def part_fbank(device: str, quick: bool) -> dict[str, Any]:
     no_copy_back()
     kernel_s, _ = timed(device, no_copy_back)
     sub = run(subset)
-    feats_err = max(float(np.abs(a - b).max()) for a, b in zip(sub, cpu_feats))
+    feats_err = max(float(np.abs(a - b).max()) for a, b in zip(sub, cpu_feats, strict=True))
 
     def sums(fs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         cat = np.concatenate(fs).astype(np.float64)
@@ -193,7 +194,7 @@ def _embed_rows(part: str, device: str, embed: Any, data: list[np.ndarray], subs
         model = with_precision(embed, device, precision)
         embed_waveforms(model, data[:b], b)  # warm-up
         reset_peak(device)
-        elapsed, _ = timed(device, lambda: embed_waveforms(model, data, b))
+        elapsed, _ = timed(device, lambda model=model, b=b: embed_waveforms(model, data, b))
         peak = peak_memory_mb(device)
         batched = embed_waveforms(model, subset, b)
         rows.append({"part": part, "batch": b, "precision": precision, "utts": len(data), "audio_s": seconds(data),
@@ -288,7 +289,7 @@ def part_datapath(device: str, quick: bool) -> dict[str, Any]:
         load_many(utts, AudioConfig())  # into the page cache: decoding is measured, not the disk
         audio_s = None
         for threads in [t for t in (1, 2, 4, 8, 16) if t <= max(2, cores)]:
-            elapsed, loaded = timed("cpu", lambda: load_many(utts, AudioConfig(decode_threads=threads)))
+            elapsed, loaded = timed("cpu", lambda threads=threads: load_many(utts, AudioConfig(decode_threads=threads)))
             audio_s = sum(len(w) for w, _ in loaded) / SR
             rows.append({"part": "datapath", "threads": threads, "cores": cores, "utts": len(utts),
                          "audio_s": audio_s, "wall_s": elapsed, "audio_s_per_s": audio_s / elapsed,

@@ -62,10 +62,7 @@ def child_plan(manifest: str, output_dir: str) -> dict[str, Any]:
     cfg = CollectStatsConfig(manifests={"train": manifest}, output_dir=output_dir, shard_size=common.SHARD_SIZE)
     runner = CollectStatsRunner(cfg, "train")
     t1 = time.perf_counter()
-    paths, n_lines = [], 0
-    for _, _, raw in iter_manifest_lines(manifest):
-        n_lines += 1
-        paths.append(raw.split(b"\t", 2)[1].decode())
+    paths = [raw.split(b"\t", 2)[1].decode() for _, _, raw in iter_manifest_lines(manifest)]
     t2 = time.perf_counter()
     plan = runner.plan()
     t3 = time.perf_counter()

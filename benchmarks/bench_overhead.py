@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from benchmarks import bench_collect_stats as cs
 from benchmarks import common
@@ -58,10 +59,7 @@ def _lifecycle(kind: str, n: int, n_more: int, shard_size: int, client: Any) -> 
 
 
 def _sweep_point(kind: str, manifest: Path, n: int, shard_size: int, client: Any) -> dict[str, Any]:
-    if kind == "engine":
-        r = cs.engine_run(manifest, n, shard_size, client=client)
-    else:
-        r = cs.flow_run(manifest, shard_size)
+    r = cs.engine_run(manifest, n, shard_size, client=client) if kind == "engine" else cs.flow_run(manifest, shard_size)
     return {"wall": r["wall"], "shards": r["shards"], "compute": r["phase"]["compute"]}
 
 
@@ -257,7 +255,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
                                (axes[0], "overhead_ms_per_shard_vs_worker_compute", "--"),
                                (axes[1], "wall_s", "-")):
             med = [r[key]["median"] for r in pts]
-            err = [[m - r[key]["min"] for m, r in zip(med, pts)], [r[key]["max"] - m for m, r in zip(med, pts)]]
+            err = [[m - r[key]["min"] for m, r in zip(med, pts, strict=True)], [r[key]["max"] - m for m, r in zip(med, pts, strict=True)]]
             label = kind if key == "wall_s" else f"{kind}, vs {'kernel' if key.endswith('kernel') else 'worker compute'}"
             ax.errorbar(sizes, med, yerr=err, color=color, ls=style, marker="o", capsize=3, label=label)
     for ax in axes:

@@ -28,7 +28,8 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from benchmarks import common
 from benchmarks import process_tree
@@ -60,7 +61,7 @@ def fingerprints_before(paths: Sequence[str], storage_options: dict[str, Any]) -
 
 def fingerprints_now(paths: Sequence[str], storage_options: dict[str, Any]) -> dict[str, str]:
     """The planner's way: :class:`Fingerprinter` over blocks of the manifest's paths."""
-    return dict(zip(paths, common.fingerprint_as_planner(paths, storage_options)))
+    return dict(zip(paths, common.fingerprint_as_planner(paths, storage_options), strict=True))
 
 
 def _child(method: str, paths_file: str, options_json: str, out_file: str) -> None:

@@ -40,7 +40,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from benchmarks import common
 from benchmarks import process_tree
@@ -172,7 +173,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                     common.clean_scratch(out)
             cold = measured("flow cold", plan["base"], out, mark, shards=n_shards, utterances=u["base"], section="flow",
                             rep=repeats)
-            for label, key in zip(FLOW_RUNS[1:], ("base", "append", "insert")):
+            for label, key in zip(FLOW_RUNS[1:], ("base", "append", "insert"), strict=True):
                 if not cold["ok"]:
                     rows.append({"shards": n_shards, "utterances": u[key], "section": "flow", "run": label,
                                  "ok": False, "rc": None, "killed": None, "skipped": "the cold flow run failed"})

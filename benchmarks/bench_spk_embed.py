@@ -25,7 +25,8 @@ import argparse
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from benchmarks import common

@@ -132,7 +132,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     for p, _, _ in PHASES:
         widths = [r["phases"][p]["median"] if p in r["phases"] else 0.0 for r in rows][::-1]
         ax.barh(names, widths, left=left, label=p)
-        left = [a + b for a, b in zip(left, widths)]
+        left = [a + b for a, b in zip(left, widths, strict=True)]
     walls = [r["wall_s"]["median"] for r in rows][::-1]
     ax.scatter(walls, names, marker="|", s=200, color="black", label="wall (median)")
     ax.set_xlabel("seconds (medians)")

@@ -17,15 +17,16 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from benchmarks import common
 
-from espnet3_flows.xvector import embed_waveforms, load_speechbrain_encoder, speechbrain_embedder  # noqa: E402
-from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir  # noqa: E402
+from espnet3_flows.xvector import embed_waveforms, load_speechbrain_encoder, speechbrain_embedder
+from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir
 
 NAME = "xvector"
 SR = common.SAMPLE_RATE
@@ -139,7 +140,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     med = [r["utt_per_s_median"] for r in rows]
-    err = [[m - r["utt_per_s_min"] for m, r in zip(med, rows)], [r["utt_per_s_max"] - m for m, r in zip(med, rows)]]
+    err = [[m - r["utt_per_s_min"] for m, r in zip(med, rows, strict=True)], [r["utt_per_s_max"] - m for m, r in zip(med, rows, strict=True)]]
     ax.bar([r["method"] for r in rows], med, yerr=err, capsize=4, color="tab:green")
     ax.set_ylabel("utterances / s (wall, median, min–max)")
     ax.set_title("x-vector extraction, ECAPA-TDNN on CPU, 1 thread")

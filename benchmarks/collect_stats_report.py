@@ -35,7 +35,7 @@ def rows_of(samples: dict[str, list[dict[str, Any]]], n: int, audio: float) -> l
             row["compute_only_utt_per_s"] = common.spread([n * workers / r["compute"] for r in runs])
             steady = [n / r["span"] for r in runs]
             row["steady_utt_per_s"] = common.spread(steady)
-            row["fixed_s"] = common.spread([r["wall"] - n / u for r, u in zip(runs, steady)])
+            row["fixed_s"] = common.spread([r["wall"] - n / u for r, u in zip(runs, steady, strict=True)])
         rows.append(row)
         n = n_all
     rows.insert(1, {"method": "2 × kernel (ideal, 2 cores)", "utterances": n, "audio_seconds": audio,
@@ -188,9 +188,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 0.5 * len(shown) + 1.5))
     y = list(range(len(shown)))[::-1]
     med = [r["utt_per_s"]["median"] for r in shown]
-    err = [[m - r["utt_per_s"]["min"] for m, r in zip(med, shown)], [r["utt_per_s"]["max"] - m for m, r in zip(med, shown)]]
+    err = [[m - r["utt_per_s"]["min"] for m, r in zip(med, shown, strict=True)], [r["utt_per_s"]["max"] - m for m, r in zip(med, shown, strict=True)]]
     ax.barh(y, med, xerr=err, color="tab:blue", alpha=0.8, label="end-to-end", capsize=3)
-    steady = [(yy, r["steady_utt_per_s"]["median"]) for yy, r in zip(y, shown) if "steady_utt_per_s" in r]
+    steady = [(yy, r["steady_utt_per_s"]["median"]) for yy, r in zip(y, shown, strict=True) if "steady_utt_per_s" in r]
     if steady:
         ax.scatter([s for _, s in steady], [yy for yy, _ in steady], color="tab:orange", zorder=3, label="steady state")
     ax.set_yticks(y, [r["method"] for r in shown], fontsize=8)

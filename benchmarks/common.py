@@ -8,7 +8,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from benchmarks.charts import bar_chart, pyplot, save_figure  # noqa: F401 - common's names for the benchmarks
 from benchmarks.machine import describe_machine, machine  # noqa: F401
@@ -70,7 +71,7 @@ def fmt(s: dict[str, float] | float | int | str | None, digits: int = 2) -> str:
 class Stopwatch:
     """Wall and process-CPU seconds of a block: ``with Stopwatch() as sw: ...; sw.wall``."""
 
-    def __enter__(self) -> "Stopwatch":
+    def __enter__(self) -> Stopwatch:
         self._t, self._c = time.perf_counter(), time.process_time()
         self.wall = self.cpu = 0.0
         return self

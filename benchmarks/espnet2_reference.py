@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             super().__init__()
             self.frontend = DefaultFrontend(**FRONTEND_CONF)
 
-        def forward(self, **batch):  # noqa: D401 - not used by collect_stats
+        def forward(self, **batch):  # not used by collect_stats
             raise NotImplementedError
 
         def collect_feats(self, speech, speech_lengths, **kwargs):

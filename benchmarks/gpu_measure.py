@@ -4,7 +4,8 @@ feature and embedding errors, and torch.profiler's busiest operators."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ def reset_peak(device: str) -> None:
 def feature_error(ours: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> dict[str, float]:
     """Worst max |Δ| / max |ref| and worst relative RMS over utterances."""
     worst_max = worst_rms = 0.0
-    for a, b in zip(ours, ref):
+    for a, b in zip(ours, ref, strict=True):
         if a.shape != b.shape:
             return {"max_rel": float("inf"), "rel_rms": float("inf")}
         d = a.astype(np.float64) - b

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from benchmarks import common
 
@@ -18,7 +19,7 @@ def targets(rows: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:
 
     out = []
     if any(r["part"] == "hubert" for r in rows):
-        low = max(best("hubert", "x_realtime", lambda r: r["precision"] == p and r["mode"] == "batched")
+        low = max(best("hubert", "x_realtime", lambda r, p=p: r["precision"] == p and r["mode"] == "batched")
                   for p in ("bf16", "fp16"))
         f32 = best("hubert", "x_realtime", lambda r: r["precision"] == "float32" and r["mode"] == "batched")
         out += [common.target("HuBERT-base, reduced precision", ">= 10,000x real time per GPU", low, low >= 10_000),

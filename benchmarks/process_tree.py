@@ -31,7 +31,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from benchmarks import common
 
@@ -117,7 +118,7 @@ class TreeSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="tree-sampler")
 
-    def __enter__(self) -> "TreeSampler":
+    def __enter__(self) -> TreeSampler:
         self._thread.start()
         return self
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Callable, Collection, Mapping
+from typing import Any
+from collections.abc import Callable, Collection, Mapping
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.errors import clip

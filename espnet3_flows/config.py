@@ -8,7 +8,8 @@ import difflib
 import importlib
 import re
 from pathlib import Path
-from typing import Any, Collection, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 import yaml
 from omegaconf import DictConfig, OmegaConf

@@ -24,7 +24,8 @@ import re
 import sys
 import typing
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 from espnet3_flows.config import describe_keys
 
@@ -192,8 +193,8 @@ def table_names(text: str) -> list[str]:
 
 def stale_tables(text: str) -> list[str]:
     """The names of the tables of ``text`` that differ from what :func:`render` makes."""
-    return [_parse(old.group("spec"))[0] for old, new in zip(MARKER.finditer(text), MARKER.finditer(render(text)))
-            if old.group(0) != new.group(0)]
+    pairs = zip(MARKER.finditer(text), MARKER.finditer(render(text)), strict=True)  # render keeps every marker
+    return [_parse(old.group("spec"))[0] for old, new in pairs if old.group(0) != new.group(0)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,8 @@ import functools
 import re
 import typing
 from pathlib import PurePath
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
@@ -170,7 +171,7 @@ def _as_plain(node: Any) -> Any:
     return node
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fields(schema: type | None) -> dict[str, tuple[bool | None, type | None]]:
     """A config dataclass's fields: name → (declared ``secret`` metadata or ``None``, the field's
     own config dataclass when it is a section)."""

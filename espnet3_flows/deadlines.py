@@ -28,7 +28,8 @@ import asyncio
 import functools
 import os
 import time
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from fsspec.asyn import AsyncFileSystem
 

@@ -15,7 +15,7 @@ features that come out NaN for this input.
 from __future__ import annotations
 
 import errno
-from typing import Iterator
+from collections.abc import Iterator
 
 #: The values of ``on_error``: ``fail`` stops at the first bad item, ``skip`` lists it and goes on
 #: (checked by :func:`espnet3_flows.config.check_on_error`, wherever a policy is given)

@@ -6,7 +6,8 @@ rates with the warning when most of a split was recorded below the frontend's ra
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from espnet3_flows.frontends.frontend import build_frontend, frontend_modules
 from espnet3_flows.parallel.results import ShardResult

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, BinaryIO, Iterable
+from typing import Any, BinaryIO
+from collections.abc import Iterable
 
 #: Bump when the on-disk meaning of a shard's outputs changes, so old shards recompute.
 #: 2: content-defined boundaries; per-utterance rows live in shard files, not done records.
@@ -74,12 +75,12 @@ def runner_item_key(item: Any) -> str:
     return str(item) if isinstance(item, int) else json.dumps(item)
 
 
-def shard_hasher(salt: str, config_hash: str) -> "hashlib._Hash":
+def shard_hasher(salt: str, config_hash: str) -> hashlib._Hash:
     """A shard hash before its items: feed each with :func:`add_item`."""
     return hashlib.sha256(salt.encode() + b"\0" + config_hash.encode())
 
 
-def add_item(hasher: "hashlib._Hash", key: str | bytes) -> None:
+def add_item(hasher: hashlib._Hash, key: str | bytes) -> None:
     """Feed one item's key to a shard's hash."""
     hasher.update(b"\0" + (key if isinstance(key, bytes) else key.encode("utf-8", "surrogatepass")))
 

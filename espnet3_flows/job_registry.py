@@ -16,7 +16,8 @@ import importlib
 import os
 import pkgutil
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from espnet3_flows.registry import ENTRY_POINT_GROUPS, Registry, instance_of
 

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 
 def lazy_getattr(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from espnet3_flows.hashing import bytes_sha256, file_sha256
 from espnet3_flows.storage import Storage, StorageError
@@ -71,7 +72,7 @@ def mismatch(store: Storage, rel: str, expected: Mapping[str, Any]) -> str | Non
             stored = store.read_sha256(rel)
     except FileNotFoundError:
         return "it is missing"
-    except Exception as exc:  # noqa: BLE001 - fsspec back ends raise many types
+    except Exception as exc:  # fsspec back ends raise many types
         raise StorageError(f"cannot check {store.uri(rel)}: {exc}") from exc
     if stored != expected["sha256"]:
         return "its content differs from its record (SHA-256)"
@@ -87,4 +88,4 @@ def mismatches(store: Storage, expected: Mapping[str, Mapping[str, Any]]) -> dic
     rels = list(expected)
     with ThreadPoolExecutor(min(_CHECK_THREADS, len(rels))) as pool:
         found = pool.map(lambda rel: mismatch(store, rel, expected[rel]), rels)
-        return {rel: why for rel, why in zip(rels, found) if why is not None}
+        return {rel: why for rel, why in zip(rels, found, strict=True) if why is not None}

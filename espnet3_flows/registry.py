@@ -29,7 +29,8 @@ import importlib
 import importlib.metadata
 import threading
 import warnings
-from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterable, Sequence
 
 from espnet3_flows.config import ConfigError, did_you_mean
 
@@ -175,7 +176,7 @@ class Registry(Generic[T]):
             return
         try:
             entry = self._accept(ep.name, ep.load())
-        except Exception as exc:  # an ImportError, or the accept function's TypeError
+        except Exception as exc:  # noqa: BLE001 - an ImportError, or the accept function's TypeError: recorded
             self._broken[ep.name] = f"{where} cannot be used: {type(exc).__name__}: {exc}"
             return
         self._entries[ep.name] = entry

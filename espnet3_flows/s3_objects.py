@@ -17,7 +17,8 @@ import logging
 import mimetypes
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Mapping
 
 from espnet3_flows.deadlines import StorageTimeout
 from espnet3_flows.errors import causes

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from espnet3_flows.errors import clip
 from espnet3_flows.hashing import add_item, code_salt, config_digest, id_hash64, shard_hasher, shards_digest
@@ -107,7 +108,7 @@ class Shard:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Shard":
+    def from_dict(cls, d: Mapping[str, Any]) -> Shard:
         """Inverse of :meth:`to_dict`."""
         indices = d.get("indices")
         return cls(int(d["index"]), int(d["start"]), int(d["stop"]), str(d["hash"]), d.get("source"),
@@ -151,7 +152,7 @@ class ShardPlan:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ShardPlan":
+    def from_dict(cls, d: Mapping[str, Any]) -> ShardPlan:
         """Inverse of :meth:`to_dict`."""
         return cls(tuple(Shard.from_dict(s) for s in d["shards"]), int(d["shard_size"]),
                    str(d["config_hash"]), str(d["salt"]))

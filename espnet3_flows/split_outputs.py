@@ -10,7 +10,8 @@ import logging
 import os
 import posixpath
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.credentials import mask_secrets

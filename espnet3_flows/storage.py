@@ -10,7 +10,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping
+from typing import Any, BinaryIO
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -101,7 +102,7 @@ class Storage:
             return p
         return self.fs.unstrip_protocol(p)
 
-    def child(self, *parts: str) -> "Storage":
+    def child(self, *parts: str) -> Storage:
         """A storage rooted at a sub-directory, sharing the options."""
         return Storage(self.uri(*parts), self.storage_options)
 
@@ -119,7 +120,7 @@ class Storage:
             raise
         except StorageTimeout:
             raise  # names the endpoint and the file already
-        except Exception as exc:  # noqa: BLE001 - fsspec back ends raise many types
+        except Exception as exc:  # fsspec back ends raise many types
             raise StorageError(f"cannot read {self.uri(*parts)}: {exc}") from exc
 
     def read_json(self, *parts: str) -> Any:
@@ -163,7 +164,7 @@ class Storage:
             return self._upload(rel, len(data), lambda fs, extra: fs.pipe_file(dest, data, **extra))
         except StorageTimeout:
             raise  # names the endpoint and the file already
-        except Exception as exc:  # noqa: BLE001 - OSError, or any of the fsspec back ends' types
+        except Exception as exc:  # OSError, or any of the fsspec back ends' types
             raise StorageError(f"cannot write {self.uri(rel)}: {exc}") from exc
 
     def _upload(self, rel: str, size: int, send: Callable[[Any, dict[str, Any]], Any]) -> str | None:
@@ -199,7 +200,7 @@ class Storage:
                 return False
             except StorageTimeout:
                 raise
-            except Exception as exc:  # noqa: BLE001 - s3fs maps some S3 errors, not all
+            except Exception as exc:  # s3fs maps some S3 errors, not all
                 code = s3_objects.s3_error_code(exc)
                 if code in ("PreconditionFailed", "412"):
                     return False  # there already (an endpoint whose 412 does not name the condition)
@@ -250,7 +251,7 @@ class Storage:
             return self._upload(rel, os.path.getsize(src), send)
         except StorageTimeout:
             raise  # names the endpoint and the file already
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise StorageError(f"cannot publish {self.uri(rel)}: {exc}") from exc
 
     @contextlib.contextmanager
@@ -283,10 +284,8 @@ class Storage:
     def remove(self, *parts: str) -> None:
         """Delete a file if it exists (a symbolic link there is removed, not what it points at)."""
         p = self.checked_path(*parts, action="remove")
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(p)
-        except FileNotFoundError:
-            pass
 
     def remove_tree(self, *parts: str) -> None:
         """Delete a directory tree if it exists."""

@@ -6,7 +6,8 @@ import functools
 import posixpath
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping, Sequence
 
 from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.inputs.recording_cache import RecordingCache, recording_key

@@ -7,7 +7,7 @@ if __name__ == "__main__":  # the private Prefect server, the plan and the worke
 
     start_early("collect_stats", sys.argv[1:])
 
-from espnet3_flows.orchestration.entry import exit_now, job_flow, main  # noqa: E402
+from espnet3_flows.orchestration.entry import exit_now, job_flow, main
 
 collect_stats = job_flow("collect_stats")
 

@@ -7,7 +7,7 @@ if __name__ == "__main__":  # the private Prefect server, the plan and the worke
 
     start_early("extract_xvectors", sys.argv[1:])
 
-from espnet3_flows.orchestration.entry import exit_now, job_flow, main  # noqa: E402
+from espnet3_flows.orchestration.entry import exit_now, job_flow, main
 
 extract_xvectors = job_flow("extract_xvectors")
 

@@ -50,7 +50,7 @@ def gpu_missing(dask_cuda: bool = True) -> str | None:
         return f"no CUDA GPU visible to torch {torch.__version__} (torch.cuda.is_available() is False)"
     if dask_cuda:
         try:
-            import dask_cuda  # noqa: F401
+            import dask_cuda
         except ImportError as exc:
             return f"dask-cuda is not installed ({exc}): make install EXTRAS=dev,gpu CONSTRAINTS=constraints-gpu.txt"
     return None
@@ -230,11 +230,11 @@ def prefect_harness():
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         info = wait_for(os.environ[ENV])
-        with temporary_settings(updates={PREFECT_API_URL: info["api_url"]}):
-            # the process-wide settings too, as prefect_test_harness sets them: code in a context
-            # copied before this fixture ran (another thread's) reads those
-            with _temporary_global_settings_context(get_settings_context()):
-                yield info
+        # the process-wide settings too, as prefect_test_harness sets them: code in a context
+        # copied before this fixture ran (another thread's) reads those
+        with temporary_settings(updates={PREFECT_API_URL: info["api_url"]}), \
+                _temporary_global_settings_context(get_settings_context()):
+            yield info
         return
     yield from _own_harness()
 

@@ -122,7 +122,7 @@ def test_plugin_names_are_offered_and_suggested(plugins, tmp_path):
                                         check=True).stdout)
     # the UI's drop-downs list the installed plugins' names beside the built-in ones
     for schema, (plugin, builtin) in zip(schemas, [("log_energy", "fbank"), ("mean_std", "speechbrain"),
-                                                   ("lab_processes", "slurm")]):
+                                                   ("lab_processes", "slurm")], strict=True):
         assert f'"{plugin}"' in schema and f'"{builtin}"' in schema
 
 

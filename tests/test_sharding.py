@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ def test_shards_cover_items_in_order_within_size_bounds():
     plan = plan_shards(_keys(5000), 100, {"a": 1})
     lo, hi, _ = shard_size_bounds(100)
     assert plan.shards[0].start == 0 and plan.num_items == 5000
-    assert all(a.stop == b.start for a, b in zip(plan.shards, plan.shards[1:]))
+    assert all(a.stop == b.start for a, b in pairwise(plan.shards))
     assert all(lo <= s.num_items <= hi for s in plan.shards[:-1]) and 1 <= plan.shards[-1].num_items <= hi
     assert [s.index for s in plan.shards] == list(range(len(plan.shards)))
     assert plan.shards[3].name == f"split.{plan.shards[3].hash[:16]}" and list(plan.shards[1].items) == list(range(plan.shards[1].start,
@@ -84,7 +85,7 @@ def test_a_changed_fingerprint_changes_only_its_shard():
     cut_keys = [k.split("\t", 1)[0] for k in _keys(900)]
     changed = plan_shards(keys, 40, cut_keys=cut_keys)
     unchanged = plan_shards(_keys(900), 40, cut_keys=cut_keys)
-    diff = [i for i, (x, y) in enumerate(zip(unchanged.shards, changed.shards)) if x.hash != y.hash]
+    diff = [i for i, (x, y) in enumerate(zip(unchanged.shards, changed.shards, strict=True)) if x.hash != y.hash]
     assert len(diff) == 1 and changed.shards[diff[0]].start <= 450 < changed.shards[diff[0]].stop
     assert [(s.start, s.stop) for s in changed.shards] == [(s.start, s.stop) for s in unchanged.shards]
     assert base.digest != unchanged.digest  # boundaries by id only differ from boundaries by whole key

@@ -7,6 +7,7 @@ import os
 import pickle
 import threading
 import uuid
+from pathlib import Path
 
 import fsspec
 import pytest
@@ -56,14 +57,14 @@ def test_overwrite_keeps_old_content_until_the_rename(tmp_path, monkeypatch):
     dest = tmp_path / "f.txt"
     store.write_bytes("f.txt", b"old content")
     old_inode = dest.stat().st_ino
-    reader = open(dest, "rb")  # a reader that opened the file before the write
+    reader = open(dest, "rb")  # noqa: SIM115 - a reader that opened the file before the write
 
     seen = []
     real_replace = os.replace
 
     def watching_replace(src, dst):
         # just before the rename, the destination is still complete and old; the new bytes are all in src
-        seen.append((dest.read_bytes(), open(src, "rb").read(), os.path.dirname(src) == str(tmp_path)))
+        seen.append((dest.read_bytes(), Path(src).read_bytes(), os.path.dirname(src) == str(tmp_path)))
         return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", watching_replace)
@@ -125,7 +126,7 @@ def test_publish_file_and_dir(tmp_path, monkeypatch):
     real_replace = os.replace
 
     def watching_replace(s, d):
-        seen.append((os.path.basename(d), open(d, "rb").read() if os.path.exists(d) else None, os.path.getsize(s)))
+        seen.append((os.path.basename(d), Path(d).read_bytes() if os.path.exists(d) else None, os.path.getsize(s)))
         return real_replace(s, d)
 
     monkeypatch.setattr(os, "replace", watching_replace)
@@ -274,10 +275,9 @@ def test_atomic_writer_publishes_on_success_only(tmp_path, url):
         f.write(b"new")
         assert store.read_bytes("a/joined.tsv") == b"old"  # nothing visible before the block ends
     assert store.read_bytes("a/joined.tsv") == b"new"
-    with pytest.raises(ZeroDivisionError):
-        with store.atomic_writer("a/joined.tsv") as f:
-            f.write(b"partial")
-            1 / 0
+    with pytest.raises(ZeroDivisionError), store.atomic_writer("a/joined.tsv") as f:
+        f.write(b"partial")
+        raise ZeroDivisionError("the block fails after a partial write")
     assert store.read_bytes("a/joined.tsv") == b"new"
     if url == "local":
         assert sorted(p.name for p in (tmp_path / "out" / "a").iterdir()) == ["joined.tsv"]  # no temp left

@@ -22,7 +22,7 @@ import numpy as np
 from espnet3_flows.errors import Espnet3FlowsError
 
 PathLike = Union[str, "os.PathLike[str]"]
-ColumnSource = Union[PathLike, Sequence[PathLike]]
+ColumnSource = PathLike | Sequence[PathLike]
 
 
 class LengthFileError(Espnet3FlowsError, ValueError):
@@ -257,12 +257,12 @@ class LengthTable:
         rows = [first.lengths]
         for column in columns[1:]:
             position = {utt: i for i, utt in enumerate(column.ids)}
-            for utt, line_no, path in zip(first.ids, first.line_nos, first.paths):
+            for utt, line_no, path in zip(first.ids, first.line_nos, first.paths, strict=True):
                 if utt not in position:
                     raise LengthFileError(
                         path, line_no, utt, f"id missing from shape file {column.name}"
                     )
-            for utt, line_no, path in zip(column.ids, column.line_nos, column.paths):
+            for utt, line_no, path in zip(column.ids, column.line_nos, column.paths, strict=True):
                 if utt not in index:
                     raise LengthFileError(
                         path, line_no, utt, f"id missing from shape file {first.name}"
@@ -376,8 +376,8 @@ class LengthTable:
         return cls(
             ids=ids,
             lengths=np.concatenate([t.lengths for t in tables], axis=1),
-            dims=[max(d) for d in zip(*(t.dims for t in tables))],
-            column_names=["+".join(names) for names in zip(*(t.column_names for t in tables))],
+            dims=[max(d) for d in zip(*(t.dims for t in tables), strict=True)],
+            column_names=["+".join(names) for names in zip(*(t.column_names for t in tables), strict=True)],
             frame_shift=tables[0].frame_shift,
             groups=None if None in groups else [g for part in groups for g in part or []],
         )

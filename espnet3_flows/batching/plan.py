@@ -138,7 +138,7 @@ def _segments(table: LengthTable, rows: np.ndarray, group_by: bool) -> list[np.n
         raise BatchConfigError("group_by=True needs a table with groups (pass a group file)")
     labels = np.asarray(table.groups, dtype=object)[rows]
     order: dict[str, list[int]] = {}
-    for row, label in zip(rows.tolist(), labels.tolist()):
+    for row, label in zip(rows.tolist(), labels.tolist(), strict=True):
         order.setdefault(label, []).append(row)
     return [np.asarray(members, dtype=np.int64) for members in order.values()]
 

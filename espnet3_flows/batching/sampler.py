@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -14,7 +14,7 @@ from espnet3_flows.batching.config import UnevenPolicy
 from espnet3_flows.batching.plan import BatchPlan
 from espnet3_flows.batching.schedule import EpochSchedule
 
-Batch = Union[list[int], list[str]]
+Batch = list[int] | list[str]
 
 
 def _default_rank_and_world() -> tuple[int, int]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import ConfigError
@@ -69,7 +70,7 @@ class FeatureRunner(FrontendRunner):
         with each utterance's transcript and speaker."""
         utts = [dataset[i] for i in (idx if isinstance(idx, list) else [idx])]
         out = extract_features(utts, frontend, audio, storage_options, dataset.audio_cache)
-        for r, utt in zip(out, utts):
+        for r, utt in zip(out, utts, strict=True):
             r["text"], r["speaker"] = utt.text, utt.speaker
         return out
 

@@ -17,7 +17,8 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from espnet3_flows.external_sort import sorted_lines
 from espnet3_flows.inputs.records import SkippedItem
@@ -46,7 +47,7 @@ class FeatureShardWriter:
         import kaldiio
 
         ark.parent.mkdir(parents=True, exist_ok=True)
-        self.rows = open(shard_dir / ROWS, "w", encoding="utf-8")
+        self.rows = open(shard_dir / ROWS, "w", encoding="utf-8")  # noqa: SIM115 - the shard's writer state: open until close() at the shard's end
         self.ark = kaldiio.WriteHelper(f"ark,scp:{ark},{shard_dir / 'feats.scp'}")
 
     def write(self, result: list[dict[str, Any]]) -> None:

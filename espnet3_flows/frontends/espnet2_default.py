@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
-import numpy.fft  # noqa: F401 - numpy imports it on first use: here, once in the forkserver that preloads this
+import numpy.fft  # numpy imports it on first use: here, once in the forkserver that preloads this
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.errors import BadItemError

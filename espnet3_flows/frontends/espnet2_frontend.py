@@ -19,7 +19,8 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from espnet3_flows.config import ConfigError
 
@@ -38,7 +39,7 @@ INSTALL_HINT = ("pip install 'espnet3-flows[espnet]' && pip install --no-deps es
                 "(or: make install EXTRAS=dev,espnet)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def espnet_version() -> str:
     """The installed ESPnet's version (part of shard hashes: another ESPnet may compute other features)."""
     from importlib.metadata import PackageNotFoundError, version

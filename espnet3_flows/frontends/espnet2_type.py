@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from espnet3_flows.config import ConfigError, to_plain
 from espnet3_flows.frontends import espnet2_frontend as espnet2_module

@@ -13,7 +13,8 @@ Configurations it does not cover (energy features, magnitude spectra) run lhotse
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -203,7 +204,7 @@ def extract_features(utts: Sequence[Any], frontend: Callable[..., Sequence[np.nd
     loaded = load_many(utts, audio, storage_options, cache)
     feats = frontend([w for w, _ in loaded], dict(kwargs or {}))
     out = []
-    for u, (w, rate), f in zip(utts, loaded, feats):
+    for u, (w, rate), f in zip(utts, loaded, feats, strict=True):
         if f.ndim != 2 or f.shape[0] == 0:
             raise BadItemError(f"utt {u.utt_id!r}: the frontend returned features of shape {tuple(f.shape)}")
         if not np.isfinite(f).all():

@@ -10,7 +10,8 @@ runs it with ``frontend.conf`` as its options. ``docs/plugins.md`` shows one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Mapping
 
 from espnet3_flows.registry import Registry, instance_of
 
@@ -43,22 +44,22 @@ class FrontendType:
     def __repr__(self) -> str:
         return f"<frontend type {self.name!r}>"
 
-    def check(self, cfg: "FrontendConfig") -> None:
+    def check(self, cfg: FrontendConfig) -> None:
         """Check (and complete) ``cfg``'s options of this type on the driver; raise
         :class:`~espnet3_flows.config.ConfigError`."""
 
-    def hashed(self, cfg: "FrontendConfig", base: Mapping[str, Any]) -> dict[str, Any]:
+    def hashed(self, cfg: FrontendConfig, base: Mapping[str, Any]) -> dict[str, Any]:
         """What decides the features, for the shard hashes: ``base`` (type, sampling rate,
         channel, longest recording) and this type's options and version."""
         from espnet3_flows.config import to_plain
 
         return {**base, "conf": to_plain(cfg.conf), "implementation": f"{self.name}/{self.version}"}
 
-    def modules(self, cfg: "FrontendConfig") -> tuple[str, ...]:
+    def modules(self, cfg: FrontendConfig) -> tuple[str, ...]:
         """Modules a worker imports to build it (forked local workers import them once)."""
         return (type(self).__module__,)
 
-    def build(self, cfg: "FrontendConfig") -> "Frontend | None":
+    def build(self, cfg: FrontendConfig) -> Frontend | None:
         """The frontend a worker builds once (``None``: lengths only, no features)."""
         raise NotImplementedError
 

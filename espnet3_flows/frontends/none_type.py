@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
 
@@ -16,13 +17,13 @@ class NoFrontend(FrontendType):
     name = "none"
     takes_conf = False
 
-    def hashed(self, cfg: "FrontendConfig", base: Mapping[str, Any]) -> dict[str, Any]:
+    def hashed(self, cfg: FrontendConfig, base: Mapping[str, Any]) -> dict[str, Any]:
         return {"type": "none", "sampling_rate": cfg.sampling_rate, "max_duration": cfg.max_duration}
 
-    def modules(self, cfg: "FrontendConfig") -> tuple[str, ...]:
+    def modules(self, cfg: FrontendConfig) -> tuple[str, ...]:
         return ()
 
-    def build(self, cfg: "FrontendConfig") -> None:
+    def build(self, cfg: FrontendConfig) -> None:
         return None
 
 

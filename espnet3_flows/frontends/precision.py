@@ -13,7 +13,8 @@ The TF32 switches are torch's process-wide flags: set for the call and restored 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 #: The precisions, fastest last
 PRECISIONS = ("float32", "tf32", "bf16", "fp16")

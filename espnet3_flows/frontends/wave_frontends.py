@@ -7,7 +7,8 @@ The built-in ``frontend.type`` values are one module each: :mod:`.fbank_type`, :
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 

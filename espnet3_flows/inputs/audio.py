@@ -17,7 +17,8 @@ import stat
 import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import fsspec
 import numpy as np
@@ -227,7 +228,7 @@ def _check_local_file(path: str) -> str:
     return local
 
 
-def _check_header(f: "sf.SoundFile") -> None:
+def _check_header(f: sf.SoundFile) -> None:
     """A header whose data length disagrees with the file (a truncated file, or a data chunk that
     claims more than exists) is a bad item, not a shorter good one. libsndfile notes the
     mismatch in its parse log as ``data : N (should be M)``."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import soundfile as sf
@@ -99,7 +100,7 @@ def make_demo_corpus(out_dir: str | Path, n_utts: int = DEMO_UTTERANCES, n_speak
     counts[0] += n_utts - sum(counts)
     manifests: dict[str, Path] = {}
     k = 0
-    for split, count in zip(names, counts):
+    for split, count in zip(names, counts, strict=True):
         lines = []
         for _ in range(count):
             spk, f0, formants = speakers[k % n_speakers]

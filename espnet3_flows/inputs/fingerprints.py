@@ -26,7 +26,8 @@ import posixpath
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import fsspec
 
@@ -47,11 +48,11 @@ def _local_path(p: str) -> str:
 
 
 def _print(st: os.stat_result) -> str:
-    return "%d:%d" % (st.st_size, st.st_mtime_ns)
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def _strict_print(st: os.stat_result) -> str:
-    return "%d:%d:%d:%d" % (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
 
 
 def _stat_chunk(paths: Sequence[str], strict: bool = False) -> list[str]:
@@ -109,7 +110,7 @@ class Fingerprinter:
         self._cached = 0
         self._slow_stat = False
 
-    def __enter__(self) -> "Fingerprinter":
+    def __enter__(self) -> Fingerprinter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -139,9 +140,9 @@ class Fingerprinter:
         out = [""] * len(paths)
         remote_set = set(remote)
         local_idx = [i for i in range(len(paths)) if i not in remote_set]
-        for i, fp in zip(local_idx, self._local([paths[i] for i in local_idx])):
+        for i, fp in zip(local_idx, self._local([paths[i] for i in local_idx]), strict=True):
             out[i] = fp
-        for i, fp in zip(remote, self._remote([paths[i] for i in remote])):
+        for i, fp in zip(remote, self._remote([paths[i] for i in remote]), strict=True):
             out[i] = fp
         return out
 
@@ -244,7 +245,7 @@ class Fingerprinter:
             for k, listing in self._list_many(wanted).items():
                 self._remember(k, listing)
         out = []
-        for p, k in zip(paths, keys):
+        for p, k in zip(paths, keys, strict=True):
             listing = self._listings.get(k)
             if listing is None:  # evicted by this very batch: list it again
                 listing = self._list(k)
@@ -273,4 +274,4 @@ def fingerprint_files(paths: Sequence[str], storage_options: Mapping[str, Any] |
     """Fingerprints of a few files by path (``"missing"`` when absent); see :class:`Fingerprinter`."""
     unique = list(dict.fromkeys(paths))
     with Fingerprinter("stat", storage_options) as fp:
-        return dict(zip(unique, fp.fingerprints(unique)))
+        return dict(zip(unique, fp.fingerprints(unique), strict=True))

@@ -31,7 +31,8 @@ import posixpath
 import re
 import tempfile
 from dataclasses import dataclass, field
-from typing import IO, Any, Iterator, Mapping
+from typing import IO, Any
+from collections.abc import Iterator, Mapping
 
 import fsspec
 
@@ -134,7 +135,7 @@ class JoinResult:
                 "skipped": [s.to_dict() for s in self.skipped], "first_pipe": self.first_pipe, "cwd": self.cwd}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "JoinResult":
+    def from_dict(cls, d: Mapping[str, Any]) -> JoinResult:
         """Inverse of :meth:`to_dict`."""
         return cls(str(d["origin"]), int(d["utterances"]), [SkippedItem.from_dict(s) for s in d.get("skipped", [])],
                    d.get("first_pipe"), str(d.get("cwd", "")))

@@ -5,7 +5,8 @@ that walks a sorted file beside the joined one, so that memory does not grow wit
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
+from collections.abc import Callable, Iterator, Mapping
 
 import fsspec
 

@@ -10,7 +10,8 @@ import hashlib
 import io
 import zlib
 from dataclasses import replace
-from typing import IO, Any, Iterator, Mapping
+from typing import IO, Any
+from collections.abc import Iterator, Mapping
 
 import fsspec
 
@@ -41,7 +42,7 @@ class OversizeLine(bytes):
 
     size: int
 
-    def __new__(cls, head: bytes, size: int) -> "OversizeLine":
+    def __new__(cls, head: bytes, size: int) -> OversizeLine:
         line = super().__new__(cls, head)
         line.size = size
         return line
@@ -105,7 +106,7 @@ def iter_manifest_lines(path: str, split: str = "",
         raise
     except IsADirectoryError:
         raise ManifestError(f"split {split!r}: manifest {path} is a directory") from None
-    except Exception as exc:  # noqa: BLE001 - remote back ends raise many types
+    except Exception as exc:  # remote back ends raise many types
         raise ManifestError(f"split {split!r}: cannot read manifest {path}: {type(exc).__name__}: {exc}") from exc
 
 

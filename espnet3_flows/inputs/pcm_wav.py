@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

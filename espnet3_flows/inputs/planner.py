@@ -22,7 +22,8 @@ import os
 import posixpath
 from array import array
 from dataclasses import dataclass, field
-from typing import IO, Any, Mapping
+from typing import IO, Any
+from collections.abc import Mapping
 
 import numpy as np
 

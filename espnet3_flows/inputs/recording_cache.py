@@ -4,7 +4,7 @@ utterances from one recording: each recording is decoded once per shard)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from espnet3_flows.errors import Espnet3FlowsError, clip, quote
 from espnet3_flows.storage import TEMP_SUFFIX_BYTES
@@ -71,7 +72,7 @@ class Utterance:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Utterance":
+    def from_dict(cls, d: Mapping[str, Any]) -> Utterance:
         """Inverse of :meth:`to_dict`."""
         return cls(**dict(d))
 
@@ -100,7 +101,7 @@ class SkippedItem:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SkippedItem":
+    def from_dict(cls, d: Mapping[str, Any]) -> SkippedItem:
         """Inverse of :meth:`to_dict`."""
         return cls(str(d["split"]), str(d["utt_id"]), int(d["line"]), str(d["path"]), str(d["reason"]))
 

@@ -23,7 +23,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
 
 #: How long the API's port must refuse connections before the API is declared lost (a server

@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import re
 import time
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from prefect.artifacts import (
     create_link_artifact,

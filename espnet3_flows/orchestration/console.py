@@ -35,7 +35,8 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 QUIET_ENV = "ESPNET3_FLOWS_QUIET"
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep

@@ -25,9 +25,11 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 from uuid import UUID
 
 import psutil
@@ -157,7 +159,7 @@ def worker_start_directory() -> Path | None:
         for proc in psutil.Process().parents():
             try:
                 args = proc.cmdline()
-                if any(a == "worker" and b == "start" for a, b in zip(args, args[1:])):
+                if any(a == "worker" and b == "start" for a, b in pairwise(args)):
                     return Path(proc.cwd())
             except psutil.Error:  # another user's process, or one that just exited
                 continue

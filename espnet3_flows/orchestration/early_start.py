@@ -24,7 +24,8 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from espnet3_flows.orchestration.console import plain_console, print_summary, print_unchanged, quiet_workers_of
 from espnet3_flows.orchestration.interrupt import exit_on_ctrl_c

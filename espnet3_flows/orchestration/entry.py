@@ -14,7 +14,8 @@ import sys
 import textwrap
 import threading
 import traceback
-from typing import Any, NoReturn, Sequence
+from typing import Any, NoReturn
+from collections.abc import Sequence
 
 import prefect.settings
 from omegaconf import OmegaConf
@@ -42,7 +43,7 @@ from espnet3_flows.timeline import mark
 from espnet3_flows.parallel.cluster import describe_parallel
 from espnet3_flows.storage import StorageError
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def job_flow(job: str) -> Flow:
     """The Prefect flow of a registered job. Its typed parameters (the UI's form) are the job's
     config keys (:func:`~espnet3_flows.orchestration.parameters.form_fields`: every key, sections
@@ -75,7 +76,7 @@ def job_flow(job: str) -> Flow:
         try:
             with watching_api():  # a lost server ends the run in bounded time, after its merges
                 return run_job(job, cfg, progress=show_progress())  # validated once, above
-        except Exception as exc:  # noqa: BLE001 - only the API's loss is translated
+        except Exception as exc:  # only the API's loss is translated
             if is_api_lost(exc):  # after the client's own retries, or noticed by the watch
                 drop_undeliverable_api_work()
                 if os.environ.get("PREFECT__FLOW_RUN_ID"):  # a worker's flow-run process: nothing can
@@ -296,7 +297,7 @@ def _save_traceback(job: str, cfg: Any) -> str | None:
 
     from espnet3_flows.storage import Storage
 
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     rel = f"logs/{job}-{stamp}.error.txt"
     try:
         store = Storage(cfg.output_dir, cfg.storage_options)

@@ -11,7 +11,8 @@ import os
 import re
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -385,7 +386,7 @@ def shard_flow(title: str, config: dict[str, Any], progress: bool = True) -> Any
 def _report_splits(run: PlannedFlow, merged: list[Any], wall: float, timing: dict[str, Any], logger: Any) -> dict[str, Any]:
     """A job's split summaries with the run's timing, published as report artifacts."""
     summaries: dict[str, Any] = {}
-    for p, summary in zip(run.runners, merged):
+    for p, summary in zip(run.runners, merged, strict=True):
         computed = sum(s.num_items for s in p.computed.values() if not s.cached)
         summary = {**summary, "wall_seconds": wall, "plan_seconds": run.plan_seconds, **timing,
                    "throughput_utt_per_s": computed / wall if wall > 0 else None,

@@ -18,7 +18,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from espnet3_flows.timeline import LAST
 

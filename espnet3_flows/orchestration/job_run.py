@@ -8,7 +8,8 @@ import contextvars
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from espnet3_flows.orchestration.jobs import get_job
 from espnet3_flows.parallel.backends import worker_slots

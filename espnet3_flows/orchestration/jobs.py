@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException

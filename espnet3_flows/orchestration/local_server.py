@@ -16,7 +16,7 @@ import threading
 import time
 import tomllib
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from espnet3_flows.orchestration.server_health import (PrivateServerLost, drain_prefect_clients, log_tail,
                                                        open_server_log, watched)
@@ -87,10 +87,8 @@ def server_environment() -> dict[str, str]:
 
 def _die_with_parent() -> None:  # runs in the child before exec
     os.setsid()
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def _free_port() -> int:

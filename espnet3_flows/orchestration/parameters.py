@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -76,7 +77,7 @@ def _fields(section: type, prefix: str, hidden: frozenset[str]) -> list[FormFiel
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def section_model(section: type, prefix: str = "", hidden: frozenset[str] = frozenset()) -> type[BaseModel]:
     """A pydantic model with the fields of the dataclass ``section`` (types, defaults and
     descriptions; nested dataclasses as nested models), without the dotted keys in ``hidden``."""

@@ -232,7 +232,7 @@ def prompt_heartbeat_stop() -> bool:
                     return
                 try:
                     engine._emit_flow_run_heartbeat(resource, related)
-                except Exception:  # noqa: BLE001 - as Prefect's: a missed heartbeat is not the run's failure
+                except Exception:  # as Prefect's: a missed heartbeat is not the run's failure
                     engine.logger.debug("Failed to emit heartbeat", exc_info=True)
                 stop.wait(interval)
 

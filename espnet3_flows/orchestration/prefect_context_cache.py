@@ -25,7 +25,8 @@ import copy
 import json
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from espnet3_flows.orchestration.prefect_compat import install_wrapper, unpatched_target
 
@@ -57,7 +58,7 @@ def _memoize_serialize(cls: type, key_of: Callable[[Any, bool], tuple[Any, ...]]
         key = key_of(self, include_secrets)
         with lock:
             hit = last.get("key")
-            if hit is not None and len(hit) == len(key) and all(a is b for a, b in zip(hit, key)):
+            if hit is not None and len(hit) == len(key) and all(a is b for a, b in zip(hit, key, strict=True)):
                 return copy_of(last["value"])
         value = original(self, include_secrets=include_secrets)
         with lock:

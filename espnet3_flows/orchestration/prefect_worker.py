@@ -24,7 +24,7 @@ class PrefectWorkerSetup(WorkerPlugin):
 
     name = "espnet3-prefect-worker-setup"
 
-    def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
+    def setup(self, worker: Any) -> None:  # Dask hook
         console.apply_from_environment()
         console.quiet_completed_shards()
         share_tls_contexts()
@@ -32,5 +32,5 @@ class PrefectWorkerSetup(WorkerPlugin):
         for module in PREFECT_WORKER_MODULES:
             importlib.import_module(module)
 
-    async def teardown(self, worker: Any) -> None:  # noqa: D401 - Dask hook
+    async def teardown(self, worker: Any) -> None:  # Dask hook
         await asyncio.to_thread(drain_prefect_clients)  # off the loop: Prefect's drain blocks

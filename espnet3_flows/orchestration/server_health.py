@@ -22,7 +22,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
+from collections.abc import Callable, Iterator
 
 from espnet3_flows.errors import Espnet3FlowsError
 
@@ -50,7 +51,7 @@ def open_server_log(home: Path, port: int) -> tuple[Path, BinaryIO]:
         with contextlib.suppress(OSError):
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / name
-            return path, open(path, "ab")  # noqa: SIM115 - the server's process writes it until it ends
+            return path, open(path, "ab")  # the server's process writes it until it ends
     raise OSError(f"no log file can be made for the Prefect server in {home} or {tempfile.gettempdir()}")
 
 
@@ -111,7 +112,7 @@ class HealthWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="prefect-server-health", daemon=True)
 
-    def __enter__(self) -> "HealthWatch":
+    def __enter__(self) -> HealthWatch:
         self._thread.start()
         return self
 

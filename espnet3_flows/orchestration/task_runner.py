@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from espnet3_flows.parallel.cluster import cluster_spec, make_cluster
 from espnet3_flows.parallel.parallel_config import ParallelConfig, scheduler_address

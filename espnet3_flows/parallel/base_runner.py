@@ -17,7 +17,8 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
 
 import fsspec
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel.backends import Backend, ClusterSpec

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
@@ -46,10 +47,10 @@ class EnvSetupPlugin(WorkerPlugin):
         self.setup_fn = setup_fn
         self.name = f"espnet3-env-{token}"
 
-    def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
+    def setup(self, worker: Any) -> None:  # Dask hook
         ensure_env(self.token, self.setup_fn)
 
-    def teardown(self, worker: Any) -> None:  # noqa: D401 - Dask hook
+    def teardown(self, worker: Any) -> None:  # Dask hook
         drop_env(self.token)
 
 
@@ -64,7 +65,7 @@ class RunnerPlugin(WorkerPlugin):
         self.runner = runner
         self.name = f"espnet3-runner-{key}"
 
-    def setup(self, worker: Any) -> None:  # noqa: D401 - Dask hook
+    def setup(self, worker: Any) -> None:  # Dask hook
         register_runner(self.key, self.runner)
         get_env(self.runner.provider)
 
@@ -85,10 +86,10 @@ class WorkerEnvPlugin(WorkerPlugin):
         self.token = token or f"setup-{uuid.uuid4().hex}"
         self.name = f"espnet3-{self.token}"
 
-    def setup(self, worker: Any = None) -> None:  # noqa: D401 - Dask hook
+    def setup(self, worker: Any = None) -> None:  # Dask hook
         keep_env(self.token, build_setup_env(self.setup_fn))
 
-    def teardown(self, worker: Any = None) -> None:  # noqa: D401 - Dask hook
+    def teardown(self, worker: Any = None) -> None:  # Dask hook
         drop_env(self.token)
 
 
@@ -164,7 +165,7 @@ class ClusterSettings(SchedulerPlugin):
         self.no_workers_timeout = no_workers_timeout
         self.log_length = log_length
 
-    async def start(self, scheduler: Any) -> None:  # noqa: D401 - Dask hook
+    async def start(self, scheduler: Any) -> None:  # Dask hook
         scheduler.allowed_failures = self.allowed_failures
         if self.no_workers_timeout is not None and scheduler.no_workers_timeout is None:
             scheduler.no_workers_timeout = self.no_workers_timeout
@@ -172,7 +173,7 @@ class ClusterSettings(SchedulerPlugin):
         for worker in list(scheduler.stream_comms):
             self._shorten(scheduler, worker)
 
-    def add_worker(self, scheduler: Any, worker: str) -> None:  # noqa: D401 - Dask hook
+    def add_worker(self, scheduler: Any, worker: str) -> None:  # Dask hook
         self._shorten(scheduler, worker)
 
     def _shorten(self, scheduler: Any, worker: str) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Mapping
+from typing import Any
+from collections.abc import Callable, Collection, Mapping
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,13 @@ InferenceProvider: ESPnet3's provider of a ``dataset`` and a ``model`` built fro
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import uuid
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import Espnet3FlowsError
@@ -127,10 +129,8 @@ def provider_token(provider: Any) -> str:
         kept = _config_token(provider)
     except (TypeError, ValueError):
         kept = f"{type(provider).__qualname__}-{uuid.uuid4().hex[:16]}"
-    try:
+    with contextlib.suppress(AttributeError):  # slots or a frozen object: recomputed each time (equal for equal configs)
         provider._espnet3_flows_token = kept
-    except AttributeError:  # slots or a frozen object: recomputed each time (equal for equal configs)
-        pass
     return kept
 
 

@@ -57,5 +57,5 @@ class ForkingNanny(Nanny):
     forkserver (the cluster's ``worker_class`` when :mod:`~espnet3_flows.parallel.forkserver`
     forks its workers)."""
 
-    async def instantiate(self):  # noqa: ANN201 - Nanny's own signature
+    async def instantiate(self):  # Nanny's own signature
         return await _UnderConfig(super().instantiate(), {MP_METHOD_KEY: "forkserver"})

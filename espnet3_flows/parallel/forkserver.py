@@ -26,7 +26,8 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
 
 from espnet3_flows.parallel import main_guard
 

@@ -49,7 +49,7 @@ def _import_driver_main() -> None:
         fixup(target)
     except UnguardedMainError:
         pass  # recorded where it was raised; the driver says it
-    except BaseException:  # noqa: BLE001 - the workers import it themselves, as without this
+    except BaseException:  # the workers import it themselves, as without this
         main_guard.record(main_guard.FAILED)
         logging.getLogger(__name__).warning("the forkserver could not import the main module %s; "
                                             "each worker imports it", target, exc_info=True)

@@ -7,7 +7,8 @@ in-cluster service account) with the Dask operator installed.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from espnet3_flows.config import ConfigError
 

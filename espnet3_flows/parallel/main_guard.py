@@ -20,6 +20,7 @@ prints as the one line when nothing catches it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import tempfile
@@ -130,10 +131,8 @@ def reset_status() -> None:
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.remove(path)
-    except OSError:
-        pass
 
 
 def recorded_error() -> UnguardedMainError | None:

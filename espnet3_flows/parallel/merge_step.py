@@ -12,7 +12,8 @@ import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from espnet3_flows.confinement import confine
 from espnet3_flows.errors import ShardFailure
@@ -78,7 +79,7 @@ def _merge_local_copies(runner: Any, store: Storage, statuses: Sequence[ShardSta
         with ThreadPoolExecutor(_IO_THREADS) as pool:
             list(pool.map(lambda rel: _fetch(store, rel, mirror), wanted))
         fetched.update(wanted)
-        for status, rec in zip(statuses, records):  # the done marker, as ESPnet3's merge may look for it
+        for status, rec in zip(statuses, records, strict=True):  # the done marker, as ESPnet3's merge may look for it
             done = runner.shard_rel(status, DONE)
             (mirror / done).parent.mkdir(parents=True, exist_ok=True)
             (mirror / done).write_text(_json(rec.to_dict()), encoding="utf-8")

@@ -17,7 +17,8 @@ import functools
 import logging
 import warnings
 import weakref
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel.backends import get_backend, visible_gpu_count

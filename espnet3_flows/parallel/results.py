@@ -4,7 +4,8 @@ outcome of a whole run."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 from espnet3_flows.hashing import code_salt, shards_digest
 from espnet3_flows.sharding import Shard, ShardPlan, shard_name
@@ -64,7 +65,7 @@ class ShardResult:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], cached: bool = False) -> "ShardResult":
+    def from_dict(cls, d: Mapping[str, Any], cached: bool = False) -> ShardResult:
         """Inverse of :meth:`to_dict`."""
         return cls(Shard.from_dict(d["shard"]), d["result"], list(d["files"]), list(d["skipped"]),
                    cached, float(d.get("seconds", 0.0)), int(d.get("published_elsewhere", 0)),
@@ -84,7 +85,7 @@ class ShardResult:
             raise RuntimeError(f"{self.shard.name}: its done record lists no {name}; rerun to recompute it")
         return rel
 
-    def status(self) -> "ShardStatus":
+    def status(self) -> ShardStatus:
         """The shard's status in a run."""
         return ShardStatus(self.shard.index, self.shard.hash, self.shard.num_items, self.cached, self.seconds)
 
@@ -117,7 +118,7 @@ class ShardStatus:
         return (self.index, self.hash, self.num_items, self.cached, self.seconds)
 
     @classmethod
-    def from_tuple(cls, t: Sequence[Any]) -> "ShardStatus":
+    def from_tuple(cls, t: Sequence[Any]) -> ShardStatus:
         """Inverse of :meth:`to_tuple`."""
         return cls(int(t[0]), str(t[1]), int(t[2]), bool(t[3]), float(t[4]))
 

@@ -15,7 +15,8 @@ import queue
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
 
 from espnet3_flows.deadlines import is_outage
 from espnet3_flows.errors import ItemError, ItemFailure, ShardFailure

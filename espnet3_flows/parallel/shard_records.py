@@ -12,7 +12,8 @@ import logging
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
+from collections.abc import Iterator, Sequence
 
 import fsspec
 
@@ -51,9 +52,9 @@ class ShardRecords:
         if not self.resume:
             return None
         found = self.read_done(shard.hash, cached=True)
-        if found is not None and type(self).is_shard_done.__func__ is not ShardRecords.is_shard_done.__func__:
-            if not type(self).is_shard_done(self.shard_location(shard)):  # the runner's own condition too
-                return None
+        overridden = type(self).is_shard_done.__func__ is not ShardRecords.is_shard_done.__func__
+        if found is not None and overridden and not type(self).is_shard_done(self.shard_location(shard)):
+            return None  # the runner's own condition too
         return found
 
     def read_done(self, shard_hash: str, cached: bool = False) -> ShardResult | None:
@@ -83,7 +84,7 @@ class ShardRecords:
         :meth:`done_record` / :meth:`read_records` answer from their ``records`` (read once,
         by the merge step), forgotten after it."""
         self.run_shards = list(statuses)
-        self._done_memo = {status.name: rec for status, rec in zip(statuses, records)}
+        self._done_memo = {status.name: rec for status, rec in zip(statuses, records, strict=True)}
         try:
             yield
         finally:
@@ -116,4 +117,4 @@ class ShardRecords:
             return {}
         with ThreadPoolExecutor(max_workers=16) as pool:
             found = list(pool.map(self.load_done, plan.shards))
-        return {s.index: r for s, r in zip(plan.shards, found) if r is not None}
+        return {s.index: r for s, r in zip(plan.shards, found, strict=True) if r is not None}

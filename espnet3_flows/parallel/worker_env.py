@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from espnet3_flows.parallel.env_provider import EnvironmentProvider, check_env, checked_setup_fn, provider_token
 from espnet3_flows.hashing import token

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class StatsAccumulator:
         self.m2 = self.m2 + m2_b + np.square(delta) * (n_a * n_b / n)
         self.count = n
 
-    def merge(self, other: "StatsAccumulator") -> "StatsAccumulator":
+    def merge(self, other: StatsAccumulator) -> StatsAccumulator:
         """Fold another accumulator into this one (returns ``self``)."""
         if other.count and other.mean is not None and other.m2 is not None:
             if self.mean is not None and other.mean.shape != self.mean.shape:
@@ -100,7 +101,7 @@ class StatsAccumulator:
                 "m2": None if self.m2 is None else [float(v) for v in self.m2]}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "StatsAccumulator":
+    def from_dict(cls, d: Mapping[str, Any]) -> StatsAccumulator:
         """Inverse of :meth:`to_dict`."""
         if not d.get("count"):
             return cls()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from espnet3_flows.inputs.audio import audio_header
 from espnet3_flows.inputs.audio_config import AudioConfig
@@ -106,9 +107,9 @@ class CollectStatsRunner(FrontendRunner):
         if frontend is None:
             headers = [audio_header(u, audio, storage_options, dataset.audio_cache) for u in utts]
             return [{"utt_id": u.utt_id, "speech_len": n, "rate": rate, "feats": None, "tokens": c}
-                    for u, (n, rate), c in zip(utts, headers, counts)]
+                    for u, (n, rate), c in zip(utts, headers, counts, strict=True)]
         out = extract_features(utts, frontend, audio, storage_options, dataset.audio_cache, collect_stats_kwargs)
-        for r, c in zip(out, counts):
+        for r, c in zip(out, counts, strict=True):
             r["tokens"] = c
         return out
 

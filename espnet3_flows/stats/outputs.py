@@ -42,7 +42,7 @@ class StatsShardWriter:
 
     def __init__(self, shard_dir: Path, collect_feats: Path, feats_format: str | None = None):
         self.npy_dir = collect_feats / "data_feats"
-        self.shapes = open(shard_dir / SHAPES, "w", encoding="utf-8")
+        self.shapes = open(shard_dir / SHAPES, "w", encoding="utf-8")  # noqa: SIM115 - the shard's writer state: open until close() at the shard's end
         self.feats_format = feats_format
         self.ark = None
         if feats_format == "npy":
@@ -265,7 +265,7 @@ def _import_plotting_beside() -> threading.Thread:
     is reported, in :func:`_plot`)."""
     def _import() -> None:
         with contextlib.suppress(Exception):
-            import matplotlib.backends.backend_agg  # noqa: F401
+            import matplotlib.backends.backend_agg
             import matplotlib.figure  # noqa: F401
 
     thread = threading.Thread(target=_import, name="espnet3-import-matplotlib", daemon=True)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from espnet3_flows.config import ConfigError, check_choices
 

@@ -57,7 +57,7 @@ def import_speaker_task() -> Any:
     refused = getattr(nltk, "download", None)
     try:
         if nltk is not None:
-            nltk.download = lambda *args, **kwargs: False  # noqa: E731 - see the docstring
+            nltk.download = lambda *args, **kwargs: False  # see the docstring
         from espnet2.tasks.spk import SpeakerTask
     except ImportError as exc:
         raise XVectorModelError(f"ESPnet's speaker task cannot be imported ({exc}): {install_hint()}") from None
@@ -216,13 +216,13 @@ def espnet_embedder(model: torch.nn.Module, exact_padding: bool | None = None) -
                 return alone(wavs)
             if aligner is not None:
                 try:
-                    return aligner.embed([w[:k].to(device, torch.float32) for w, k in zip(wavs, samples.tolist())])
+                    return aligner.embed([w[:k].to(device, torch.float32) for w, k in zip(wavs, samples.tolist(), strict=True)])
                 except _Ambiguous:
                     pass
             out: list[torch.Tensor | None] = [None] * len(samples)
             for length in samples.unique().tolist():
                 rows = (samples == length).nonzero().flatten()
-                for row, emb in zip(rows.tolist(), alone(wavs[rows, :length])):
+                for row, emb in zip(rows.tolist(), alone(wavs[rows, :length]), strict=True):
                     out[row] = emb
             return torch.stack(out)  # type: ignore[arg-type]
 

@@ -176,7 +176,7 @@ class PaddingAligner:
 
 
 # One aligner (one set of hooks) per encoder, however many embedders wrap it.
-_ALIGNERS: "weakref.WeakKeyDictionary[Any, PaddingAligner]" = weakref.WeakKeyDictionary()
+_ALIGNERS: weakref.WeakKeyDictionary[Any, PaddingAligner] = weakref.WeakKeyDictionary()
 
 
 def make_aligner(encoder: Any, exact_padding: bool | None) -> PaddingAligner | None:

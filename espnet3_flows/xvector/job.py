@@ -6,7 +6,8 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -317,10 +318,10 @@ class XVectorRunner(UtteranceRunner):
         waves = [w for w, _ in load_many(utts, audio, storage_options, dataset.audio_cache)]
         emb = embed_waveforms(embedder, waves, model_batch[0], model_batch[1], ids=[u.utt_id for u in utts])
         if not np.isfinite(emb).all():
-            bad = [u.utt_id for u, e in zip(utts, emb) if not np.isfinite(e).all()]
+            bad = [u.utt_id for u, e in zip(utts, emb, strict=True) if not np.isfinite(e).all()]
             raise BadItemError(f"non-finite embedding for {bad}")
         return [{"utt_id": u.utt_id, "speaker": u.speaker, "samples": len(w), "embedding": e}
-                for u, w, e in zip(utts, waves, emb)]
+                for u, w, e in zip(utts, waves, emb, strict=True)]
 
     # -- the shard's files and state: ESPnet3's writer hooks --
     @staticmethod

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -104,7 +105,7 @@ def resolve_model_source(source: str | Path) -> Path:
 
 def load_speechbrain_encoder(
     source: str | Path, savedir: str | Path, device: str = "cpu"
-) -> "EncoderClassifier":
+) -> EncoderClassifier:
     """Load a speechbrain ``EncoderClassifier`` (e.g. ECAPA-TDNN) for inference on ``device``.
 
     ``source`` is what :func:`resolve_model_source` takes: a local model directory or a hub id

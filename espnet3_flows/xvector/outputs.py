@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -177,7 +178,7 @@ class EmbeddingWriter:
         self.shard_dir = shard_dir
         self.pt_dir = pt_dir
         self.embeddings: dict[str, np.ndarray] = {}
-        self.rows = open(shard_dir / UTTS, "w", encoding="utf-8")
+        self.rows = open(shard_dir / UTTS, "w", encoding="utf-8")  # noqa: SIM115 - the shard's writer state: open until close() at the shard's end
 
     def write(self, result: list[dict[str, Any]]) -> None:
         """Keep one ``forward`` result's embeddings and write their rows."""

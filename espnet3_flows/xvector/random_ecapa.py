@@ -5,7 +5,7 @@ meaningless (no training): never use one for real speaker work."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

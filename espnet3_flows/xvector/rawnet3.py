@@ -112,7 +112,7 @@ def _state_dict(path: Path) -> dict[str, torch.Tensor]:
     """The weights of a RawNet3 file: the recipe's ``{"model": state_dict}`` or a bare state dict."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - torch.load raises many types for a file that is not its own
         raise XVectorModelError(f"cannot read RawNet3 weights {str(path)!r}: {type(exc).__name__}: {exc}") from None
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]
@@ -149,7 +149,7 @@ def rawnet_embedder(model: RecipeRawNet3) -> Any:
         n = wavs.shape[1]
         samples = torch.round(wav_lens.double().cpu() * n).long().clamp(1, n).tolist()
         rows = wavs.detach().cpu().numpy()
-        windows = np.concatenate([recipe_windows(row[:k]) for row, k in zip(rows, samples)])
+        windows = np.concatenate([recipe_windows(row[:k]) for row, k in zip(rows, samples, strict=True)])
         with torch.inference_mode():
             out = model(torch.from_numpy(windows).to(device))
         return out.view(len(samples), N_WINDOWS, -1).mean(dim=1)

@@ -28,15 +28,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def shape_files(write_file, lognormal_frames):
     frames = lognormal_frames(120, seed=9)
     ids = [f"spk{i % 3}-utt{i:03d}" for i in range(len(frames))]
-    feats = write_file("feats_shape", [f"{u} {f},80" for u, f in zip(ids, frames)])
-    text = write_file("text_shape", [f"{u} {1 + f // 40},300" for u, f in zip(ids, frames)])
+    feats = write_file("feats_shape", [f"{u} {f},80" for u, f in zip(ids, frames, strict=True)])
+    text = write_file("text_shape", [f"{u} {1 + f // 40},300" for u, f in zip(ids, frames, strict=True)])
     groups = write_file("utt2spk", [f"{u} {u.split('-')[0]}" for u in ids])
     return ids, frames, feats, text, groups
 
 
 def test_cli_writes_batches_and_report(shape_files, tmp_path, capsys):
     ids, frames, feats, text, _ = shape_files
-    length_of = dict(zip(ids, frames))
+    length_of = dict(zip(ids, frames, strict=True))
     report = main([
         "--shape-file", str(feats), "--shape-file", str(text), "--batch-type", "numel",
         "--batch-bins", "2000000", "--output-dir", str(tmp_path / "out"), "--split", "train",
@@ -73,7 +73,7 @@ def test_cli_shape_list_group_by_and_json(write_file, tmp_path, capsys):
 
 def test_espnet2_spellings_are_accepted(shape_files, tmp_path):
     ids, frames, feats, text, _ = shape_files
-    length_of = dict(zip(ids, frames))
+    length_of = dict(zip(ids, frames, strict=True))
     main(["--shape-file", str(feats), "--shape-file", str(text), "--batch_type", "length", "--batch_bins", "4000",
           "--sort_in_batch", "ascending", "--sort_batch", "descending", "--output-dir", str(tmp_path),
           "--split", "train"])

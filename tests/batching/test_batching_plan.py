@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -81,7 +82,7 @@ def test_numel_property(lengths, budget, descending):
         order = [lengths[r] for r in flat(plan)]
         assert order == sorted(lengths, reverse=descending)
         # greedy fill: the next row would not have fit in any closed batch
-        for batch, following in zip(plan.batches, plan.batches[1:]):
+        for batch, following in pairwise(plan.batches):
             grown = batch + following[:1]
             assert len(grown) * max(lengths[r] for r in grown) > budget
 

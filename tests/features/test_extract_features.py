@@ -56,7 +56,7 @@ def test_features_equal_the_frontend_and_lhotse_loads_them(prefect_harness, demo
 
     cuts = CutSet.from_file(out / "valid" / "cuts.jsonl.gz")
     assert [c.id for c in cuts] == sorted(u.utt_id for u in utts)
-    for cut, u in zip(cuts, sorted(utts, key=lambda u: u.utt_id)):
+    for cut, u in zip(cuts, sorted(utts, key=lambda u: u.utt_id), strict=True):
         np.testing.assert_array_equal(cut.load_features(), feats[u.utt_id])
         assert cut.num_frames == feats[u.utt_id].shape[0] and cut.num_features == 80
         assert cut.supervisions[0].speaker == u.speaker and cut.supervisions[0].text == u.text

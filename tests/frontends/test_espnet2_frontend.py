@@ -249,7 +249,7 @@ def test_model_frontend_alone_equals_one_by_one_and_batches_are_bounded():
     model = TinyHubert()
     alone = [model_frontend(model)([w], {})[0] for w in waves]
     exact = model_frontend(model)(waves, {})
-    for a, b in zip(alone, exact):
+    for a, b in zip(alone, exact, strict=True):
         np.testing.assert_array_equal(a, b)
     batched = model_frontend(model, max_batch_samples=24000)
     assert batched.batches([len(w) for w in waves]) == [[0, 2, 4], [1, 3]]  # 3 x 5000, then 2 x 12000
@@ -284,11 +284,11 @@ def test_espnet2_and_model_frontends_on_gpu_equal_cpu(data_dir, tmp_path):
     waves = [sf.read(line.split()[1], dtype="float32")[0] for line in (data_dir / "wav.scp").read_text().splitlines()[:8]]
     cpu = espnet2_frontend(DefaultFrontend(**FRONTEND_CONF))(waves, {})
     gpu = espnet2_frontend(DefaultFrontend(**FRONTEND_CONF), "cuda")(waves, {})
-    for a, b in zip(cpu, gpu):
+    for a, b in zip(cpu, gpu, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
     model_cpu = model_frontend(TinyHubert())(waves, {})
     model_gpu = model_frontend(TinyHubert(), "cuda", max_batch_samples=400_000)(waves, {})
-    for a, b in zip(model_cpu, model_gpu):
+    for a, b in zip(model_cpu, model_gpu, strict=True):
         assert a.shape == b.shape
 
 

@@ -40,7 +40,7 @@ def test_gathered_fbank_batches_equal_each_utterance_alone(config):
     waves = noise(lengths)
     # batches of at most 60k samples: single utterances, pairs and one longer than the limit
     ours = fbank.batch(waves, "cpu", max_batch_samples=60_000, gather=True)
-    for got, wave in zip(ours, waves):
+    for got, wave in zip(ours, waves, strict=True):
         alone = fbank(wave)
         assert got.shape == alone.shape and got.dtype == np.float32
         np.testing.assert_allclose(got, alone, rtol=0, atol=FBANK_ATOL)
@@ -54,7 +54,7 @@ def test_fbank_batch_errors_and_cpu_default():
         fbank.batch([np.zeros((2, SR), np.float32)], "cpu")
     waves = noise([SR, 2 * SR])
     # on the CPU the default is one utterance at a time: the very arrays __call__ gives
-    for got, wave in zip(fbank.batch(waves, "cpu"), waves):
+    for got, wave in zip(fbank.batch(waves, "cpu"), waves, strict=True):
         np.testing.assert_array_equal(got, fbank(wave))
 
 
@@ -81,7 +81,7 @@ def test_fbank_frontend_on_the_cpu_is_per_utterance():
     frontend = build_frontend(FrontendConfig())
     assert isinstance(frontend, FbankFrontend)
     waves = noise([SR, 3 * SR])
-    for got, wave in zip(frontend(waves, {}), waves):
+    for got, wave in zip(frontend(waves, {}), waves, strict=True):
         np.testing.assert_array_equal(got, frontend.fbank(wave))
 
 
@@ -90,7 +90,7 @@ def test_ssl_features_in_padded_batches_equal_each_utterance_alone(hubert):
     alone = model_frontend(hubert)(waves, {})
     batched = model_frontend(hubert, max_batch_samples=10 ** 7)(waves, {})
     assert [a.shape for a in alone] == [b.shape for b in batched] == [(49, 768), (73, 768), (99, 768), (124, 768)]
-    for a, b in zip(alone, batched):
+    for a, b in zip(alone, batched, strict=True):
         # measured 1.3e-6 of the feature scale: padding no longer reaches the features
         assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
 
@@ -147,7 +147,7 @@ def test_reduced_precision_error_is_bounded(hubert):
     waves = noise([SR, 2 * SR], seed=5)
     ref = model_frontend(hubert)(waves, {})
     bf16 = model_frontend(hubert, max_batch_samples=10 ** 7, precision="bf16")(waves, {})
-    for a, b in zip(ref, bf16):
+    for a, b in zip(ref, bf16, strict=True):
         assert a.shape == b.shape and b.dtype == np.float32
         # bf16 keeps 8 mantissa bits: measured 2.3e-2 of the feature scale on random weights
         err = np.abs(a - b).max() / np.abs(a).max()
@@ -178,7 +178,7 @@ def test_ssl_on_the_gpu_batched_equals_the_cpu_alone(hubert):
     cpu = model_frontend(hubert)(waves, {})
     gpu = model_frontend(hubert, "cuda", max_batch_samples=10 ** 7)(waves, {})
     hubert.to("cpu")
-    for a, b in zip(cpu, gpu):
+    for a, b in zip(cpu, gpu, strict=True):
         assert a.shape == b.shape
         # TF32 is off by default for matmuls in torch; cuDNN convolutions may use it
         assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max()

@@ -51,7 +51,7 @@ def test_threads_give_the_serial_result_in_order(utterances, tmp_path):
         cache = _cache(utterances, str(tmp_path))
         got = load_many(utterances, AudioConfig(allow_pipes=True, decode_threads=threads), None, cache)
         assert len(got) == len(serial)
-        for (a, ra), (b, rb) in zip(got, serial):
+        for (a, ra), (b, rb) in zip(got, serial, strict=True):
             assert ra == rb
             np.testing.assert_array_equal(a, b)
         assert cache.decodes == 1  # the segments' recording, decoded once

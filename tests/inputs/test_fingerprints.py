@@ -133,7 +133,7 @@ def test_s3_key_streams_equal_per_directory_listings(moto_server):
         calls = []
         real = fp._filesystem("s3").call_s3
         fp._filesystem("s3").call_s3 = lambda *a, **k: calls.append(k) or real(*a, **k)
-        got = dict(zip(wanted, fp.fingerprints(wanted)))
+        got = dict(zip(wanted, fp.fingerprints(wanted), strict=True))
     assert got == expected
     # 43 wanted parents as key streams: ~1,200 wanted keys in pages of 1,000, plus a jump over
     # the 2,500 keys of spk020-noise, instead of 43 listings

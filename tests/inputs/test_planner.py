@@ -153,7 +153,7 @@ def test_s3_inputs_are_fingerprinted_from_concurrent_listings(moto_server, s3_ou
     etags = {f"s3://{e['name']}": e["ETag"].strip('"') for e in fs.find(f"{bucket}/audio", detail=True).values()}
     with Fingerprinter("stat", options, threads=4, cache_entries=60) as fp:
         prints = fp.fingerprints([*paths, f"s3://{bucket}/audio/d03/none.wav"])
-        assert prints[:-1] == [f"{i + 1}:{etags[p]}" for p, i in zip(paths, [i for _ in range(12) for i in range(25)])]
+        assert prints[:-1] == [f"{i + 1}:{etags[p]}" for p, i in zip(paths, [i for _ in range(12) for i in range(25)], strict=True)]
         assert prints[-1] == "missing"
         assert fp._cached <= 60 + 25  # the listing cache stays bounded
     manifest = os.path.join(url, "m.tsv")

@@ -63,7 +63,7 @@ def test_unusual_ids_that_read_back_whole_are_accepted(utt_id):
 
 
 def test_the_longest_id_has_room_for_every_id_file_and_its_temporary_name(tmp_path):
-    assert MAX_ID_BYTES == NAME_MAX - max(len(s) for s in ID_FILE_SUFFIXES) - len(".tmp-12345678")
+    assert NAME_MAX - max(len(s) for s in ID_FILE_SUFFIXES) - len(".tmp-12345678") == MAX_ID_BYTES
     for longest in ("a" * MAX_ID_BYTES, "é" * (MAX_ID_BYTES // 2)):
         assert validate_utt_id(longest) == longest
         for suffix in ID_FILE_SUFFIXES:  # real files, written as the jobs write them
@@ -163,12 +163,12 @@ def _speaker_manifest(tmp_path, fmt: str, bad: str) -> tuple[str, str, int]:
     ids, speakers, wav = ["u1", "u2", "u3"], ["s1", bad, "s3"], str(tmp_path / "a.wav")
     if fmt == "tsv":
         path = tmp_path / "m.tsv"
-        path.write_text("".join(f"{u}\t{wav}\ttext\t{s}\n" for u, s in zip(ids, speakers)), encoding="utf-8")
+        path.write_text("".join(f"{u}\t{wav}\ttext\t{s}\n" for u, s in zip(ids, speakers, strict=True)), encoding="utf-8")
         return str(path), str(path), 2
     if fmt == "lhotse":
         path = tmp_path / "cuts.jsonl"
         cuts = []
-        for u, s in zip(ids, speakers):
+        for u, s in zip(ids, speakers, strict=True):
             cut = _cut(u, wav)
             cut["supervisions"] = [{"id": u, "recording_id": "r", "start": 0.0, "duration": 1.0, "speaker": s}]
             cuts.append(json.dumps(cut) + "\n")
@@ -178,7 +178,7 @@ def _speaker_manifest(tmp_path, fmt: str, bad: str) -> tuple[str, str, int]:
         data = tmp_path / "data"
         data.mkdir()
         (data / "wav.scp").write_text("".join(f"{u} {wav}\n" for u in ids), encoding="utf-8")
-        (data / "utt2spk").write_text("".join(f"{u} {s}\n" for u, s in zip(ids, speakers)), encoding="utf-8")
+        (data / "utt2spk").write_text("".join(f"{u} {s}\n" for u, s in zip(ids, speakers, strict=True)), encoding="utf-8")
         return str(data), str(data / "utt2spk"), 2
     import datasets
 

@@ -21,14 +21,13 @@ def quick_watch(monkeypatch):
 def _watch_for(url: str, seconds: float, before_end=None) -> bool:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings(updates={PREFECT_API_URL: url}):
-        with api_watch.watching_api(interval=0.1):
-            if before_end is not None:
-                before_end()
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline and not api_watch.api_lost_now():
-                time.sleep(0.1)
-            return api_watch.api_lost_now()
+    with temporary_settings(updates={PREFECT_API_URL: url}), api_watch.watching_api(interval=0.1):
+        if before_end is not None:
+            before_end()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not api_watch.api_lost_now():
+            time.sleep(0.1)
+        return api_watch.api_lost_now()
 
 
 def test_a_server_that_goes_away_is_declared_lost(quick_watch):

@@ -108,7 +108,7 @@ def test_two_runs_at_once_on_one_prefect_database_both_succeed(tmp_path, four_ut
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for k in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
         assert "train: 4 utterances" in out and "cached 0" in out
         assert "database is locked" not in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 
 import certifi
 import prefect.client.orchestration as client_module
@@ -47,7 +48,7 @@ def test_insecure_contexts_are_never_shared(shared_ssl):
 
 def test_changed_ca_file_gets_a_new_context(shared_ssl, tmp_path):
     bundle = tmp_path / "ca.pem"
-    bundle.write_bytes(open(certifi.where(), "rb").read())
+    bundle.write_bytes(Path(certifi.where()).read_bytes())
     first = shared_ssl.create_default_context(cafile=str(bundle))
     assert shared_ssl.create_default_context(cafile=str(bundle)) is first
     bundle.write_bytes(bundle.read_bytes() + b"\n")

@@ -64,9 +64,9 @@ def test_while_starting_runs_with_the_url_exported_before_the_server_answers(mon
             up = False
         seen.append((url, up))
 
-    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_HOME: str(seed_home(tmp_path))}):
-        with prefect_api(needs_server=True, while_starting=during) as url:
-            assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_HOME: str(seed_home(tmp_path))}), \
+            prefect_api(needs_server=True, while_starting=during) as url:
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
     assert seen == [(url, False)]
     assert "PREFECT_API_URL" not in os.environ
 
@@ -113,9 +113,9 @@ def test_an_early_server_is_taken_over_or_stopped(monkeypatch, tmp_path):
 
         early = local_server.launch_early([])
         process = early.process
-        with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
-            with local_server.prefect_api(needs_server=True) as url:
-                assert url == "http://127.0.0.1:9/api"
+        with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}), \
+                local_server.prefect_api(needs_server=True) as url:
+            assert url == "http://127.0.0.1:9/api"
         assert early.process is None and process.poll() is not None  # a configured API: the early one stopped
     assert not local_server._EARLY
 

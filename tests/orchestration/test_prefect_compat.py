@@ -170,7 +170,7 @@ def test_one_switch_turns_every_patch_off(monkeypatch):
                (EngineContext, "serialize"), (PrefectDaskClient, "submit"), (flow_engine, "_send_heartbeats")]
     saved = [vars(owner).get(name) for owner, name in targets]
     try:  # (undo the patches other tests of this session installed, so that this sees a pristine Prefect)
-        for (owner, name), value in zip(targets, saved):
+        for (owner, name), value in zip(targets, saved, strict=True):
             setattr(owner, name, getattr(value, "__wrapped__", value) if name != "ssl" else __import__("ssl"))
         before = [vars(owner).get(name) for owner, name in targets]
         assert not any([prefect_compat.share_tls_contexts(), prefect_context_cache.cache_settings_serialization(),
@@ -179,7 +179,7 @@ def test_one_switch_turns_every_patch_off(monkeypatch):
                         prefect_compat.untokenized_task_keys(), prefect_compat.prompt_heartbeat_stop()])
         assert [vars(owner).get(name) for owner, name in targets] == before
     finally:
-        for (owner, name), value in zip(targets, saved):
+        for (owner, name), value in zip(targets, saved, strict=True):
             setattr(owner, name, value)
 
 

@@ -81,21 +81,23 @@ def test_a_full_database_disk_and_1_mib_of_stderr_end_the_run_naming_both(monkey
     # bounded either way: a stalled server fails a call in 20 s instead of 6 tries of 60 s
     bounds = {PREFECT_API_REQUEST_TIMEOUT: 20.0, PREFECT_CLIENT_MAX_RETRIES: 1}
     message = "x" * 200_000
-    with _private_api(monkeypatch, small_disk), temporary_settings(updates=bounds):
-        with pytest.raises(PrivateServerLost) as lost:
-            with prefect_api(needs_server=True):
-                with get_client(sync_client=True) as client:
-                    client.hello()
-                    trigger.touch()
-                    deadline = time.monotonic() + 30
-                    while not Path(f"{trigger}.written").exists():  # (a blocked pipe never gets there)
-                        assert time.monotonic() < deadline, "the server's 1 MiB of stderr is still not written"
-                        time.sleep(0.1)
-                    _fill(small_disk)
-                    deadline = time.monotonic() + 120
-                    while time.monotonic() < deadline:  # log records, as a run ships them, until one fails
-                        client.create_logs([LogCreate(name="test", level=20, message=message,
-                                                      timestamp=time.time())])  # type: ignore[arg-type]
+    with (
+            _private_api(monkeypatch, small_disk), temporary_settings(updates=bounds),
+            pytest.raises(PrivateServerLost) as lost,
+            prefect_api(needs_server=True),
+            get_client(sync_client=True) as client,
+    ):
+        client.hello()
+        trigger.touch()
+        deadline = time.monotonic() + 30
+        while not Path(f"{trigger}.written").exists():  # (a blocked pipe never gets there)
+            assert time.monotonic() < deadline, "the server's 1 MiB of stderr is still not written"
+            time.sleep(0.1)
+        _fill(small_disk)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # log records, as a run ships them, until one fails
+            client.create_logs([LogCreate(name="test", level=20, message=message,
+                                          timestamp=time.time())])  # type: ignore[arg-type]
     text = str(lost.value)
     assert "private Prefect server" in text and f"PREFECT_HOME={small_disk}" in text and "full" in text, text
     log = Path(text.split("log ", 1)[1].split(")", 1)[0])
@@ -114,21 +116,22 @@ def test_a_server_that_stops_answering_is_ended_and_named(monkeypatch, tmp_path)
     monkeypatch.setattr(server_health, "LOST_AFTER", 3.0)
     monkeypatch.setattr(server_health, "PROBE_EVERY", 0.5)
     home = tmp_path / "home"
-    with _private_api(monkeypatch, home):
-        with pytest.raises(PrivateServerLost) as lost:
-            with prefect_api(needs_server=True) as url:
-                with get_client(sync_client=True) as client:
-                    client.hello()
-                    port = int(url.rsplit(":", 1)[1].split("/")[0])
-                    server = _server_on(port)
-                    os.kill(server, signal.SIGSTOP)
-                    guard = threading.Timer(120, os.kill, (server, signal.SIGKILL))  # never left hanging
-                    guard.start()
-                    try:
-                        while True:
-                            client.hello()
-                    finally:
-                        guard.cancel()
+    with (
+            _private_api(monkeypatch, home), pytest.raises(PrivateServerLost) as lost,
+            prefect_api(needs_server=True) as url,
+            get_client(sync_client=True) as client,
+    ):
+        client.hello()
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        server = _server_on(port)
+        os.kill(server, signal.SIGSTOP)
+        guard = threading.Timer(120, os.kill, (server, signal.SIGKILL))  # never left hanging
+        guard.start()
+        try:
+            while True:
+                client.hello()
+        finally:
+            guard.cancel()
     text = str(lost.value)
     assert "stopped answering" in text and "see its log" in text and "rerun" in text, text
     with pytest.raises(ProcessLookupError):

@@ -90,7 +90,7 @@ class HookLogRunner(BaseRunner):
     @staticmethod
     def open_writers(shard_dir, shard_id=0, output_dir="", shard_subdir="", **env):
         shard_dir = Path(shard_dir)
-        log = open(shard_dir / "hooks.log", "w")
+        log = open(shard_dir / "hooks.log", "w")  # noqa: SIM115 - a writer ESPnet3 closes in close_writers
         log.write(f"open {shard_id} {shard_dir.name} {Path(shard_dir).is_relative_to(Path(output_dir))}\n")
         (shard_dir / "token").write_text(uuid.uuid4().hex)  # a fresh one each time the shard is computed
         return {"log": log, "rows": open(shard_dir / "rows.txt", "w")}
@@ -146,7 +146,7 @@ class FbankModel:
         self.frontend = build_frontend(FrontendConfig())
 
     def collect_feats(self, speech, speech_lengths):
-        feats = self.frontend([s[:n] for s, n in zip(speech, speech_lengths)], {})
+        feats = self.frontend([s[:n] for s, n in zip(speech, speech_lengths, strict=True)], {})
         lengths = np.array([f.shape[0] for f in feats])
         padded = np.zeros((len(feats), lengths.max(), feats[0].shape[1]), dtype=np.float64)
         for k, f in enumerate(feats):
@@ -289,9 +289,8 @@ class RecordsFileRunner(BaseRunner):
     def forward(idx, *, dataset, model, log, fail_marker=None, **env):
         import os
 
-        if fail_marker and Path(fail_marker).exists():
-            if repr(idx) in Path(fail_marker).read_text().split("\n"):
-                raise RuntimeError(f"boom on {idx!r}")
+        if fail_marker and Path(fail_marker).exists() and repr(idx) in Path(fail_marker).read_text().split("\n"):
+            raise RuntimeError(f"boom on {idx!r}")
         with open(log, "a") as fh:
             fh.write(f"{os.getpid()} {idx!r}\n")
         return idx
@@ -407,7 +406,7 @@ class NpyListWriter:
         self.dir = Path(outdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         Path(scp).parent.mkdir(parents=True, exist_ok=True)
-        self.scp = open(scp, "w")
+        self.scp = open(scp, "w")  # noqa: SIM115 - open until close(), as a kaldiio writer
 
     def __setitem__(self, key, value):
         path = self.dir / f"{key}.npy"

@@ -6,7 +6,8 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import distributed
 import pytest
@@ -138,9 +139,9 @@ def test_untrimmed_workers_after_a_dask_default_cluster_in_the_same_process(monk
 
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     monkeypatch.delenv("DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_", raising=False)
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 65536}):
-        with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster) as c:
-            assert c.submit(_trim_env, 0, pure=False).result() == "65536"
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": 65536}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster) as c:
+        assert c.submit(_trim_env, 0, pure=False).result() == "65536"
     assert os.environ.get("MALLOC_TRIM_THRESHOLD_") == "65536"  # what Dask's nanny leaves behind
     with get_client(config=ParallelConfig(env="local", n_workers=1)) as client:
         assert client.submit(_trim_env, 0, pure=False).result() is None
@@ -270,6 +271,5 @@ def test_a_shard_with_no_worker_left_fails_rather_than_waits(monkeypatch):
             time.sleep(0.05)
         error = client.submit(_square, 3, pure=False).exception(timeout=60)
         assert "without any running workers" in str(error), error
-    with dask.config.set({"distributed.scheduler.no-workers-timeout": "7s"}):
-        with _prepared_cluster(cfg) as (cluster, _):
-            assert cluster.scheduler.no_workers_timeout == 7
+    with dask.config.set({"distributed.scheduler.no-workers-timeout": "7s"}), _prepared_cluster(cfg) as (cluster, _):
+        assert cluster.scheduler.no_workers_timeout == 7

@@ -112,7 +112,7 @@ def test_is_shard_done_of_the_runner_decides_with_the_done_record(tmp_path):
     emptied = Path(first["dirs"][1]) / "rows.txt"
     emptied.write_text("")  # the runner's own condition now fails for that shard only
     again = runner(range(N))
-    changed = [a != b for a, b in zip(first["tokens"], again["tokens"])]
+    changed = [a != b for a, b in zip(first["tokens"], again["tokens"], strict=True)]
     assert changed == [k == 1 for k in range(len(changed))]
 
 

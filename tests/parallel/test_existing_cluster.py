@@ -60,7 +60,7 @@ class ExternalDaskCluster:
             name=f"dask-worker-{i}", log_path=log_dir / f"worker-{i}.log", env=self.env, cwd=ROOT)
             for i in range(n_workers)]
 
-    def start(self) -> "ExternalDaskCluster":
+    def start(self) -> ExternalDaskCluster:
         t0 = time.monotonic()
         try:
             self.scheduler.start()
@@ -208,10 +208,10 @@ def test_task_runner_connects_to_the_address_and_starts_nothing(tmp_path, monkey
 def test_get_client_names_an_unreachable_scheduler():
     import dask
 
-    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
-        with pytest.raises(OSError, match=r"parallel.env=address: no Dask scheduler answers at tcp://127.0.0.1:\d+"):
-            with get_client(config=ParallelConfig(env="address", address=f"tcp://127.0.0.1:{free_port()}")):
-                pass
+    answers = r"parallel.env=address: no Dask scheduler answers at tcp://127.0.0.1:\d+"
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}), pytest.raises(OSError, match=answers), \
+            get_client(config=ParallelConfig(env="address", address=f"tcp://127.0.0.1:{free_port()}")):
+        pass
 
 
 # ---- (b) the engine on a running cluster ----------------------------------------------------

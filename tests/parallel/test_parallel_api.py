@@ -101,9 +101,8 @@ def test_setup_fn_returning_something_else_is_a_value_error():
             parallel_map(add_bias, [1], setup_fn=lambda: [("bias", 1)])
     finally:
         set_parallel(None)
-    with pytest.raises(ValueError, match="must return a dict"):
-        with get_client(LOCAL2, setup_fn=lambda: "not a dict"):
-            pass
+    with pytest.raises(ValueError, match="must return a dict"), get_client(LOCAL2, setup_fn=lambda: "not a dict"):
+        pass
 
 
 def test_without_a_client_a_cluster_of_set_parallels_config_is_started_and_closed():

@@ -22,11 +22,10 @@ def test_killed_worker_then_rerun_recomputes_only_unfinished(tmp_path):
     marker = tmp_path / "killed"
     crashing = ScaleSumRunner(ArrayProvider({"n": N, "kill_marker": str(marker), "kill_at": KILL_AT}),
                               output_dir=str(tmp_path / "out"), shard_size=10)
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-                Client(cluster) as client:
-            with pytest.raises(ShardFailure) as err:
-                crashing.run(range(N), client=client, progress=False)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as client, pytest.raises(ShardFailure) as err:
+        crashing.run(range(N), client=client, progress=False)
     assert marker.exists(), "the worker was not killed"
     store = Storage(str(tmp_path / "out"))
     plan = crashing.plan(range(N))  # content-defined shards: the plan says which one holds item KILL_AT
@@ -55,9 +54,8 @@ def test_workers_over_their_memory_limit_fail_the_shard_naming_the_limit(tmp_pat
     named no memory limit ("4 different workers ... died"), only ``--verbose`` logs did."""
     greedy = GreedyRunner(ArrayProvider({"n": 20, "kill_at": 3}), output_dir=str(tmp_path / "out"), shard_size=5)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      memory_limit="300MiB") as cluster, Client(cluster) as client:
-        with pytest.raises(ShardFailure) as err:
-            greedy.run(range(20), client=client, progress=False)
+                      memory_limit="300MiB") as cluster, Client(cluster) as client, pytest.raises(ShardFailure) as err:
+        greedy.run(range(20), client=client, progress=False)
     text = str(err.value)
     assert "memory limit is 300 MiB (parallel.options.memory_limit)" in text, text
     assert "worker(s) were restarted by their nanny" in text and "a rerun resumes" in text, text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import pytest
 import s3fs
@@ -23,7 +23,7 @@ def test_secret_appears_nowhere_the_run_wrote(prefect_harness, demo_corpus, moto
     cfg = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": url, "storage_options": options,
            "shard_size": 4, "on_error": "skip", "parallel": {"env": "serial"}}
     caplog.set_level(logging.DEBUG)
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     summary = run_job("collect_stats", cfg, progress=True)["valid"]
     assert summary["shards"] > 1 and summary["utterances"] == 12
 

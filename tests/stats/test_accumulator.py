@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -67,7 +68,7 @@ def test_espnet_float32_weakness_case_is_exact():
 def _reference(data: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
     x = data.astype(np.float64)
     mean = np.array([math.fsum(col) / len(col) for col in x.T])
-    var = np.array([math.fsum((col - m) ** 2) / len(col) for col, m in zip(x.T, mean)])
+    var = np.array([math.fsum((col - m) ** 2) / len(col) for col, m in zip(x.T, mean, strict=True)])
     return len(x), mean, var
 
 
@@ -95,11 +96,11 @@ def test_any_shard_partition_and_merge_order_gives_the_same_stats(seed, n, dim, 
     data = offset + scale * rng.standard_normal((n, dim))
     points = sorted({int(c * n) for c in cuts} | {0, n})
     shards = []
-    for a, b in zip(points[:-1], points[1:]):
+    for a, b in pairwise(points):
         acc = StatsAccumulator()
         # each shard itself folds several utterance blocks
         inner = sorted({a, b, *rng.integers(a, b + 1, size=2).tolist()})
-        for c, d in zip(inner[:-1], inner[1:]):
+        for c, d in pairwise(inner):
             acc.update(data[c:d])
         shards.append(acc)
     order = np.random.default_rng(order_seed).permutation(len(shards))

@@ -48,7 +48,7 @@ class S3HttpProxy:
         with self._lock:
             return sum(n for (m, p), n in self.requests.items() if m == method and path_part in p)
 
-    def __enter__(self) -> "S3HttpProxy":
+    def __enter__(self) -> S3HttpProxy:
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):

@@ -10,6 +10,7 @@ Readiness is polled with a timeout; a failure raises with the tail of the proces
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -61,7 +62,7 @@ def _http_status(url: str, *, method: str = "GET", body: bytes | None = None,
             return response.status, response.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout):
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
         return 0, b""
 
 
@@ -202,10 +203,8 @@ class ManagedProcess:
         if leftovers:
             _signal_all(leftovers, signal.SIGKILL, self.popen.pid)
             _wait_gone(leftovers, kill_timeout, self.popen)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=kill_timeout)
-        except subprocess.TimeoutExpired:
-            pass
         survivors = [p for p in {*self.family(), *seen.values()} if _is_live(p)]
         if survivors:
             raise RuntimeError(f"{self.name}: processes survived SIGKILL: "
@@ -221,10 +220,8 @@ def _is_live(proc: psutil.Process) -> bool:
 
 def _signal_all(procs: Sequence[psutil.Process], sig: int, pgid: int) -> None:
     """Each process gets `sig` once: the group by killpg, the others one by one."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
     for proc in procs:
         try:
             if os.getpgid(proc.pid) != pgid:

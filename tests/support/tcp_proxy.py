@@ -8,6 +8,7 @@ every chunk is held that long in each direction: a distant endpoint (latency, no
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -33,7 +34,7 @@ class TcpProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "TcpProxy":
+    def start(self) -> TcpProxy:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
@@ -50,13 +51,11 @@ class TcpProxy:
         with self._lock:
             conns, self._conns = self._conns, set()
         for conn in conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             conn.close()
 
-    def __enter__(self) -> "TcpProxy":
+    def __enter__(self) -> TcpProxy:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -93,10 +92,8 @@ class TcpProxy:
             pass
         finally:
             for sock in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
             with self._lock:
                 self._conns.discard(src)
             src.close()

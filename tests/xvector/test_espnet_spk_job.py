@@ -78,7 +78,7 @@ def test_espnet_toolkit_equals_speech2embedding_with_espnet_names(corpus, tmp_pa
     assert outcome.merged["embedding_dim"] == 16 and len(outcome.plan.shards) > 1
     keys = list(UTTS)
     ref = speech2embedding(pth, [espnet_input(corpus / f"{k}.wav") for k in keys])
-    check_outputs(tmp_path / "out" / "espnet_spk" / "valid", dict(zip(keys, ref)))
+    check_outputs(tmp_path / "out" / "espnet_spk" / "valid", dict(zip(keys, ref, strict=True)))
     again = XVectorRunner(cfg, "valid").run(progress=False)
     assert again.computed == 0  # the model's files are in the shard hashes, unchanged
 

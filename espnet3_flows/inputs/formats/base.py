@@ -12,7 +12,8 @@ ask the registry without a cycle); another package adds one through the entry-po
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Mapping
 
 from espnet3_flows.registry import Registry
 from espnet3_flows.inputs.records import ManifestError, SkippedItem, Utterance, entry_kind, fingerprint_target
@@ -79,7 +80,7 @@ class ManifestFormat:
         raise NotImplementedError
 
     # planning
-    def prepare(self, manifest: str, split: str, *, spool: "Storage | None", spool_rel: str, on_error: str,
+    def prepare(self, manifest: str, split: str, *, spool: Storage | None, spool_rel: str, on_error: str,
                 storage_options: Mapping[str, Any] | None, allow_pipes: bool,
                 check_speakers: bool = False) -> PreparedManifest | None:
         """The line file to plan, written below ``spool/spool_rel``; ``None`` plans the manifest's
@@ -123,12 +124,12 @@ class ManifestFormat:
         return "|" in entry and entry_kind(entry) == "pipe"
 
     # audio (only for utterances whose ``format`` is this format's name)
-    def load_audio(self, utt: Utterance, config: "AudioConfig",
+    def load_audio(self, utt: Utterance, config: AudioConfig,
                    storage_options: Mapping[str, Any] | None) -> tuple[Any, int]:
         """``(channels × samples float32 array, native rate)`` of an utterance of this format."""
         raise NotImplementedError(f"format {self.name!r} does not load audio itself")
 
-    def audio_header(self, utt: Utterance, config: "AudioConfig",
+    def audio_header(self, utt: Utterance, config: AudioConfig,
                      storage_options: Mapping[str, Any] | None) -> tuple[int, int]:
         """``(length in samples at config.sampling_rate, native rate)`` without decoding, if it can."""
         raise NotImplementedError(f"format {self.name!r} does not read audio headers itself")
@@ -155,7 +156,7 @@ def known_formats() -> dict[str, ManifestFormat]:
     return FORMATS.items()
 
 
-def format_named(name: "str | ManifestFormat") -> ManifestFormat:
+def format_named(name: str | ManifestFormat) -> ManifestFormat:
     """The registered format called ``name`` (a format passes through).
 
     Raises:

@@ -23,7 +23,8 @@ import os
 import posixpath
 import re
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 from urllib.parse import parse_qsl
 
 import numpy as np

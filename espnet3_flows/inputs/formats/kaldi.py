@@ -3,7 +3,8 @@ joined into one line per utterance (:mod:`espnet3_flows.inputs.kaldi_dir`) that 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from espnet3_flows.inputs import kaldi_dir
 from espnet3_flows.inputs.formats.base import ManifestFormat, PreparedManifest

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from espnet3_flows.inputs.formats.base import ManifestFormat
 from espnet3_flows.inputs.records import SAFE_ID, Utterance

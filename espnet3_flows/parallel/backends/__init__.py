@@ -15,7 +15,8 @@ pkg.module.Factory`` runs any other Dask cluster class or factory a site has (as
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from espnet3_flows.parallel.backends.base import (
     Backend,

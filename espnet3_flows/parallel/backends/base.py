@@ -17,7 +17,8 @@ import importlib.util
 import inspect
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Iterator
 
 from espnet3_flows.config import ConfigError, did_you_mean
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Iterator
 
 from espnet3_flows.parallel.backends.base import Backend, ClusterSpec
 

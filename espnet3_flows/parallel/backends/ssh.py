@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel.backends.base import Backend, ClusterSpec, set_option

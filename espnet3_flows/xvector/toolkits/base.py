@@ -34,22 +34,22 @@ class XVectorToolkit:
     def __repr__(self) -> str:
         return f"<x-vector toolkit {self.name!r}>"
 
-    def check(self, xv: "XVectorConfig") -> None:
+    def check(self, xv: XVectorConfig) -> None:
         """Check ``xv``'s options for this toolkit (raise :class:`ConfigError`)."""
 
-    def check_installed(self, xv: "XVectorConfig") -> None:
+    def check_installed(self, xv: XVectorConfig) -> None:
         """On the driver before any cluster: what the toolkit needs is installed (raise :class:`ConfigError`)."""
 
-    def model_files(self, xv: "XVectorConfig") -> tuple[Path, list[Path], bool]:
+    def model_files(self, xv: XVectorConfig) -> tuple[Path, list[Path], bool]:
         """``(root, the files that make the model, whether it is a hub-cache snapshot)`` for a
         toolkit with a ``model_kind``; raise ``XVectorModelError`` when they are missing."""
         raise NotImplementedError
 
-    def hashed(self, xv: "XVectorConfig") -> dict[str, Any]:
+    def hashed(self, xv: XVectorConfig) -> dict[str, Any]:
         """What of the toolkit decides the embeddings besides its name, ``model`` and the model's
         files, for the shard hashes."""
         return {"version": self.version} if self.version else {}
 
-    def embedder(self, xv: "XVectorConfig") -> Any:
+    def embedder(self, xv: XVectorConfig) -> Any:
         """The embedding callable, built once per worker on ``xv.device``."""
         raise NotImplementedError

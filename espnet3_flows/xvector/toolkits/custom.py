@@ -16,13 +16,13 @@ class CustomToolkit(XVectorToolkit):
 
     name = "custom"
 
-    def check(self, xv: "XVectorConfig") -> None:
+    def check(self, xv: XVectorConfig) -> None:
         if "_target_" not in xv.model:
             raise ConfigError("xvector.toolkit=custom needs xvector.model._target_")
         check_targets(xv.model, "xvector.model")
 
-    def hashed(self, xv: "XVectorConfig") -> dict[str, Any]:
+    def hashed(self, xv: XVectorConfig) -> dict[str, Any]:
         return {}
 
-    def embedder(self, xv: "XVectorConfig") -> Any:
+    def embedder(self, xv: XVectorConfig) -> Any:
         return instantiate(xv.model, "xvector.model")

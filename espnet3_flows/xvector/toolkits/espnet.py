@@ -20,7 +20,7 @@ class EspnetSpeakerTask(XVectorToolkit):
     default_tag = "espnet_spk"  # tts.sh's name
     default_resampler = "librosa"  # as ESPnet's extract_spk_embed.py resamples
 
-    def check_installed(self, xv: "XVectorConfig") -> None:
+    def check_installed(self, xv: XVectorConfig) -> None:
         from espnet3_flows.xvector.espnet_spk import install_hint, missing_spk_modules
 
         missing = missing_spk_modules()
@@ -28,7 +28,7 @@ class EspnetSpeakerTask(XVectorToolkit):
             raise ConfigError(f"xvector.toolkit={xv.toolkit} needs ESPnet's speaker task, which is not installed "
                               f"(no {', '.join(missing)}): {install_hint()}")
 
-    def hashed(self, xv: "XVectorConfig") -> dict[str, Any]:
+    def hashed(self, xv: XVectorConfig) -> dict[str, Any]:
         from espnet3_flows.frontends.espnet2_frontend import espnet_version
 
         return {"espnet": espnet_version()}
@@ -40,13 +40,13 @@ class EspnetToolkit(EspnetSpeakerTask):
     name = "espnet"
     model_kind = "an ESPnet-SPK .pth with its config.yaml, a model directory, or a cached model tag"
 
-    def model_files(self, xv: "XVectorConfig") -> tuple[Path, list[Path], bool]:
+    def model_files(self, xv: XVectorConfig) -> tuple[Path, list[Path], bool]:
         from espnet3_flows.xvector.espnet_spk import resolve_espnet_model
 
         files = resolve_espnet_model(xv.pretrained_model)
         return files.root, [files.config, files.weights], not Path(xv.pretrained_model).expanduser().exists()
 
-    def embedder(self, xv: "XVectorConfig") -> Any:
+    def embedder(self, xv: XVectorConfig) -> Any:
         from espnet3_flows.xvector.espnet_spk import espnet_embedder, load_espnet_spk_model
 
         return espnet_embedder(load_espnet_spk_model(xv.pretrained_model, xv.device))

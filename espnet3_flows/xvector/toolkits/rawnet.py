@@ -19,12 +19,12 @@ class RawnetToolkit(EspnetSpeakerTask):
     name = "rawnet"
     model_kind = "the RawNet3 weights file"
 
-    def check(self, xv: "XVectorConfig") -> None:
+    def check(self, xv: XVectorConfig) -> None:
         if xv.sampling_rate != 16000:
             raise ConfigError(f"xvector.sampling_rate must be 16000 for toolkit rawnet (RawNet3's 3-s windows "
                               f"are at 16 kHz), got {xv.sampling_rate}")
 
-    def model_files(self, xv: "XVectorConfig") -> tuple[Path, list[Path], bool]:
+    def model_files(self, xv: XVectorConfig) -> tuple[Path, list[Path], bool]:
         from espnet3_flows.xvector.model import XVectorModelError
 
         local = Path(xv.pretrained_model).expanduser()
@@ -33,7 +33,7 @@ class RawnetToolkit(EspnetSpeakerTask):
                                     "tools/RawNet/python/RawNet3/models/weights/model.pt)")
         return local.parent, [local], False
 
-    def embedder(self, xv: "XVectorConfig") -> Any:
+    def embedder(self, xv: XVectorConfig) -> Any:
         from espnet3_flows.xvector.rawnet3 import load_recipe_rawnet3, rawnet_embedder
 
         return rawnet_embedder(load_recipe_rawnet3(xv.pretrained_model, xv.device))

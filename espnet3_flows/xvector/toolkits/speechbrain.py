@@ -18,16 +18,16 @@ class SpeechbrainToolkit(XVectorToolkit):
     name = "speechbrain"
     model_kind = "a local speechbrain model directory"
 
-    def model_files(self, xv: "XVectorConfig") -> tuple[Path, list[Path], bool]:
+    def model_files(self, xv: XVectorConfig) -> tuple[Path, list[Path], bool]:
         from espnet3_flows.xvector.model import resolve_model_source
 
         root = resolve_model_source(xv.pretrained_model)
         return root, sorted(p for p in root.rglob("*") if p.is_file()), not Path(xv.pretrained_model).expanduser().is_dir()
 
-    def hashed(self, xv: "XVectorConfig") -> dict[str, Any]:
+    def hashed(self, xv: XVectorConfig) -> dict[str, Any]:
         return {}
 
-    def embedder(self, xv: "XVectorConfig") -> Any:
+    def embedder(self, xv: XVectorConfig) -> Any:
         import contextlib
         import tempfile
 

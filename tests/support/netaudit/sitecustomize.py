@@ -31,9 +31,8 @@ def _hook(event, args):
         if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM \
                 and not _is_loopback(address[0]):
             _record(event, address)
-    elif event == "socket.getaddrinfo":
-        if not _is_loopback(args[0]):
-            _record(event, args[0])
+    elif event == "socket.getaddrinfo" and not _is_loopback(args[0]):
+        _record(event, args[0])
 
 
 if _LOG:

@@ -11,7 +11,7 @@ def mean_std(wavs, wav_lens):
     import torch
 
     lengths = (wav_lens * wavs.shape[1]).round().long()
-    return torch.stack([torch.stack([w[:n].mean(), w[:n].std()]) for w, n in zip(wavs, lengths)])
+    return torch.stack([torch.stack([w[:n].mean(), w[:n].std()]) for w, n in zip(wavs, lengths, strict=True)])
 
 
 class MeanStd(XVectorToolkit):
