@@ -13,10 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from tests.support.prefect_db import seed_home
 
@@ -53,16 +50,6 @@ def run_quick(names: tuple[str, ...], tmp: Path, api_url: str) -> QuickRun:
     return tmp / "results", proc
 
 
-def quick_fixture(names: tuple[str, ...]) -> Callable[..., QuickRun]:
-    """A module-scoped fixture running :func:`run_quick` on ``names`` once for its module."""
-
-    @pytest.fixture(scope="module")
-    def quick_results(tmp_path_factory: pytest.TempPathFactory, session_api_url: str) -> QuickRun:
-        return run_quick(names, tmp_path_factory.mktemp("bench"), session_api_url)
-
-    return quick_results
-
-
 def assert_run_succeeded(run: QuickRun, names: tuple[str, ...]) -> None:
     """The run exited 0, ran each of ``names``, and left ``benchmarks/README.md`` alone."""
     _, proc = run
@@ -87,3 +74,17 @@ def assert_result_json(run: QuickRun, name: str) -> None:
     assert {"cpu", "usable_cores", "versions"} <= set(data["machine"])
     assert isinstance(data["notes"], list) and data["notes"]
     assert (results / f"{name}.png").stat().st_size > 0
+
+
+class QuickGroup:
+    """The tests of one quick group: a test module subclasses it (``Test...``) and names its
+    ``group`` of :data:`GROUPS`; ``tests/benchmarks/conftest.py`` runs the group once per class
+    (``quick_run``) and gives ``name`` one value per benchmark of the group."""
+
+    group: str
+
+    def test_quick_run_succeeds(self, quick_run: QuickRun) -> None:
+        assert_run_succeeded(quick_run, GROUPS[self.group])
+
+    def test_result_json_has_expected_keys(self, quick_run: QuickRun, name: str) -> None:
+        assert_result_json(quick_run, name)
