@@ -1,6 +1,5 @@
 """The quick benchmarks of Prefect's startup (``startup``, ``espnet2``: each times a private
-server and a running one).
-Each runs in ``--quick`` mode and writes its JSON with the expected keys; no timing is asserted."""
+server and a running one). Each runs in ``--quick`` mode and writes its JSON with the expected keys; no timing is asserted."""
 
 from __future__ import annotations
 

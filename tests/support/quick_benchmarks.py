@@ -31,7 +31,7 @@ KEYS = {"name", "machine", "command", "quick", "rows", "targets", "notes"}
 #: dozen times even with ``--quick``, so only their bookkeeping is checked
 #: (``tests/benchmarks/test_benchmarks_quick.py``)
 NOT_QUICK = frozenset({"gpu", "scale", "corpus"})
-#: the ceiling of a quick group's module: a group takes ~150 s under ``make test`` on 2 cores
+#: the ceiling of a quick group's module: a group took 75-295 s under ``make test`` on 2 cores (runs T1-T3)
 TIMEOUT = 600
 
 QuickRun = tuple[Path, subprocess.CompletedProcess]
