@@ -2,7 +2,7 @@
 
 They are all speed-ups or robustness fixes whose absence leaves runs correct: Prefect's client,
 settings and heartbeat (:mod:`espnet3_flows.orchestration.prefect_compat`), Dask's restart of a
-local worker's nanny (:func:`espnet3_flows.parallel.cluster.keep_restarted_workers`) and its
+local worker's nanny (:func:`espnet3_flows.parallel.backends.local.keep_restarted_workers`) and its
 forkserver preload flag, local workers forked from a preloaded ``multiprocessing`` forkserver
 (:mod:`espnet3_flows.parallel.forkserver`; off: spawned workers), and the CLI's exit without the
 interpreter's teardown (:func:`espnet3_flows.orchestration.entry.exit_now`).

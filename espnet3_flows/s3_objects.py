@@ -17,14 +17,11 @@ import logging
 import mimetypes
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 from collections.abc import Callable, Mapping
 
 from espnet3_flows.deadlines import StorageTimeout
 from espnet3_flows.errors import causes
-
-if TYPE_CHECKING:
-    from espnet3_flows.storage import Storage
 
 #: ``send(fs, extra)``: one upload through the file system ``fs``, ``extra`` its S3 keyword arguments
 Send = Callable[[Any, dict[str, Any]], Any]
@@ -91,7 +88,26 @@ def without_checksums(endpoint: str) -> None:
                  "check of its objects compares their ETag (or reads them)", endpoint)
 
 
-def upload(store: Storage, rel: str, size: int, send: Send) -> str | None:
+class S3Store(Protocol):
+    """What :func:`upload` uses of an S3 :class:`~espnet3_flows.storage.Storage`."""
+
+    #: the file system uploads go through (replaced by one without checksum headers when refused)
+    fs: Any
+    #: whether ``fs`` sends checksum headers
+    checksums: bool
+    #: the endpoint, as :func:`~espnet3_flows.deadlines.endpoint_of` names it
+    endpoint: str
+
+    def connect(self, checksums: bool) -> tuple[Any, str]:
+        """A file system of the store's location (with or without checksum headers) and its root."""
+        ...
+
+    def stored(self, rel: str) -> StoredObject:
+        """What the store keeps of the object ``rel``."""
+        ...
+
+
+def upload(store: S3Store, rel: str, size: int, send: Send) -> str | None:
     """One upload of ``size`` bytes to ``rel`` on the S3 ``store`` (``send(store.fs, extra)``),
     asking for a checksum while its client sends them; the ETag S3 gave the object (the PUT's
     response's, else one HEAD's right after: a multipart upload's response is not given).

@@ -50,8 +50,8 @@ def test_off_leaves_dask_alone(switched_off, monkeypatch):
     import distributed.utils
     from distributed import SpecCluster
 
-    from espnet3_flows.parallel.cluster import keep_restarted_workers
-    from espnet3_flows.parallel.forkserver import keep_dask_preload, wants_forkserver
+    from espnet3_flows.parallel.backends.local import keep_restarted_workers
+    from espnet3_flows.parallel.forkserver import keep_dask_preload
     from espnet3_flows.parallel.parallel_config import ParallelConfig
 
     cluster = SpecCluster.__new__(SpecCluster)  # (no scheduler: only its attributes are looked at)
@@ -60,14 +60,15 @@ def test_off_leaves_dask_alone(switched_off, monkeypatch):
     monkeypatch.setattr(distributed.utils, "_forkserver_preload_set", False)
     keep_dask_preload()
     assert distributed.utils._forkserver_preload_set is False
-    assert not wants_forkserver(ParallelConfig(env="local", n_workers=2))  # spawned workers instead
+    local = ParallelConfig(env="local", n_workers=2)
+    assert not local.backend.forks_workers(local)  # spawned workers instead
 
     monkeypatch.setenv(patches.ENV, "on")
     keep_restarted_workers(cluster)
     assert "_update_worker_status" in vars(cluster)
     keep_dask_preload()
     assert distributed.utils._forkserver_preload_set is True
-    assert wants_forkserver(ParallelConfig(env="local", n_workers=2))
+    assert local.backend.forks_workers(local)
 
 
 @pytest.mark.parametrize("switch", ["on", "off"])

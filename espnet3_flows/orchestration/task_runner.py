@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from espnet3_flows.parallel.cluster import cluster_spec, make_cluster
 from espnet3_flows.parallel.parallel_config import ParallelConfig, scheduler_address
-from espnet3_flows.parallel.forkserver import start_forkserver, wants_forkserver
+from espnet3_flows.parallel.forkserver import start_forkserver
 
 #: Imported by every worker before its first shard task: the task engine is most of Prefect's import.
 PREFECT_WORKER_MODULES = ("prefect.task_engine",)
@@ -57,5 +57,5 @@ def prestart_workers(cfg: ParallelConfig, modules: Sequence[str], pending_shards
         if here:
             for module in (*PREFECT_WORKER_MODULES, *modules):
                 importlib.import_module(module)
-    elif wants_forkserver(cfg):
+    elif cfg.backend.forks_workers(cfg):
         start_forkserver((*PREFECT_WORKER_MODULES, *modules), env=env)

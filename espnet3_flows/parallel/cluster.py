@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Iterator
 
 from espnet3_flows.config import ConfigError
-from espnet3_flows.parallel.backends import Backend, ClusterSpec
+from espnet3_flows.parallel.backends import Backend, ClusterSpec, backend_of
 from espnet3_flows.parallel.forkserver import DASK_TRIM_DEFAULT, without_inherited_trim_threshold
 from espnet3_flows.parallel.main_guard import refuse_while_importing_main
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
+    from espnet3_flows.parallel.parallel_settings import ParallelSettings, Settings
 
 _LOG = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ _LOG = logging.getLogger(__name__)
 _TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 
 
-def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
+def cluster_spec(cfg: ParallelSettings) -> ClusterSpec:
     """Resolve ``cfg`` to its backend's cluster and checked keyword arguments.
 
     Raises:
@@ -33,14 +33,14 @@ def cluster_spec(cfg: ParallelConfig) -> ClusterSpec:
             option name (with the closest valid one), a missing required one, or a cluster package
             that is not installed (naming its extra).
     """
-    backend = cfg.backend
+    backend = backend_of(cfg)
     if not isinstance(backend, Backend):
         raise ConfigError(f"parallel.env={backend.name}: no cluster to build ({backend.describe(cfg)})")
     return backend.spec(cfg)
 
 
 @contextlib.contextmanager
-def worker_settings(cfg: ParallelConfig) -> Iterator[None]:
+def worker_settings(cfg: ParallelSettings) -> Iterator[None]:
     """For the block in which a cluster of ``cfg`` starts its local workers: Dask's malloc
     trimming for their environment as ``trim_worker_memory`` says (their nannies read it when they
     are made), and Dask's ``MALLOC_TRIM_THRESHOLD_`` left in this process's environment by an
@@ -52,7 +52,7 @@ def worker_settings(cfg: ParallelConfig) -> Iterator[None]:
         yield
 
 
-def make_cluster(cfg: ParallelConfig) -> Any:
+def make_cluster(cfg: ParallelSettings) -> Any:
     """Start the cluster ``cfg`` describes (as its backend says: workers as a constructor argument,
     scaled, adaptive, or one per host). Also prefect-dask's ``cluster_class`` of the flows'
     task runner, called with ``cfg``.
@@ -67,42 +67,19 @@ def make_cluster(cfg: ParallelConfig) -> Any:
         return spec.backend.start(spec, cfg)
 
 
-def keep_restarted_workers(cluster: Any) -> None:
-    """Stop ``cluster`` (a ``SpecCluster`` whose nannies live in this process: ``local``,
-    ``local_gpu``) from closing a nanny whose worker died.
-
-    Dask's ``SpecCluster`` closes a worker's nanny for good when, ``distributed.deploy.
-    lost-worker-timeout`` (15 s) after its worker left, that worker is not back at that instant. A
-    nanny restarts its worker itself, so for a shard that kills every worker it runs on the check
-    fell, sooner or later, between one death and the next restart: the cluster lost its nannies
-    one by one and the run waited forever on an empty cluster. The check exists for workers in
-    jobs that vanish; local nannies cannot, so their workers' comings and goings are only tracked.
-    """
-    from distributed import SpecCluster
-    from distributed.deploy.cluster import Cluster
-
-    from espnet3_flows.patches import patches_enabled
-
-    patched = "_update_worker_status"  # SpecCluster's own (the timer), over the base Cluster's
-    if (isinstance(cluster, SpecCluster) and patches_enabled() and patched in vars(SpecCluster)
-            and patched in vars(Cluster)):
-        # the base Cluster's bookkeeping of the scheduler's worker list, without SpecCluster's timer
-        cluster._update_worker_status = super(SpecCluster, cluster)._update_worker_status
-
-
-def describe_parallel(cfg: ParallelConfig) -> str:
+def describe_parallel(cfg: ParallelSettings) -> str:
     """Which backend a run of ``cfg`` uses, and how (``--dry-run`` prints it)."""
-    return cfg.backend.describe(cfg)
+    return backend_of(cfg).describe(cfg)
 
 
-def with_worker_env(cfg: ParallelConfig, variables: dict[str, str]) -> ParallelConfig:
+def with_worker_env(cfg: Settings, variables: dict[str, str]) -> Settings:
     """``cfg`` with ``variables`` in its workers' environment, for backends whose workers do not
     inherit this process's (``ssh``: ``options.worker_options.env``, ``kube``: ``options.env``);
     the user's own entries win. Unchanged for the others."""
-    return cfg.backend.with_worker_env(cfg, variables)
+    return backend_of(cfg).with_worker_env(cfg, variables)
 
 
-def prepare_client(client: Any, cfg: ParallelConfig) -> None:
+def prepare_client(client: Any, cfg: ParallelSettings) -> None:
     """On a client of a cluster this run started: this project's scheduler settings
     (:class:`~.dask_plugins.ClusterSettings`), and a check that every worker can import this project.
 
@@ -111,7 +88,7 @@ def prepare_client(client: Any, cfg: ParallelConfig) -> None:
     """
     from espnet3_flows.parallel.dask_plugins import ClusterSettings
 
-    backend = cfg.backend
+    backend = backend_of(cfg)
     if not isinstance(backend, Backend):
         return
     client.register_plugin(ClusterSettings(cfg.allowed_failures, no_workers_timeout=backend.no_workers_timeout))

@@ -26,13 +26,10 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from collections.abc import Iterator, Sequence
 
 from espnet3_flows.parallel import main_guard
-
-if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
 
 #: Preloaded first: imports the driver's main module once in the server (:mod:`.forkserver_main`;
 #: not imported here, so that the package is whole before it runs the driver's script)
@@ -71,16 +68,6 @@ def without_inherited_trim_threshold() -> Iterator[None]:
         yield
     finally:
         os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", DASK_TRIM_DEFAULT)
-
-
-def wants_forkserver(cfg: ParallelConfig) -> bool:
-    """Whether ``cfg``'s workers are forked from the forkserver: local clusters with
-    ``start_method: forkserver`` and without ``trim_worker_memory`` (glibc reads
-    ``MALLOC_TRIM_THRESHOLD_`` when a process starts, so that setting needs spawned workers)."""
-    from espnet3_flows.patches import patches_enabled
-
-    return (cfg.backend.forks and cfg.start_method == "forkserver" and not cfg.trim_worker_memory
-            and patches_enabled())  # (it runs on multiprocessing's and Dask's internals: off, workers spawn)
 
 
 def main_module_ref() -> str | None:
@@ -246,14 +233,17 @@ def worker_environment() -> dict[str, str] | None:
     return {k: v for k, v in now.items() if _SERVER_ENV.get(k) != v}
 
 
-def local_worker_start(cfg: ParallelConfig, cluster_kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The start method for ``cfg``'s workers and the cluster keyword arguments that go with it.
+def local_worker_start(cluster_kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The start method for the workers of a local cluster that forks them
+    (:meth:`~espnet3_flows.parallel.backends.base.Placement.forks_workers`) and the cluster
+    keyword arguments that go with it: ``spawn`` where the forkserver cannot start or the
+    environment lost a variable it started with.
 
     Forked workers get the driver's changed variables as the nanny's ``env`` (the user's own
     ``parallel.options.env`` entries win). Starts the forkserver (``distributed`` preloaded)
     if nothing started it yet.
     """
-    if not wants_forkserver(cfg) or not start_forkserver():
+    if not start_forkserver():
         return "spawn", cluster_kwargs
     keep_dask_preload()
     env = worker_environment()

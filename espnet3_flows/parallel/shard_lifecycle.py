@@ -19,18 +19,16 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from collections.abc import Mapping, Sequence
 
 from espnet3_flows.errors import ItemError
 from espnet3_flows.parallel.env_injection import call_with_env, injected
 from espnet3_flows.parallel.results import ShardResult
+from espnet3_flows.parallel.shard_runner import ShardRunner
 from espnet3_flows.published_files import publish_recorded
 from espnet3_flows.scp import point_scps_at_published
 from espnet3_flows.sharding import Shard
-
-if TYPE_CHECKING:
-    from espnet3_flows.parallel.base_runner import BaseRunner
 
 DONE = "done"
 RECORDS = "records.json"
@@ -51,7 +49,7 @@ def batches(items: Sequence[Any], size: int | str | None) -> list[Any]:
     return [list(items[i:i + size]) for i in range(0, len(items), size)]
 
 
-def run_shard(runner: BaseRunner, shard: Shard, env: Mapping[str, Any], run_id: str = "") -> ShardResult:
+def run_shard(runner: ShardRunner, shard: Shard, env: Mapping[str, Any], run_id: str = "") -> ShardResult:
     """Compute one shard with the worker's ``env`` and publish it (files first, ``done`` last);
     ``run_id`` names the run in its ``done`` record. Resuming, a matching ``done`` record found
     once the shard is computed (another run on the same output published it meanwhile) is kept,
@@ -94,7 +92,7 @@ def _kept(state: Any, returned: Any) -> Any:
     return state if returned is None else returned
 
 
-def _forward_checked(runner: BaseRunner, idx: Any, kwargs: dict[str, Any], env: Mapping[str, Any],
+def _forward_checked(runner: ShardRunner, idx: Any, kwargs: dict[str, Any], env: Mapping[str, Any],
                      skipped: list[dict[str, Any]]) -> list[Any]:
     """``forward``'s result for ``idx`` (a list, one result or none): a bad item is found and
     skipped or raised per ``on_error``; a batch with a bad item runs again without it."""
@@ -109,7 +107,7 @@ def _forward_checked(runner: BaseRunner, idx: Any, kwargs: dict[str, Any], env: 
         return []
 
 
-def _item_fails(runner: BaseRunner, item: Any, kwargs: dict[str, Any], env: Mapping[str, Any],
+def _item_fails(runner: ShardRunner, item: Any, kwargs: dict[str, Any], env: Mapping[str, Any],
                 skipped: list[dict[str, Any]]) -> bool:
     """True when ``item`` alone fails ``forward`` (it is then skipped or raised per policy)."""
     try:
@@ -120,7 +118,7 @@ def _item_fails(runner: BaseRunner, item: Any, kwargs: dict[str, Any], env: Mapp
         return True
 
 
-def _bad_item(runner: BaseRunner, item: Any, env: Mapping[str, Any], exc: BaseException,
+def _bad_item(runner: ShardRunner, item: Any, env: Mapping[str, Any], exc: BaseException,
               skipped: list[dict[str, Any]]) -> None:
     if runner.on_error == "skip":
         skipped.append(runner.skip_record(item, env, exc))
@@ -149,7 +147,7 @@ def _keep_records(records: Any, shard_dir: Path, res: ShardResult) -> None:
     res.records = len(records) if isinstance(records, Sequence) else 1
 
 
-def _publish(runner: BaseRunner, shard: Shard, staging: Path, shard_dirs: set[Path], res: ShardResult) -> None:
+def _publish(runner: ShardRunner, shard: Shard, staging: Path, shard_dirs: set[Path], res: ShardResult) -> None:
     """Publish what the shard left under ``staging``: files outside its directory to the same
     place under the output (first: an scp in the shard's directory may point at them), then the
     shard directory's files to ``split.<hash>`` (each one's size, SHA-256 and ETag kept in ``done``),

@@ -102,7 +102,7 @@ def test_verbose_keeps_the_traceback_and_the_logs(tmp_path, demo_corpus, session
     assert sum(line.startswith("error:") for line in lines) == 1
 
 
-#: With every patch off a forkserver start spawns its workers (``forkserver.wants_forkserver``):
+#: With every patch off a forkserver start spawns its workers (``LocalProcesses.forks_workers``):
 #: the same run as ``spawn``, so the patches-off pass runs it once (its fallback is still run there
 #: by every unpatched test on a local cluster with the default start method).
 START_METHODS = ["forkserver", "spawn"] if patches_enabled() else ["spawn"]

@@ -25,6 +25,7 @@ from espnet3_flows.parallel.backends import BUILTIN_ENVS, Backend, ScaledBackend
 from espnet3_flows.parallel.backends.jobqueue import BatchJobs
 from espnet3_flows.parallel.cluster import check_workers_import, cluster_spec, make_cluster, with_worker_env
 from espnet3_flows.parallel.parallel_config import ParallelConfig
+from espnet3_flows.parallel.parallel_settings import ParallelSettings
 from espnet3_flows.parallel.parallel import get_client, parallel_map
 from tests.parallel.jobs_for_tests import ArrayProvider, ScaleSumRunner
 from tests.support.servers import SshServer, cli_env
@@ -58,6 +59,17 @@ def test_every_builtin_env_is_one_declaration_and_an_unknown_one_names_them():
     with pytest.raises(ConfigError, match="unknown cluster backend 'kubernetes'") as err:
         ParallelConfig(env="kubernetes")
     assert all(e in str(err.value) for e in BUILTIN_ENVS)
+
+
+def test_the_settings_placements_read_are_the_config_fields():
+    """Placements type against :class:`ParallelSettings`, a protocol of the config's fields: the two
+    lists stay the same (a new ``parallel:`` key is added to both)."""
+    import dataclasses
+    import typing
+
+    fields = {f.name: f.type for f in dataclasses.fields(ParallelConfig)}
+    assert typing.get_type_hints(ParallelSettings) == typing.get_type_hints(ParallelConfig)
+    assert list(ParallelSettings.__annotations__) == list(fields)
 
 
 def test_every_builtin_env_is_a_class_in_a_module_of_its_own():

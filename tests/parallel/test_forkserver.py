@@ -20,7 +20,6 @@ from espnet3_flows.parallel.forkserver import (
     preloaded_modules,
     start_forkserver,
     stop_forkserver,
-    wants_forkserver,
 )
 
 PRELOAD = "colorsys"  # a stdlib module nothing else here imports
@@ -89,7 +88,7 @@ def test_a_variable_removed_since_the_server_started_means_spawn(fresh_forkserve
     assert start_forkserver([PRELOAD])
     monkeypatch.delenv("ESPNET3_FORKSERVER_TEST")
     cfg = ParallelConfig(env="local", n_workers=1)
-    assert local_worker_start(cfg, {"n_workers": 1})[0] == "spawn"
+    assert local_worker_start({"n_workers": 1})[0] == "spawn"
     with get_client(config=cfg) as client:
         preloaded, env_value, parent = client.submit(_worker_view, 0, pure=False).result()
     assert env_value is None and not preloaded and parent == os.getpid()  # spawned by the nanny here
@@ -99,17 +98,20 @@ def test_a_variable_removed_since_the_server_started_means_spawn(fresh_forkserve
 def test_user_env_option_wins_over_the_forwarded_environment(fresh_forkserver, monkeypatch):
     start_forkserver()
     monkeypatch.setenv("ESPNET3_FORKSERVER_TEST", "driver")
-    method, kwargs = local_worker_start(ParallelConfig(env="local"), {"env": {"ESPNET3_FORKSERVER_TEST": "option"}})
+    method, kwargs = local_worker_start({"env": {"ESPNET3_FORKSERVER_TEST": "option"}})
     assert method == "forkserver" and kwargs["env"]["ESPNET3_FORKSERVER_TEST"] == "option"
 
 
 @pytest.mark.patch
+def _forks(cfg: ParallelConfig) -> bool:
+    return cfg.backend.forks_workers(cfg)
+
+
 def test_which_configs_fork():
-    assert wants_forkserver(ParallelConfig(env="local"))
-    assert not wants_forkserver(ParallelConfig(env="local", start_method="spawn"))
-    assert not wants_forkserver(ParallelConfig(env="local", trim_worker_memory=True))  # glibc reads it at exec
-    assert not wants_forkserver(ParallelConfig(env="slurm"))
-    assert local_worker_start(ParallelConfig(env="local", start_method="spawn"), {"n_workers": 1}) == ("spawn", {"n_workers": 1})
+    assert _forks(ParallelConfig(env="local"))
+    assert not _forks(ParallelConfig(env="local", start_method="spawn"))
+    assert not _forks(ParallelConfig(env="local", trim_worker_memory=True))  # glibc reads it at exec
+    assert not _forks(ParallelConfig(env="slurm")) and not _forks(ParallelConfig(env="serial"))
     with pytest.raises(ConfigError, match="start_method"):
         ParallelConfig(start_method="fork")
 

@@ -30,7 +30,7 @@ from espnet3_flows.parallel.backends.local_gpu import visible_gpu_count
 from espnet3_flows.registry import Registry, instance_of
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
+    from espnet3_flows.parallel.parallel_settings import ParallelSettings
 
 __all__ = ["BACKENDS", "BUILTIN_ENVS", "Backend", "ClusterSpec", "Placement", "ScaledBackend", "backend_names",
            "backend_of", "backend_rows", "extra_hint", "get_backend", "import_object", "register_backend",
@@ -66,7 +66,7 @@ def get_backend(name: str) -> Placement:
     return BACKENDS.get(name)
 
 
-def backend_of(cfg: ParallelConfig) -> Placement:
+def backend_of(cfg: ParallelSettings) -> Placement:
     """Where a config's shards run: ``parallel.cluster_class`` when set, else ``parallel.env``'s."""
     if cfg.cluster_class:
         return Backend("cluster_class", cfg.cluster_class)
@@ -83,7 +83,7 @@ def backend_rows(backends: Mapping[str, Placement] | None = None) -> list[list[s
     return [placement.table_row() for placement in (backends or BACKENDS.items()).values()]
 
 
-def worker_slots(cfg: ParallelConfig) -> int:
+def worker_slots(cfg: ParallelSettings) -> int:
     """How many shards ``cfg``'s run computes at once, as far as the config tells: its workers
     (``n_workers``, or what 0 means for the env; ``adapt.maximum`` when larger) times the threads
     of each (``threads_per_worker``; for a batch scheduler ``options.cores // options.processes``).

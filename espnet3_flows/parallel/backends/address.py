@@ -9,14 +9,14 @@ from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel.backends.base import Placement
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
+    from espnet3_flows.parallel.parallel_settings import ParallelSettings
 
 
 class RunningCluster(Placement):
     """A cluster this run connects to and leaves running; its workers were started by someone
     else, with their own settings (so none of the run's may be given)."""
 
-    def check_config(self, cfg: ParallelConfig) -> None:
+    def check_config(self, cfg: ParallelSettings) -> None:
         if bool(cfg.address) == bool(cfg.scheduler_file):
             raise ConfigError("parallel.env=address needs exactly one of parallel.address (e.g. tcp://host:8786) "
                               "or parallel.scheduler_file (written by `dask scheduler --scheduler-file PATH`)"
@@ -30,7 +30,7 @@ class RunningCluster(Placement):
         if cfg.address:
             check_scheduler_address(cfg.address, "parallel.address")
 
-    def describe(self, cfg: ParallelConfig) -> str:
+    def describe(self, cfg: ParallelSettings) -> str:
         where = cfg.address or f"the scheduler of {cfg.scheduler_file}"
         return f"{self.name}: the running cluster at {where} (left running)"
 

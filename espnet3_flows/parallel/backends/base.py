@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from espnet3_flows.config import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
+    from espnet3_flows.parallel.parallel_settings import ParallelSettings, Settings
 
 
 class Placement:
@@ -36,8 +36,6 @@ class Placement:
 
     #: Whether the run starts (and closes) a cluster of its own
     owns_cluster: ClassVar[bool] = False
-    #: Whether its workers are forked from this project's forkserver
-    forks: ClassVar[bool] = False
     #: Whether its workers' output is this terminal (a process of this machine, or this one)
     output_here: ClassVar[bool] = False
 
@@ -47,7 +45,7 @@ class Placement:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
-    def check_config(self, cfg: ParallelConfig) -> None:
+    def check_config(self, cfg: ParallelSettings) -> None:
         """Raise :class:`ConfigError` for a ``parallel`` section this env cannot run (called
         when the config is read). By default: a running scheduler's keys are refused."""
         if cfg.address or cfg.scheduler_file:
@@ -58,20 +56,25 @@ class Placement:
     def check_installed(self) -> None:
         """A :class:`ConfigError` naming the extra when a package the env needs is missing."""
 
-    def describe(self, cfg: ParallelConfig) -> str:
+    def describe(self, cfg: ParallelSettings) -> str:
         """One line: where a run of ``cfg`` puts its shards (``--dry-run`` prints it)."""
         return f"{self.name}: {self.doc}"
 
-    def worker_slots(self, cfg: ParallelConfig) -> int:
+    def worker_slots(self, cfg: ParallelSettings) -> int:
         """How many shards ``cfg``'s run computes at once, as far as the config tells (1 when it
         cannot know)."""
         return 1
 
-    def runs_here(self, cfg: ParallelConfig, pending_shards: int) -> bool:
+    def forks_workers(self, cfg: ParallelSettings) -> bool:
+        """Whether ``cfg``'s workers are forked from this project's forkserver (none are, but a
+        local cluster's: :class:`~.local.LocalProcesses`)."""
+        return False
+
+    def runs_here(self, cfg: ParallelSettings, pending_shards: int) -> bool:
         """Whether a run with ``pending_shards`` shards to compute runs them in this process."""
         return False
 
-    def with_worker_env(self, cfg: ParallelConfig, variables: dict[str, str]) -> ParallelConfig:
+    def with_worker_env(self, cfg: Settings, variables: dict[str, str]) -> Settings:
         """``cfg`` with ``variables`` in its workers' environment; unchanged where the workers
         inherit this process's environment (or were started by someone else)."""
         return cfg
@@ -137,7 +140,7 @@ class Backend(Placement):
         self.required, self.also_accepts = tuple(required), also_accepts
 
     # ---- the config -------------------------------------------------------------------------
-    def check_config(self, cfg: ParallelConfig) -> None:
+    def check_config(self, cfg: ParallelSettings) -> None:
         """The options are checked now, not on the cluster (which imports its class)."""
         super().check_config(cfg)
         if cfg.options or self.required or type(self).check is not Backend.check:
@@ -145,11 +148,11 @@ class Backend(Placement):
         else:
             self.check_installed()
 
-    def defaults(self, cfg: ParallelConfig) -> dict[str, Any]:
+    def defaults(self, cfg: ParallelSettings) -> dict[str, Any]:
         """The options it fills where ``parallel.options`` has none."""
         return {}
 
-    def check(self, cfg: ParallelConfig) -> None:
+    def check(self, cfg: ParallelSettings) -> None:
         """Further checks of the options (raise :class:`ConfigError`)."""
 
     def check_installed(self) -> None:
@@ -202,7 +205,7 @@ class Backend(Placement):
         its nanny's and worker's on)."""
         return []
 
-    def check_options(self, cfg: ParallelConfig, factory: Any) -> None:
+    def check_options(self, cfg: ParallelSettings, factory: Any) -> None:
         """Unknown option names (with the closest valid one) and missing required ones are errors
         now, not on the cluster."""
         accepted = self.accepted_options(factory)
@@ -217,7 +220,7 @@ class Backend(Placement):
         self.check(cfg)
 
     # ---- the cluster ------------------------------------------------------------------------
-    def spec(self, cfg: ParallelConfig) -> ClusterSpec:
+    def spec(self, cfg: ParallelSettings) -> ClusterSpec:
         """``cfg`` resolved to this backend's cluster and checked keyword arguments.
 
         Raises:
@@ -231,14 +234,14 @@ class Backend(Placement):
         n_workers, adapt = self.place_workers(cfg, kwargs)
         return ClusterSpec(self, self.cluster, kwargs, n_workers, adapt)
 
-    def place_workers(self, cfg: ParallelConfig, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def place_workers(self, cfg: ParallelSettings, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """Turn ``n_workers`` into workers: here a constructor argument. Returns (workers to
         scale to after construction, adaptive bounds); ``kwargs`` is updated in place."""
         if cfg.n_workers:
             kwargs.setdefault("n_workers", cfg.n_workers)
         return cfg.n_workers, {}
 
-    def start(self, spec: ClusterSpec, cfg: ParallelConfig) -> Any:
+    def start(self, spec: ClusterSpec, cfg: ParallelSettings) -> Any:
         """Start the cluster of ``spec`` (inside :func:`~..cluster.worker_settings`): its class or
         factory called with the keyword arguments :meth:`starting` gives, then :meth:`started`."""
         factory = self.load()
@@ -248,7 +251,7 @@ class Backend(Placement):
         return cluster
 
     @contextlib.contextmanager
-    def starting(self, spec: ClusterSpec, cfg: ParallelConfig) -> Iterator[dict[str, Any]]:
+    def starting(self, spec: ClusterSpec, cfg: ParallelSettings) -> Iterator[dict[str, Any]]:
         """The block in which the cluster is made, yielding its keyword arguments: any local
         worker processes are spawned (nothing of this process is inherited but its environment)."""
         from espnet3_flows.parallel.forkserver import worker_start_method
@@ -267,10 +270,10 @@ class Backend(Placement):
         """How the cluster scales, appended to its description (nothing: it starts its workers)."""
         return ""
 
-    def describe(self, cfg: ParallelConfig) -> str:
+    def describe(self, cfg: ParallelSettings) -> str:
         return self.spec(cfg).describe()
 
-    def worker_slots(self, cfg: ParallelConfig) -> int:
+    def worker_slots(self, cfg: ParallelSettings) -> int:
         """Its workers (``n_workers``, ``adapt.maximum`` when larger, or what 0 means for the
         backend: :meth:`default_workers`) times the threads of each."""
         threads = max(1, int(cfg.options.get("threads_per_worker") or cfg.threads_per_worker))
@@ -293,7 +296,7 @@ class ScaledBackend(Backend):
 
     counts = "jobs, ``cluster.scale(n)`` (or ``adapt``)"
 
-    def place_workers(self, cfg: ParallelConfig, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def place_workers(self, cfg: ParallelSettings, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return cfg.n_workers or (0 if cfg.adapt else 1), dict(cfg.adapt)
 
     def started(self, cluster: Any, spec: ClusterSpec) -> None:
@@ -306,7 +309,7 @@ class ScaledBackend(Backend):
         return f", adapt {spec.adapt}" if spec.adapt else f", scaled to {spec.n_workers} worker(s)"
 
 
-def set_option(cfg: ParallelConfig, where: str, variables: dict[str, str]) -> ParallelConfig:
+def set_option(cfg: Settings, where: str, variables: dict[str, str]) -> Settings:
     """``cfg`` with ``variables`` merged into the option at ``where`` (dotted); the user's own
     entries win."""
     import copy

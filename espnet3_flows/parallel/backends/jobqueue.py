@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from espnet3_flows.parallel.backends.base import ScaledBackend
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
+    from espnet3_flows.parallel.parallel_settings import ParallelSettings
 
 #: Per-job size for batch schedulers when neither ``parallel.options`` nor the site's
 #: ``jobqueue.yaml`` (``jobqueue.<scheduler>.<key>``) gives one: one single-process worker of
@@ -26,7 +26,7 @@ class BatchJobs(ScaledBackend):
     """Workers in batch jobs of a dask-jobqueue cluster class; per-job fallbacks where neither
     the options nor the site's ``jobqueue.yaml`` size a job."""
 
-    def place_workers(self, cfg: ParallelConfig, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def place_workers(self, cfg: ParallelSettings, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         import dask
 
         for key, fallback in JOBQUEUE_FALLBACKS.items():
@@ -39,7 +39,7 @@ class BatchJobs(ScaledBackend):
             kwargs["job_script_prologue"] = [*prologue, f"export {TRIM_ENV}=None"]
         return super().place_workers(cfg, kwargs)
 
-    def worker_slots(self, cfg: ParallelConfig) -> int:
+    def worker_slots(self, cfg: ParallelSettings) -> int:
         """Jobs (``n_workers``, ``adapt``'s maxima) times worker processes per job times the
         threads of each (``options.cores // options.processes``)."""
         processes = max(1, int(cfg.options.get("processes") or 1))

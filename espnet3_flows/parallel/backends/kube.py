@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any
 from espnet3_flows.parallel.backends.base import Backend, set_option
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
+    from espnet3_flows.parallel.parallel_settings import ParallelSettings, Settings
 
 
 class KubePods(Backend):
     """Worker pods; they do not inherit this process's environment (it goes in ``options.env``)."""
 
-    def defaults(self, cfg: ParallelConfig) -> dict[str, Any]:
+    def defaults(self, cfg: ParallelSettings) -> dict[str, Any]:
         return {"n_workers": cfg.n_workers or 1}
 
-    def with_worker_env(self, cfg: ParallelConfig, variables: dict[str, str]) -> ParallelConfig:
+    def with_worker_env(self, cfg: Settings, variables: dict[str, str]) -> Settings:
         return set_option(cfg, "env", variables) if variables else cfg
 
 

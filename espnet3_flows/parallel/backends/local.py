@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from espnet3_flows.parallel.backends.base import Backend, ClusterSpec
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
+    from espnet3_flows.parallel.parallel_settings import ParallelSettings
 
 #: Seconds a shard waits with no worker at all on a ``local``/``local_gpu`` cluster before it
 #: fails (Dask's ``distributed.scheduler.no-workers-timeout``, which wins when set): their nannies
@@ -34,8 +34,6 @@ class OnThisMachine(Backend):
         return [Nanny, Worker]
 
     def started(self, cluster: Any, spec: ClusterSpec) -> None:
-        from espnet3_flows.parallel.cluster import keep_restarted_workers
-
         keep_restarted_workers(cluster)
 
 
@@ -44,24 +42,30 @@ class LocalProcesses(OnThisMachine):
     from the forkserver (``start_method: forkserver``) or spawned; a run with few shards to
     compute (``parallel.inline_shards``) runs them in this process instead."""
 
-    forks = True
-
-    def defaults(self, cfg: ParallelConfig) -> dict[str, Any]:
+    def defaults(self, cfg: ParallelSettings) -> dict[str, Any]:
         return {"n_workers": cfg.n_workers or os.cpu_count() or 1, "threads_per_worker": cfg.threads_per_worker,
                 "processes": True, "dashboard_address": ":0"}  # a free port: several runs may share a host
 
     def default_workers(self) -> int:
         return os.cpu_count() or 1
 
-    def runs_here(self, cfg: ParallelConfig, pending_shards: int) -> bool:
+    def forks_workers(self, cfg: ParallelSettings) -> bool:
+        """With ``start_method: forkserver`` and without ``trim_worker_memory`` (glibc reads
+        ``MALLOC_TRIM_THRESHOLD_`` when a process starts, so that setting needs spawned workers)."""
+        from espnet3_flows.patches import patches_enabled
+
+        return (cfg.start_method == "forkserver" and not cfg.trim_worker_memory
+                and patches_enabled())  # (it runs on multiprocessing's and Dask's internals: off, workers spawn)
+
+    def runs_here(self, cfg: ParallelSettings, pending_shards: int) -> bool:
         # its workers would be processes of this machine with nothing this process lacks
         return 0 < pending_shards <= cfg.inline_shards
 
     @contextlib.contextmanager
-    def starting(self, spec: ClusterSpec, cfg: ParallelConfig) -> Iterator[dict[str, Any]]:
+    def starting(self, spec: ClusterSpec, cfg: ParallelSettings) -> Iterator[dict[str, Any]]:
         from espnet3_flows.parallel.forkserver import local_worker_start, main_import_checked, worker_start_method
 
-        method, kwargs = local_worker_start(cfg, spec.kwargs)
+        method, kwargs = local_worker_start(spec.kwargs) if self.forks_workers(cfg) else ("spawn", spec.kwargs)
         if method == "forkserver" and "worker_class" not in kwargs:  # a user's worker_class restarts as Dask says
             from espnet3_flows.parallel.forking_nanny import ForkingNanny
 
@@ -71,6 +75,29 @@ class LocalProcesses(OnThisMachine):
 
     def shown_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in kwargs.items() if k != "env"}  # the forked workers' copy of this environment
+
+
+def keep_restarted_workers(cluster: Any) -> None:
+    """Stop ``cluster`` (a ``SpecCluster`` whose nannies live in this process: ``local``,
+    ``local_gpu``) from closing a nanny whose worker died.
+
+    Dask's ``SpecCluster`` closes a worker's nanny for good when, ``distributed.deploy.
+    lost-worker-timeout`` (15 s) after its worker left, that worker is not back at that instant. A
+    nanny restarts its worker itself, so for a shard that kills every worker it runs on the check
+    fell, sooner or later, between one death and the next restart: the cluster lost its nannies
+    one by one and the run waited forever on an empty cluster. The check exists for workers in
+    jobs that vanish; local nannies cannot, so their workers' comings and goings are only tracked.
+    """
+    from distributed import SpecCluster
+    from distributed.deploy.cluster import Cluster
+
+    from espnet3_flows.patches import patches_enabled
+
+    patched = "_update_worker_status"  # SpecCluster's own (the timer), over the base Cluster's
+    if (isinstance(cluster, SpecCluster) and patches_enabled() and patched in vars(SpecCluster)
+            and patched in vars(Cluster)):
+        # the base Cluster's bookkeeping of the scheduler's worker list, without SpecCluster's timer
+        cluster._update_worker_status = super(SpecCluster, cluster)._update_worker_status
 
 
 LOCAL = LocalProcesses(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from espnet3_flows.parallel.backends.local import OnThisMachine
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
+    from espnet3_flows.parallel.parallel_settings import ParallelSettings
 
 
 def visible_gpu_count() -> int:
@@ -27,7 +27,7 @@ def visible_gpu_count() -> int:
 class LocalGPUs(OnThisMachine):
     """A worker per visible GPU (``n_workers`` 0: every GPU), spawned."""
 
-    def defaults(self, cfg: ParallelConfig) -> dict[str, Any]:
+    def defaults(self, cfg: ParallelSettings) -> dict[str, Any]:
         out: dict[str, Any] = {"threads_per_worker": cfg.threads_per_worker, "dashboard_address": ":0"}
         if cfg.n_workers:
             out["n_workers"] = cfg.n_workers  # else one per visible GPU

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from espnet3_flows.parallel.backends.base import Placement
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
+    from espnet3_flows.parallel.parallel_settings import ParallelSettings
 
 
 class InThisProcess(Placement):
@@ -16,10 +16,10 @@ class InThisProcess(Placement):
 
     output_here = True
 
-    def describe(self, cfg: ParallelConfig) -> str:
+    def describe(self, cfg: ParallelSettings) -> str:
         return f"{self.name}: in this process, no Dask"
 
-    def runs_here(self, cfg: ParallelConfig, pending_shards: int) -> bool:
+    def runs_here(self, cfg: ParallelSettings, pending_shards: int) -> bool:
         return True
 
 

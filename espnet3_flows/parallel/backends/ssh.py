@@ -12,7 +12,7 @@ from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel.backends.base import Backend, ClusterSpec, set_option
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
+    from espnet3_flows.parallel.parallel_settings import ParallelSettings, Settings
 
 #: the loggers of the lines by which SSHCluster finds its remote processes ("Scheduler at",
 #: "Start worker at", read from their stderr at INFO)
@@ -41,31 +41,31 @@ class SSHHosts(Backend):
 
     counts = "processes per host"
 
-    def defaults(self, cfg: ParallelConfig) -> dict[str, Any]:
+    def defaults(self, cfg: ParallelSettings) -> dict[str, Any]:
         # the remote workers run the driver's interpreter path unless told otherwise (a venv at the
         # same path on every host, as a lab's shared software tree has it)
         return {"remote_python": sys.executable}
 
-    def check(self, cfg: ParallelConfig) -> None:
+    def check(self, cfg: ParallelSettings) -> None:
         hosts = cfg.options.get("hosts")
         if not isinstance(hosts, (list, tuple)) or len(hosts) < 2 or not all(isinstance(h, str) and h for h in hosts):
             raise ConfigError("parallel.options.hosts: a list of at least two host names, the first running the "
                               f"scheduler and the others one worker each (SSHCluster's hosts), got {hosts!r}")
 
-    def place_workers(self, cfg: ParallelConfig, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def place_workers(self, cfg: ParallelSettings, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if cfg.n_workers:  # processes per host
             kwargs["worker_options"] = {**kwargs.get("worker_options", {}), "n_workers": cfg.n_workers}
         return cfg.n_workers, {}
 
-    def with_worker_env(self, cfg: ParallelConfig, variables: dict[str, str]) -> ParallelConfig:
+    def with_worker_env(self, cfg: Settings, variables: dict[str, str]) -> Settings:
         return set_option(cfg, "worker_options.env", variables) if variables else cfg
 
     @contextlib.contextmanager
-    def starting(self, spec: ClusterSpec, cfg: ParallelConfig) -> Iterator[dict[str, Any]]:
+    def starting(self, spec: ClusterSpec, cfg: ParallelSettings) -> Iterator[dict[str, Any]]:
         with super().starting(spec, cfg) as kwargs, start_lines_logged():
             yield kwargs
 
-    def worker_slots(self, cfg: ParallelConfig) -> int:
+    def worker_slots(self, cfg: ParallelSettings) -> int:
         hosts = cfg.options.get("hosts") or []
         return max(1, len(hosts) - 1) * max(1, cfg.n_workers)
 
