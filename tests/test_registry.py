@@ -51,7 +51,7 @@ def test_every_extension_point_has_its_group():
     assert set(ENTRY_POINT_GROUPS.values()) == {"espnet3_flows.jobs", "espnet3_flows.formats",
                                                 "espnet3_flows.backends", "espnet3_flows.frontends",
                                                 "espnet3_flows.xvector_toolkits"}
-    from espnet3_flows.frontends.frontend_types import FRONTENDS
+    from espnet3_flows.frontends.config import FRONTENDS
     from espnet3_flows.inputs.formats import FORMATS
     from espnet3_flows.job_registry import JOBS
     from espnet3_flows.parallel.backends import BACKENDS
@@ -69,7 +69,7 @@ def test_each_builtin_frontend_and_toolkit_is_a_module_of_its_own():
     import subprocess
     import sys
 
-    from espnet3_flows.frontends.frontend_types import FRONTENDS
+    from espnet3_flows.frontends.config import FRONTENDS
     from espnet3_flows.xvector.toolkits import TOOLKITS
 
     frontends = {n: type(FRONTENDS.get(n)).__module__ for n in FRONTENDS.names(plugins=False)}

@@ -17,7 +17,8 @@ from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import ConfigError
 from espnet3_flows.features.outputs import FeatureShardWriter, publish_split, shard_ark_rel
 from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_env
-from espnet3_flows.frontends.frontend import FrontendConfig, extract_features
+from espnet3_flows.frontends.config import FrontendConfig
+from espnet3_flows.frontends.frontend import extract_features
 from espnet3_flows.utterance_job import EngineConfig, InputsConfig, ShardDataset
 
 

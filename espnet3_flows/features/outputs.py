@@ -26,7 +26,7 @@ from espnet3_flows.parallel.results import ShardResult, shard_summary
 from espnet3_flows.scp import scp_offsets
 from espnet3_flows.storage import Storage
 from espnet3_flows.frontend_job import native_rates_summary
-from espnet3_flows.frontends.frontend import FrontendConfig
+from espnet3_flows.frontends.config import FrontendConfig
 from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
 
 

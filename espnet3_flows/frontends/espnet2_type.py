@@ -3,18 +3,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from collections.abc import Mapping
 
 from espnet3_flows.config import ConfigError, to_plain
 from espnet3_flows.frontends import espnet2_frontend as espnet2_module
 from espnet3_flows.frontends.espnet2_frontend import (ESPNET2_FRONTENDS, build_espnet2_frontend, check_espnet_installed,
                                                       check_name, parse_fs, read_espnet_config)
-from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
-from espnet3_flows.frontends.wave_frontends import Frontend, PerUtterance, espnet2_frontend, torch_batching
-
-if TYPE_CHECKING:
-    from espnet3_flows.frontends.frontend import FrontendConfig
+from espnet3_flows.frontends.config import FRONTENDS, Frontend, FrontendConfig, FrontendType
+from espnet3_flows.frontends.wave_frontends import PerUtterance, espnet2_frontend, torch_batching
 
 #: Version of the fast path of ESPnet2's ``default`` frontend (its features differ from the class's in
 #: float32 rounding, so its shards are not merged with the class's)

@@ -4,167 +4,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from espnet3_flows.inputs.audio_config import check_audio_settings
-from espnet3_flows.code_keys import CODE, TARGET_WHY
-from espnet3_flows.config import ConfigError, check_choices, check_device
-from espnet3_flows.frontends.espnet2_frontend import ESPNET2_FRONTENDS
+from espnet3_flows.frontends.config import (  # noqa: F401 - importable from here too
+    FRONTEND_TYPES,
+    FRONTENDS,
+    Frontend,
+    FrontendConfig,
+    FrontendType,
+)
 from espnet3_flows.frontends.espnet2_type import ESPNET2_DEFAULT_IMPLEMENTATION  # noqa: F401 - importable from here too
-from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
-from espnet3_flows.frontends.precision import PRECISIONS
 from espnet3_flows.frontends.fbank_type import FBANK_IMPLEMENTATION, FbankFrontend  # noqa: F401 - importable from here too
 from espnet3_flows.frontends.model_type import model_frontend  # noqa: F401 - importable from here too
 from espnet3_flows.frontends.wave_frontends import (  # noqa: F401 - importable from here too
     TORCH_FRONTEND_IMPLEMENTATION,
-    Frontend,
     PerUtterance,
     TorchFrontend,
     check_cuda,
     espnet2_frontend,
 )
-
-#: The built-in ``frontend.type`` values (a plugin adds others: :data:`FRONTENDS`)
-FRONTEND_TYPES = ("fbank", "none", "model", "espnet2")
-
-
-@dataclass
-class FrontendConfig:
-    """The ``frontend:`` section.
-
-    Attributes:
-        type: ``fbank`` (the default: lhotse's Kaldi-compatible log-mel ``Fbank``, computed by
-            :class:`~espnet3_flows.frontends.fbank.FastFbank`: lhotse's framing, window and mel
-            matrix in fewer passes, equal to ``Fbank.extract`` within 1e-6 and ~2x faster per
-            core), ``none`` (lengths only: audio headers are read, nothing is decoded or
-            extracted; ESPnet2's ``extract_feats_in_collect_stats=False``), ``model`` (any torch
-            module built from ``model`` whose ``collect_feats(speech, speech_lengths, **kwargs)``
-            returns ``{"feats": [B,T,D], "feats_lengths": [B]}``, as in ESPnet2/ESPnet3) or
-            ``espnet2`` (ESPnet2's frontend by ``name``, configured as in an ``asr.yaml``:
-            ``docs/configuration.md``, "ESPnet2 frontends"; ``default`` is computed exactly and faster unless
-            ``espnet2_class``); or a type an installed plugin registers (entry points
-            ``espnet3_flows.frontends``: ``docs/plugins.md``), with its options in ``conf``.
-        sampling_rate: Rate audio is resampled to (exact polyphase) before feature extraction.
-            When most of a split was recorded below it, the run warns with the fix
-            (``native_sampling_rates`` in ``summary.json`` counts the recorded rates).
-        num_mel_bins: Mel bins of the fbank.
-        frame_shift: Frame shift in seconds.
-        frame_length: Frame length in seconds.
-        dither: Dither of the fbank; 0 keeps results deterministic.
-        channel: Channel of multi-channel audio to use; ``null`` averages the channels.
-        max_duration: Longest accepted recording in seconds, checked from its header before
-            decoding.
-        model: For ``type: model``: ``{_target_: package.Class, arg: value, ...}``, built by
-            Hydra's ``instantiate`` (see ``type`` for what the module must provide).
-        name: For ``type: espnet2``: an ``asr.yaml``'s ``frontend`` (``default``, ``s3prl``,
-            ``fused``, ...); empty: the ``espnet_config``'s, else ``default``.
-        conf: For ``type: espnet2``: an ``asr.yaml``'s ``frontend_conf`` (``n_fft``,
-            ``hop_length``, ``n_mels``, ``fs``, ...); its keys override the ``espnet_config``'s.
-            An ``fs`` sets ``sampling_rate``. For a plugin's type: its options.
-        espnet_config: For ``type: espnet2``: a trained ESPnet2 model's ``config.yaml`` (path
-            or URL) to read ``frontend`` and ``frontend_conf`` from.
-        espnet2_class: For ``type: espnet2`` with ``name: default``: ``false`` (the default)
-            computes ``DefaultFrontend``'s features (STFT, power, librosa's mel matrix, log) with
-            :class:`~espnet3_flows.frontends.espnet2_default.FastDefaultFrontend`, this
-            package's restatement of them from ``conf``: equal to ESPnet2's class within float32
-            rounding (max 2e-6 on the log-mel values), ~3x faster per core, one utterance at a
-            time, and its workers import neither ESPnet2 nor librosa. ``true`` runs ESPnet2's
-            ``DefaultFrontend`` class itself. The class runs anyway on a GPU (``device`` not
-            ``cpu``) and for ``conf`` options the fast path does not compute (``apply_stft:
-            false``, ``onesided: false``, WPE or a beamformer in ``frontend_conf``, options of
-            other ESPnet releases), the latter with one warning naming the option. Its shards
-            have other hashes than the class's (the features differ in float32 rounding).
-        device: ``cpu``, ``cuda`` or ``cuda:N`` (with ``parallel.env: local_gpu``, or SLURM with
-            a GPU per job such as ``--gres=gpu:1``, ``cuda`` is the worker's own GPU:
-            ``conf/stats_slurm_gpu.yaml``). For ``model`` and ``espnet2`` the model is loaded once
-            per worker onto it. For ``fbank``, each ``forward`` call's utterances are computed on
-            it together, their frames gathered into one matrix (no padding, so each utterance's
-            features are its own: equal to the CPU's within float32 rounding, 1e-5).
-        max_batch_samples: For ``model`` and ``espnet2``: 0 runs the model on one utterance at
-            a time, so features never depend on padding (ESPnet2's padded batches shift the last
-            frames of ``center=True`` STFTs); above 0, utterances are length-sorted within each
-            ``forward`` call and padded into batches of at most this many samples (batch x
-            longest): faster on a GPU, features of the shorter utterances of a batch may differ
-            in their last frames. Not used by ``default``'s fast path (always one utterance at a
-            time on one CPU thread: padding would only add work). For ``fbank`` on a GPU: the most
-            samples computed together (0: 16M, ~17 min of 16 kHz audio); batching never changes
-            fbank features.
-        precision: For ``model`` and ``espnet2``: ``float32`` (the default; exact float32, TF32
-            off also on a GPU), ``tf32`` (float32 with a GPU's TF32 tensor cores), or ``bf16`` /
-            ``fp16`` (the model under ``torch.autocast`` to that dtype): faster on a GPU, features
-            that differ from float32's by the error the ``gpu`` benchmark states
-            (``espnet3_flows.frontends.precision``). Its shards have other hashes than float32's.
-    """
-
-    type: str = field(default="fbank", metadata={"choices": FRONTEND_TYPES, "registry": FRONTENDS})
-    sampling_rate: int = 16000
-    num_mel_bins: int = 80
-    frame_shift: float = 0.01
-    frame_length: float = 0.025
-    dither: float = 0.0
-    channel: int | None = None
-    max_duration: float | None = 3600.0
-    model: dict[str, Any] = field(default_factory=dict, metadata={CODE: TARGET_WHY})
-    name: str = field(default="", metadata={"choices": ("", *ESPNET2_FRONTENDS)})
-    conf: dict[str, Any] = field(default_factory=dict)
-    espnet_config: str = ""
-    espnet2_class: bool = False
-    device: str = "cpu"
-    max_batch_samples: int = 0
-    precision: str = field(default="float32", metadata={"choices": PRECISIONS})
-
-    def __post_init__(self) -> None:
-        check_choices(self, "frontend.")
-        kind = self.kind
-        if self.type != "espnet2" and (self.name or self.espnet_config or self.espnet2_class
-                                       or (self.conf and not kind.takes_conf)):
-            raise ConfigError(f"frontend.name, frontend.conf, frontend.espnet_config and frontend.espnet2_class are "
-                              f"for type=espnet2, not type={self.type}"
-                              + (" (frontend.conf holds a plugin type's options)" if self.conf else ""))
-        kind.check(self)
-        check_device(self.device, "frontend.device")
-        if self.device != "cpu" and not kind.takes_device:
-            raise ConfigError(f"frontend.device={self.device} is for type=fbank, model or espnet2 (type={self.type} "
-                              "runs on the CPU only)")
-        if self.precision != "float32" and not kind.takes_precision:
-            raise ConfigError(f"frontend.precision={self.precision} is for type=model or espnet2 (type={self.type} "
-                              "computes in float32)")
-        if self.max_batch_samples < 0:
-            raise ConfigError(f"frontend.max_batch_samples must be >= 0, got {self.max_batch_samples}")
-        if self.num_mel_bins <= 0:
-            raise ConfigError(f"frontend.num_mel_bins must be positive, got {self.num_mel_bins}")
-        try:
-            check_audio_settings("frontend.", self.sampling_rate, self.channel, self.max_duration)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-
-    @property
-    def kind(self) -> FrontendType:
-        """The registered :class:`~espnet3_flows.frontends.frontend_types.FrontendType` of ``type``."""
-        return FRONTENDS.get(self.type)
-
-    @property
-    def fast_espnet2_default(self) -> bool:
-        """Whether ESPnet2's ``default`` frontend runs as
-        :class:`~espnet3_flows.frontends.espnet2_default.FastDefaultFrontend` (``espnet2_class``
-        off, on the CPU, every ``conf`` option covered)."""
-        if (self.type != "espnet2" or self.name != "default" or self.espnet2_class or self.device != "cpu"
-                or self.precision != "float32"):
-            return False
-        from espnet3_flows.frontends.espnet2_default import read_default_conf
-
-        return read_default_conf(self.conf)[0] is not None
-
-    def hashed(self) -> dict[str, Any]:
-        """What of this section decides the features (the shard hashes' part): the keys of its
-        type only, so that keys of other types (and ``device``) never recompute a shard."""
-        base = {"type": self.type, "sampling_rate": self.sampling_rate, "channel": self.channel,
-                "max_duration": self.max_duration}
-        return self.kind.hashed(self, base)
 
 
 def frontend_modules(cfg: FrontendConfig) -> tuple[str, ...]:

@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from collections.abc import Mapping
 
 from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
-from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
-from espnet3_flows.frontends.wave_frontends import Frontend, TorchFrontend, torch_batching
-
-if TYPE_CHECKING:
-    from espnet3_flows.frontends.frontend import FrontendConfig
+from espnet3_flows.frontends.config import FRONTENDS, Frontend, FrontendConfig, FrontendType
+from espnet3_flows.frontends.wave_frontends import TorchFrontend, torch_batching
 
 
 def model_frontend(model: Any, device: str = "cpu", max_batch_samples: int = 0,

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from collections.abc import Mapping
 
-from espnet3_flows.frontends.frontend_types import FRONTENDS, FrontendType
-
-if TYPE_CHECKING:
-    from espnet3_flows.frontends.frontend import FrontendConfig
+from espnet3_flows.frontends.config import FRONTENDS, FrontendConfig, FrontendType
 
 
 class NoFrontend(FrontendType):

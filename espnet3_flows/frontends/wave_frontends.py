@@ -7,7 +7,7 @@ The built-in ``frontend.type`` values are one module each: :mod:`.fbank_type`, :
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -16,16 +16,10 @@ from espnet3_flows.frontends.pinned import PinnedStaging
 from espnet3_flows.frontends.precision import check_precision, precision_scope
 
 if TYPE_CHECKING:
-    from espnet3_flows.frontends.frontend import FrontendConfig
+    from espnet3_flows.frontends.config import FrontendConfig
 
 #: Version of how model and ESPnet2 frontends are run (one utterance per call unless batched)
 TORCH_FRONTEND_IMPLEMENTATION = "espnet3_flows.stats.frontend.TorchFrontend/1"
-
-
-class Frontend(Protocol):
-    """Turns a batch of waveforms into per-utterance feature matrices ``(frames, dim)``."""
-
-    def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]: ...
 
 
 class PerUtterance:

@@ -9,7 +9,7 @@ from espnet3_flows.lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "StatsAccumulator": "espnet3_flows.stats.accumulator",
-    "FrontendConfig": "espnet3_flows.frontends.frontend",
+    "FrontendConfig": "espnet3_flows.frontends.config",
     "build_frontend": "espnet3_flows.frontends.frontend",
     "CollectStatsConfig": "espnet3_flows.stats.job",
     "CollectStatsRunner": "espnet3_flows.stats.job",

@@ -12,7 +12,8 @@ from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_env
-from espnet3_flows.frontends.frontend import FrontendConfig, extract_features
+from espnet3_flows.frontends.config import FrontendConfig
+from espnet3_flows.frontends.frontend import extract_features
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.tokens import TokenConfig

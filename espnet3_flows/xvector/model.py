@@ -146,7 +146,7 @@ def speechbrain_embedder(encoder: Any, exact_padding: bool | None = None) -> Emb
     `espnet3_flows.xvector.exact_padding`. ``False`` calls ``encode_batch`` as is; ``True``
     raises ValueError when the architecture does not allow it.
     """
-    from .exact_padding import make_aligner
+    from espnet3_flows.xvector.exact_padding import make_aligner
 
     aligner = make_aligner(encoder, exact_padding)
     encode = aligner.encode if aligner is not None else encoder.encode_batch

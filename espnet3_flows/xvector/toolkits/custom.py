@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from espnet3_flows.config import ConfigError, check_targets, instantiate
-from espnet3_flows.xvector.toolkits.base import XVectorToolkit
-
-if TYPE_CHECKING:
-    from espnet3_flows.xvector.job import XVectorConfig
+from espnet3_flows.xvector.config import TOOLKITS, XVectorConfig, XVectorToolkit
 
 
 class CustomToolkit(XVectorToolkit):
@@ -26,3 +23,6 @@ class CustomToolkit(XVectorToolkit):
 
     def embedder(self, xv: XVectorConfig) -> Any:
         return instantiate(xv.model, "xvector.model")
+
+
+TOOLKITS.register(CustomToolkit.name, CustomToolkit())

@@ -5,13 +5,10 @@ speaker task shares (:class:`EspnetSpeakerTask`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from espnet3_flows.config import ConfigError
-from espnet3_flows.xvector.toolkits.base import XVectorToolkit
-
-if TYPE_CHECKING:
-    from espnet3_flows.xvector.job import XVectorConfig
+from espnet3_flows.xvector.config import TOOLKITS, XVectorConfig, XVectorToolkit
 
 
 class EspnetSpeakerTask(XVectorToolkit):
@@ -50,3 +47,6 @@ class EspnetToolkit(EspnetSpeakerTask):
         from espnet3_flows.xvector.espnet_spk import espnet_embedder, load_espnet_spk_model
 
         return espnet_embedder(load_espnet_spk_model(xv.pretrained_model, xv.device))
+
+
+TOOLKITS.register(EspnetToolkit.name, EspnetToolkit())

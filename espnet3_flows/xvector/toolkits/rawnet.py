@@ -4,13 +4,11 @@ implementation: :mod:`espnet3_flows.xvector.rawnet3`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.xvector.toolkits.espnet import EspnetSpeakerTask
-
-if TYPE_CHECKING:
-    from espnet3_flows.xvector.job import XVectorConfig
+from espnet3_flows.xvector.config import TOOLKITS, XVectorConfig
 
 
 class RawnetToolkit(EspnetSpeakerTask):
@@ -37,3 +35,6 @@ class RawnetToolkit(EspnetSpeakerTask):
         from espnet3_flows.xvector.rawnet3 import load_recipe_rawnet3, rawnet_embedder
 
         return rawnet_embedder(load_recipe_rawnet3(xv.pretrained_model, xv.device))
+
+
+TOOLKITS.register(RawnetToolkit.name, RawnetToolkit())

@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from espnet3_flows.xvector.config import TOOLKITS, XVectorConfig, XVectorToolkit
 
-from espnet3_flows.xvector.toolkits.base import XVectorToolkit
-
-if TYPE_CHECKING:
-    from espnet3_flows.xvector.job import XVectorConfig
 
 
 class SpeechbrainToolkit(XVectorToolkit):
@@ -39,3 +36,6 @@ class SpeechbrainToolkit(XVectorToolkit):
                  else tempfile.TemporaryDirectory(prefix="espnet3-speechbrain-"))
         with links as savedir:
             return speechbrain_embedder(load_speechbrain_encoder(xv.pretrained_model, savedir, xv.device))
+
+
+TOOLKITS.register(SpeechbrainToolkit.name, SpeechbrainToolkit())

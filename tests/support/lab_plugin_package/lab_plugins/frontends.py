@@ -7,7 +7,7 @@ import functools
 import numpy as np
 
 from espnet3_flows.config import ConfigError
-from espnet3_flows.frontends.frontend_types import FrontendType
+from espnet3_flows.frontends.config import FrontendType
 from espnet3_flows.frontends.wave_frontends import PerUtterance
 
 
