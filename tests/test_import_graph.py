@@ -1,75 +1,101 @@
-"""The package's import graph: no cycles (deferred imports inside functions included; imports
-for type checkers only are not imports), imports point down the layers (:data:`LAYERS`), Prefect
-only in ``orchestration/``, and ``import espnet3_flows.<job package>`` imports no torch."""
+"""The package's import graph: no cycles and no relative imports, imports point down the layers
+(:data:`LAYERS`), Prefect only in ``orchestration/``, and ``import espnet3_flows.<job package>``
+imports no torch. The graph is every import Python runs, type-only and deferred ones included
+(:mod:`tests.support.import_graph`); a planted import of each kind shows that the checks see it."""
 
 from __future__ import annotations
 
-import ast
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+
+import pytest
+
+from tests.support.import_graph import Arrow, cycles, import_arrows, relative_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "espnet3_flows"
 
 
-def _graph() -> dict[str, set[str]]:
-    modules = {}
-    for path in PACKAGE.rglob("*.py"):
-        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        modules[name.removesuffix(".__init__")] = path
+def _graph(root: Path = ROOT) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        deps = set()
-        tree = ast.parse(path.read_text())
-        for guard in [n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]:
-            guard.body = []  # imports for type checkers only: no import at run time
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("espnet3_flows"):
-                deps.add(node.module)
-                deps.update(f"{node.module}.{a.name}" for a in node.names)
-            elif isinstance(node, ast.Import):
-                deps.update(a.name for a in node.names if a.name.startswith("espnet3_flows"))
-        # a package may name its own submodules (lazy exports); a submodule importing its
-        # package's __init__ is the normal direction
-        graph[name] = {d for d in deps if d in modules and d != name and not d.startswith(name + ".")}
+    for arrow in import_arrows(root, "espnet3_flows"):
+        graph.setdefault(arrow.source, set()).add(arrow.target)
     return graph
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+def _cycle_report(root: Path = ROOT) -> list[str]:
+    return ["\n  ".join(["a cycle:", *map(str, group)]) for group in cycles(import_arrows(root, "espnet3_flows"))]
 
 
 def test_no_import_cycles():
-    assert _cycles(_graph()) == []
+    assert _cycle_report() == [], "\n".join(_cycle_report())
+
+
+def test_no_relative_imports():
+    assert relative_imports(ROOT, "espnet3_flows") == []
+
+
+def _plant(root: Path, files: dict[str, str]) -> Path:
+    """A package named ``espnet3_flows`` under ``root`` holding ``files`` (``__init__.py`` added)."""
+    for rel, text in files.items():
+        path = root / "espnet3_flows" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+    for folder in [root / "espnet3_flows", *(root / "espnet3_flows").rglob("*/")]:
+        (folder / "__init__.py").touch()
+    return root
+
+
+def test_a_planted_upward_import_inside_a_function_fails(tmp_path):
+    root = _plant(tmp_path, {"orchestration/top.py": "X = 1\n",
+                             "parallel/low.py": "def f():\n    from espnet3_flows.orchestration.top import X\n"})
+    assert _upward(root) == [
+        "espnet3_flows.parallel.low (parallel) imports espnet3_flows.orchestration (orchestration), line 2",
+        "espnet3_flows.parallel.low (parallel) imports espnet3_flows.orchestration.top (orchestration), line 2"]
+
+
+def test_a_planted_type_only_cycle_fails(tmp_path):
+    root = _plant(tmp_path, {
+        "storage.py": "from espnet3_flows.s3 import upload\n",
+        "s3.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from espnet3_flows.storage import Storage\n"})
+    assert _cycle_report(root) == ["a cycle:\n  espnet3_flows.s3 -> espnet3_flows.storage (line 3)\n"
+                                   "  espnet3_flows.storage -> espnet3_flows.s3 (line 1)"]
+
+
+def test_a_planted_relative_import_fails_and_is_an_arrow(tmp_path):
+    root = _plant(tmp_path, {"inputs/a.py": "from .b import y\n", "inputs/b.py": "y = 1\n"})
+    assert relative_imports(root, "espnet3_flows") == ["espnet3_flows.inputs.a:1"]
+    assert Arrow("espnet3_flows.inputs.a", "espnet3_flows.inputs.b", 1) in import_arrows(root, "espnet3_flows")
+
+
+@pytest.mark.parametrize(("files", "cycle"), [
+    pytest.param({"pkg/__init__.py": "from espnet3_flows.pkg.sub import S\nHELP = 1\n",
+                  "pkg/sub.py": "from espnet3_flows.pkg import HELP\nS = HELP\n"},
+                 ["espnet3_flows.pkg -> espnet3_flows.pkg.sub (line 1)",
+                  "espnet3_flows.pkg.sub -> espnet3_flows.pkg (line 1)"], id="a package and its submodule"),
+    pytest.param({"pkg/__init__.py": "from espnet3_flows.lazy import lazy_getattr\n"
+                                     "__getattr__ = lazy_getattr(__name__, {'S': 'espnet3_flows.pkg.sub'})\n",
+                  "lazy.py": "def lazy_getattr(p, e): ...\n",
+                  "pkg/sub.py": "import espnet3_flows.pkg\nS = 1\n"},
+                 ["espnet3_flows.pkg -> espnet3_flows.pkg.sub (line 2)",
+                  "espnet3_flows.pkg.sub -> espnet3_flows.pkg (line 1)"], id="lazy exports"),
+    pytest.param({"a.py": "import importlib\nB = 'espnet3_flows.b'\ndef f():\n    return importlib.import_module(B)\n",
+                  "b.py": "from espnet3_flows import a\n"},
+                 ["espnet3_flows.a -> espnet3_flows.b (line 4)", "espnet3_flows.b -> espnet3_flows.a (line 1)"],
+                 id="import_module of a constant"),
+])
+def test_planted_cycles_through_packages_and_dynamic_imports_fail(tmp_path, files, cycle):
+    assert _cycle_report(_plant(tmp_path, files)) == ["\n  ".join(["a cycle:", *cycle])]
+
+
+def test_a_submodule_reached_through_its_own_package_is_no_cycle(tmp_path):
+    """``from pkg import sub`` inside ``pkg`` does not read ``pkg``'s namespace: no arrow to it."""
+    root = _plant(tmp_path, {"pkg/__init__.py": "from espnet3_flows.pkg.a import A\n",
+                             "pkg/a.py": "from espnet3_flows.pkg import b\nA = b.B\n", "pkg/b.py": "B = 1\n"})
+    assert _cycle_report(root) == []
 
 
 #: The layers, top down, by the package's first-level names: a module imports its own layer and the
@@ -96,10 +122,13 @@ def _layer_name(rank: int) -> str:
     return LAYERS[rank][0] if rank < len(LAYERS) else "base"
 
 
+def _upward(root: Path = ROOT) -> list[str]:
+    return [f"{a.source} ({_layer_name(layer(a.source))}) imports {a.target} ({_layer_name(layer(a.target))}), "
+            f"line {a.line}" for a in import_arrows(root, "espnet3_flows") if layer(a.target) < layer(a.source)]
+
+
 def test_imports_point_down_the_layers():
-    up = [f"{name} ({_layer_name(layer(name))}) imports {dep} ({_layer_name(layer(dep))})"
-          for name, deps in sorted(_graph().items()) for dep in sorted(deps) if layer(dep) < layer(name)]
-    assert up == [], "imports that point up a layer:\n" + "\n".join(up)
+    assert _upward() == [], "imports that point up a layer:\n" + "\n".join(_upward())
 
 
 def test_prefect_is_imported_by_the_orchestration_layer_only():
