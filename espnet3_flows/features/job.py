@@ -19,6 +19,7 @@ from espnet3_flows.features.outputs import FeatureShardWriter, publish_split, sh
 from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_env
 from espnet3_flows.frontends.config import FrontendConfig
 from espnet3_flows.frontends.frontend import extract_features
+from espnet3_flows.frontends.wave_frontends import hop_samples
 from espnet3_flows.utterance_job import EngineConfig, InputsConfig, ShardDataset
 
 
@@ -35,9 +36,12 @@ class ExtractFeaturesConfig(EngineConfig, InputsConfig):
         frontend: Feature extraction, as for collect-stats (see
             :class:`~espnet3_flows.frontends.frontend.FrontendConfig`): ``fbank``, ``espnet2`` or
             ``model`` (``none`` computes no features and is refused). The cuts' ``frame_shift``
-            is ``frontend.frame_shift`` for ``fbank`` and ``model`` (set it to the model's hop,
-            e.g. ``0.02`` for HuBERT), ``hop_length / fs`` for the ESPnet2 ``default`` frontend
-            (see :func:`~espnet3_flows.features.outputs.frame_shift_seconds`).
+            is ``frontend.frame_shift`` for ``fbank``, ``hop_length / fs`` for the ESPnet2
+            ``default`` frontend, and the hop the built frontend's module states for the other
+            ESPnet2 frontends (``s3prl``, ``fused``, ...) and for a ``model`` with a
+            ``hop_length`` (or a ``frontend`` with one); else ``frontend.frame_shift`` (set it to
+            the model's hop, e.g. ``0.02`` for HuBERT): see
+            :func:`~espnet3_flows.features.outputs.frame_shift_seconds`.
     """
 
     output_dir: str = "exp/features"
@@ -96,11 +100,13 @@ class FeatureRunner(FrontendRunner):
             count_native_rate(state, r["rate"])
 
     @staticmethod
-    def close_writers(writers: dict[str, Any], state: dict[str, Any], **env: Any) -> dict[str, Any]:
-        """Close the files; the shard's counts and native rates (its rows are in ``rows.tsv``)."""
+    def close_writers(writers: dict[str, Any], state: dict[str, Any], frontend: Any = None,
+                      **env: Any) -> dict[str, Any]:
+        """Close the files; the shard's counts, native rates and the frontend's hop where its
+        module says it (its rows are in ``rows.tsv``)."""
         writers["shard"].close()
         counts = {key: state.get(key, 0 if key != "dim" else None) for key in ("utterances", "frames", "samples", "dim")}
-        return {**counts, "native_rates": state.get("native_rates", {})}
+        return {**counts, "native_rates": state.get("native_rates", {}), "hop_samples": hop_samples(frontend)}
 
     def merge(self, shard_dirs: list[Any]) -> dict[str, Any]:
         """The split's ``feats.scp``, ``feats_shape``, ``cuts.jsonl.gz`` and summary."""

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 from espnet3_flows.external_sort import sorted_lines
 from espnet3_flows.inputs.records import SkippedItem
@@ -72,11 +72,16 @@ def shard_ark_rel(outputs_rel: str, shard: str) -> str:
     return f"{outputs_rel}/feats/feats.{shard}.ark"
 
 
-def frame_shift_seconds(fe: FrontendConfig) -> float:
-    """Seconds between frames of the frontend's features (lhotse's ``frame_shift``)."""
-    if fe.type == "espnet2" and fe.name == "default":
-        return float(fe.conf.get("hop_length", 128)) / fe.sampling_rate
-    return float(fe.frame_shift)
+def frame_shift_seconds(fe: FrontendConfig, results: Sequence[ShardResult] = ()) -> float:
+    """Seconds between frames of the frontend's features (lhotse's ``frame_shift``): what its
+    type says of the config (:meth:`~espnet3_flows.frontends.config.FrontendType.frame_shift`),
+    else the hop the shards' built frontend stated (``hop_samples`` in their ``done`` records,
+    over ``frontend.sampling_rate``), else ``frontend.frame_shift``."""
+    shift = fe.kind.frame_shift(fe)
+    if shift is not None:
+        return shift
+    hops = {r.result.get("hop_samples") for r in results if isinstance(r.result, Mapping)} - {None}
+    return hops.pop() / fe.sampling_rate if len(hops) == 1 else float(fe.frame_shift)
 
 
 def _shard_rows(store: Storage, result: ShardResult, outputs_rel: str) -> Iterator[str]:
@@ -118,7 +123,7 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
     split, fe = runner.split, runner.cfg.frontend
     rel = runner.outputs_rel
     skipped = [*runner.manifest_skipped(), *(SkippedItem.from_dict(s) for r in results for s in r.skipped)]
-    shift, kind = frame_shift_seconds(fe), fe.type if fe.type != "espnet2" else f"espnet2-{fe.name}"
+    shift, kind = frame_shift_seconds(fe, results), fe.type if fe.type != "espnet2" else f"espnet2-{fe.name}"
     scp_uri = store.uri(rel, "feats.scp")
     stage = Path(tempfile.mkdtemp(prefix=f"espnet3-features-merge-{split}-"))
     try:

@@ -76,6 +76,11 @@ class FrontendType:
         """The frontend a worker builds once (``None``: lengths only, no features)."""
         raise NotImplementedError
 
+    def frame_shift(self, cfg: FrontendConfig) -> float | None:
+        """Seconds between frames of its features where ``cfg`` decides them; ``None`` where
+        the frontend a worker builds does (a model's hop: :func:`~.wave_frontends.hop_samples`)."""
+        return None
+
 
 #: The built-in ``frontend.type`` values, each declared in the module ``<type>_type`` of this
 #: package (a plugin adds others: :data:`FRONTENDS`)

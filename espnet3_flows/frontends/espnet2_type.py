@@ -66,6 +66,13 @@ class Espnet2Type(FrontendType):
             return fast if espnet2_module.espnet_version() in VERIFIED_ESPNET else (*fast, *espnet2)  # (the latter for its probe)
         return espnet2
 
+    def frame_shift(self, cfg: FrontendConfig) -> float | None:
+        """``hop_length / fs`` of ``default`` (ESPnet2's default hop: 128 samples); the others'
+        hop is the built frontend's (an ``s3prl`` upstream's downsampling, ``fused``'s common hop)."""
+        if cfg.name != "default":
+            return None
+        return float(cfg.conf.get("hop_length", 128)) / cfg.sampling_rate
+
     def build(self, cfg: FrontendConfig) -> Frontend:
         if cfg.fast_espnet2_default:
             from espnet3_flows.frontends.espnet2_default import build_fast_default

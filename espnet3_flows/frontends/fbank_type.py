@@ -65,5 +65,8 @@ class FbankType(FrontendType):
     def build(self, cfg: FrontendConfig) -> Frontend:
         return FbankFrontend(cfg)
 
+    def frame_shift(self, cfg: FrontendConfig) -> float:
+        return float(cfg.frame_shift)
+
 
 FRONTENDS.register(FbankType.name, FbankType())

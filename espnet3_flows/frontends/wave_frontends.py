@@ -34,6 +34,19 @@ class PerUtterance:
         return [self.extract(w) for w in waves]
 
 
+def hop_samples(frontend: Any) -> int | None:
+    """Samples between frames of a built frontend's features where its torch module says: the
+    ``hop_length`` of ESPnet2's frontends (an ``s3prl`` upstream's downsampling rate among them),
+    ``FusedFrontends``' common hop (``gcd``), or the ``hop_length`` of a model's own ``frontend``
+    (an ESPnet model's); ``None`` for any other."""
+    module = getattr(frontend, "module", None)
+    for owner in (module, getattr(module, "frontend", None)):
+        hop = getattr(owner, "hop_length", None) or getattr(owner, "gcd", None)
+        if isinstance(hop, (int, np.integer)) and not isinstance(hop, bool) and hop > 0:
+            return int(hop)
+    return None
+
+
 def check_cuda(device: str) -> None:
     """Fail with the fix when ``device`` names a CUDA GPU this process cannot see."""
     import torch
@@ -62,7 +75,7 @@ class TorchFrontend:
         check_cuda(device)
         check_precision(precision)
         self.extract, self.device, self.max_batch_samples = extract, torch.device(device), max_batch_samples
-        self.precision = precision
+        self.precision, self.module = precision, module
         self._staging = PinnedStaging()  # where the padded batches are assembled on a GPU
         if hasattr(module, "to"):
             module.to(self.device)
