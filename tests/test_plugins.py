@@ -1,6 +1,6 @@
 """A lab's own package extends the product without editing it: ``tests/support/lab_plugin_package``
-(a manifest format, a frontend, an x-vector toolkit and a cluster backend, declared by entry
-points) is installed with pip, and the command line runs all four."""
+(a job, a manifest format, a frontend, an x-vector toolkit and a cluster backend: one entry point
+of each group) is installed with pip, and the command line runs all five."""
 
 from __future__ import annotations
 
@@ -102,6 +102,24 @@ def test_a_plugin_toolkit_format_and_backend_run_extract_xvectors(plugins, corpu
     assert summary["utterances"] == 6
 
 
+def test_a_plugin_job_runs_from_the_command_line(plugins, corpus, tmp_path, session_api_url):
+    """The lab's own job (``espnet3_flows.jobs``) on its own format and backend: listed by
+    ``--help``, run by ``python -m espnet3_flows peak_levels``, its outputs each utterance's peak."""
+    manifest, waves = corpus
+    listed = _run(["--help"], plugins, tmp_path, tmp_path)
+    assert listed.returncode == 0 and "peak_levels" in listed.stdout, listed.stdout[-2000:]
+    out = tmp_path / "peaks"
+    proc = _run(["peak_levels", f"manifests.train={manifest}", "parallel.env=lab_processes", "parallel.n_workers=1",
+                 "shard_size=2", f"output_dir={out}"], plugins, tmp_path, tmp_path, session_api_url)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [line.split("\t") for line in (out / "train" / "peaks.tsv").read_text().splitlines()]
+    assert [utt for utt, _ in rows] == sorted(waves)
+    for utt, peak in rows:
+        assert float(peak) == float(np.abs(waves[utt]).max())  # float32 samples, read back exactly
+    summary = json.loads((out / "train" / "summary.json").read_text())
+    assert summary["utterances"] == 6 and summary["shards_computed"] == summary["shards"] == 3
+
+
 def test_plugin_names_are_offered_and_suggested(plugins, tmp_path):
     proc = _run(["collect_stats", "--dry-run", "frontend.type=log_energi", f"output_dir={tmp_path}/o"], plugins,
                 tmp_path, tmp_path)
@@ -164,4 +182,4 @@ def test_the_plugin_docs_show_the_tested_package():
         lang = "toml" if path.suffix == ".toml" else "python"
         assert f"`{rel}`:\n\n```{lang}\n{path.read_text().rstrip()}\n```\n" in doc, f"{rel} is not quoted as it is"
         quoted += 1
-    assert quoted == 5
+    assert quoted == 6
