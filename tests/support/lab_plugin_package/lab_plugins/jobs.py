@@ -51,7 +51,7 @@ class PeakRunner(UtteranceRunner):
 
     @staticmethod
     def open_writers(shard_dir: Path, **env: Any) -> dict[str, Any]:
-        return {"peaks": open(Path(shard_dir) / "peaks.tsv", "w", encoding="utf-8")}  # noqa: SIM115 - the shard's writer
+        return {"peaks": open(Path(shard_dir) / "peaks.tsv", "w", encoding="utf-8")}  # closed by close_writers
 
     @staticmethod
     def write_record(writers: dict[str, Any], result: list[tuple[str, float]], state: dict[str, Any], **env: Any) -> None:
