@@ -49,8 +49,9 @@ class ExtractFeaturesConfig(EngineConfig, InputsConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.frontend.type == "none":
-            raise ConfigError("frontend.type=none computes no features; extract-features needs fbank, espnet2 or model")
+        if not self.frontend.kind.computes_features:
+            raise ConfigError(f"frontend.type={self.frontend.type} computes no features; extract-features needs a type "
+                              "that does (fbank, espnet2, model or a plugin's)")
 
 
 #: The env of ``forward``: ``frontend``, ``audio`` and ``storage_options``, once per worker

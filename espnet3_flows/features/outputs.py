@@ -123,7 +123,7 @@ def publish_split(runner: UtteranceRunner, results: list[ShardResult]) -> dict[s
     split, fe = runner.split, runner.cfg.frontend
     rel = runner.outputs_rel
     skipped = [*runner.manifest_skipped(), *(SkippedItem.from_dict(s) for r in results for s in r.skipped)]
-    shift, kind = frame_shift_seconds(fe, results), fe.type if fe.type != "espnet2" else f"espnet2-{fe.name}"
+    shift, kind = frame_shift_seconds(fe, results), fe.kind.label(fe)
     scp_uri = store.uri(rel, "feats.scp")
     stage = Path(tempfile.mkdtemp(prefix=f"espnet3-features-merge-{split}-"))
     try:

@@ -53,6 +53,11 @@ class FrontendType:
     takes_device: ClassVar[bool] = False
     #: whether it runs in ``frontend.precision`` (else only ``float32`` is accepted)
     takes_precision: ClassVar[bool] = False
+    #: whether ``frontend.name``, ``espnet_config`` and ``espnet2_class`` (an ESPnet2 frontend's
+    #: choice) are its options
+    takes_espnet2_options: ClassVar[bool] = False
+    #: whether it computes features (else only lengths: a job that writes features refuses it)
+    computes_features: ClassVar[bool] = True
 
     def __repr__(self) -> str:
         return f"<frontend type {self.name!r}>"
@@ -75,6 +80,10 @@ class FrontendType:
     def build(self, cfg: FrontendConfig) -> Frontend | None:
         """The frontend a worker builds once (``None``: lengths only, no features)."""
         raise NotImplementedError
+
+    def label(self, cfg: FrontendConfig) -> str:
+        """What the outputs call these features (a lhotse cut's feature ``type``): its name."""
+        return self.name
 
     def frame_shift(self, cfg: FrontendConfig) -> float | None:
         """Seconds between frames of its features where ``cfg`` decides them; ``None`` where
@@ -179,19 +188,19 @@ class FrontendConfig:
     def __post_init__(self) -> None:
         check_choices(self, "frontend.")
         kind = self.kind
-        if self.type != "espnet2" and (self.name or self.espnet_config or self.espnet2_class
-                                       or (self.conf and not kind.takes_conf)):
+        if not kind.takes_espnet2_options and (self.name or self.espnet_config or self.espnet2_class
+                                               or (self.conf and not kind.takes_conf)):
             raise ConfigError(f"frontend.name, frontend.conf, frontend.espnet_config and frontend.espnet2_class are "
-                              f"for type=espnet2, not type={self.type}"
+                              f"for {_types_that('takes_espnet2_options')}, not type={self.type}"
                               + (" (frontend.conf holds a plugin type's options)" if self.conf else ""))
         kind.check(self)
         check_device(self.device, "frontend.device")
         if self.device != "cpu" and not kind.takes_device:
-            raise ConfigError(f"frontend.device={self.device} is for type=fbank, model or espnet2 (type={self.type} "
+            raise ConfigError(f"frontend.device={self.device} is for {_types_that('takes_device')} (type={self.type} "
                               "runs on the CPU only)")
         if self.precision != "float32" and not kind.takes_precision:
-            raise ConfigError(f"frontend.precision={self.precision} is for type=model or espnet2 (type={self.type} "
-                              "computes in float32)")
+            raise ConfigError(f"frontend.precision={self.precision} is for {_types_that('takes_precision')} "
+                              f"(type={self.type} computes in float32)")
         if self.max_batch_samples < 0:
             raise ConfigError(f"frontend.max_batch_samples must be >= 0, got {self.max_batch_samples}")
         if self.num_mel_bins <= 0:
@@ -206,21 +215,17 @@ class FrontendConfig:
         """The registered :class:`~espnet3_flows.frontends.config.FrontendType` of ``type``."""
         return FRONTENDS.get(self.type)
 
-    @property
-    def fast_espnet2_default(self) -> bool:
-        """Whether ESPnet2's ``default`` frontend runs as
-        :class:`~espnet3_flows.frontends.espnet2_default.FastDefaultFrontend` (``espnet2_class``
-        off, on the CPU, every ``conf`` option covered)."""
-        if (self.type != "espnet2" or self.name != "default" or self.espnet2_class or self.device != "cpu"
-                or self.precision != "float32"):
-            return False
-        from espnet3_flows.frontends.espnet2_default import read_default_conf
-
-        return read_default_conf(self.conf)[0] is not None
-
     def hashed(self) -> dict[str, Any]:
         """What of this section decides the features (the shard hashes' part): the keys of its
         type only, so that keys of other types (and ``device``) never recompute a shard."""
         base = {"type": self.type, "sampling_rate": self.sampling_rate, "channel": self.channel,
                 "max_duration": self.max_duration}
         return self.kind.hashed(self, base)
+
+
+def _types_that(flag: str) -> str:
+    """``type=a, b or c``: the registered frontend types whose ``flag`` is set (for messages)."""
+    order = {name: i for i, name in enumerate(FRONTEND_TYPES)}  # (registration follows import order)
+    names = sorted((name for name, kind in FRONTENDS.items().items() if getattr(kind, flag)),
+                   key=lambda name: (order.get(name, len(order)), name))
+    return "type=" + (", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names))

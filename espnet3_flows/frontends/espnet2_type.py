@@ -18,6 +18,17 @@ from espnet3_flows.frontends.wave_frontends import PerUtterance, espnet2_fronten
 ESPNET2_DEFAULT_IMPLEMENTATION = "espnet3_flows.frontends.espnet2_default/1"
 
 
+def fast_default(cfg: FrontendConfig) -> bool:
+    """Whether ESPnet2's ``default`` frontend runs as
+    :class:`~espnet3_flows.frontends.espnet2_default.FastDefaultFrontend` (``espnet2_class`` off,
+    on the CPU in float32, every ``conf`` option covered)."""
+    if cfg.name != "default" or cfg.espnet2_class or cfg.device != "cpu" or cfg.precision != "float32":
+        return False
+    from espnet3_flows.frontends.espnet2_default import read_default_conf
+
+    return read_default_conf(cfg.conf)[0] is not None
+
+
 class Espnet2Type(FrontendType):
     """``espnet2``: ESPnet2's frontend by ``frontend.name`` with ``frontend.conf`` (an ``asr.yaml``'s
     ``frontend`` and ``frontend_conf``, or a trained model's ``frontend.espnet_config``)."""
@@ -25,6 +36,7 @@ class Espnet2Type(FrontendType):
     name = "espnet2"
     takes_device = True
     takes_precision = True
+    takes_espnet2_options = True
 
     def check(self, cfg: FrontendConfig) -> None:
         """Fill ``name`` and ``conf`` from ``espnet_config``; ``fs`` sets ``sampling_rate``."""
@@ -46,7 +58,7 @@ class Espnet2Type(FrontendType):
 
     def hashed(self, cfg: FrontendConfig, base: Mapping[str, Any]) -> dict[str, Any]:
         espnet = {**base, "name": cfg.name, "conf": to_plain(cfg.conf), "espnet": espnet2_module.espnet_version()}
-        if cfg.fast_espnet2_default:
+        if fast_default(cfg):
             return {**espnet, "implementation": ESPNET2_DEFAULT_IMPLEMENTATION}
         return {**espnet, **torch_batching(cfg)}
 
@@ -59,12 +71,15 @@ class Espnet2Type(FrontendType):
         if path is None:
             return ()
         espnet2 = (path.rpartition(".")[0], *(("librosa.filters",) if name in ("default", "fused") else ()))
-        if cfg.fast_espnet2_default:
+        if fast_default(cfg):
             from espnet3_flows.frontends.espnet2_default import VERIFIED_ESPNET
 
             fast = ("torch", "espnet3_flows.frontends.espnet2_default")
             return fast if espnet2_module.espnet_version() in VERIFIED_ESPNET else (*fast, *espnet2)  # (the latter for its probe)
         return espnet2
+
+    def label(self, cfg: FrontendConfig) -> str:
+        return f"espnet2-{cfg.name}"
 
     def frame_shift(self, cfg: FrontendConfig) -> float | None:
         """``hop_length / fs`` of ``default`` (ESPnet2's default hop: 128 samples); the others'
@@ -74,7 +89,7 @@ class Espnet2Type(FrontendType):
         return float(cfg.conf.get("hop_length", 128)) / cfg.sampling_rate
 
     def build(self, cfg: FrontendConfig) -> Frontend:
-        if cfg.fast_espnet2_default:
+        if fast_default(cfg):
             from espnet3_flows.frontends.espnet2_default import build_fast_default
 
             fast = build_fast_default(cfg.conf)

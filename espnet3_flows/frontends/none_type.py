@@ -13,6 +13,7 @@ class NoFrontend(FrontendType):
 
     name = "none"
     takes_conf = False
+    computes_features = False
 
     def hashed(self, cfg: FrontendConfig, base: Mapping[str, Any]) -> dict[str, Any]:
         return {"type": "none", "sampling_rate": cfg.sampling_rate, "max_duration": cfg.max_duration}

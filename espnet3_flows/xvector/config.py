@@ -43,6 +43,9 @@ class XVectorToolkit:
     default_tag: ClassVar[str] = "xvector"
     #: ``resampler`` when none is given
     default_resampler: ClassVar[str] = "poly"
+    #: whether a config naming no manifest and no model runs the generated demo (a random-weight
+    #: model of this toolkit on generated audio: :data:`~espnet3_flows.xvector.job.DEMO_WARNING`)
+    has_demo: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"<x-vector toolkit {self.name!r}>"

@@ -103,7 +103,7 @@ class XVectorJobConfig(EngineConfig, SplitsConfig):
     def is_demo(self) -> bool:
         """No manifest and no model named: ``python flows/extract_xvectors.py`` with no arguments."""
         xv = self.xvector
-        return xv.toolkit == "speechbrain" and not self.manifests and not xv.pretrained_model
+        return not self.manifests and not xv.pretrained_model and xv.kit.has_demo
 
     def selected_splits(self) -> list[str]:
         """The splits to process."""

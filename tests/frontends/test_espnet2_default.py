@@ -14,6 +14,7 @@ import torch
 from espnet3_flows.config import ConfigError
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.frontends import espnet2_default
+from espnet3_flows.frontends.espnet2_type import fast_default
 from espnet3_flows.frontends.espnet2_default import (Espnet2FrontendTooShortError, FastDefaultFrontend,
                                                      build_fast_default, mel_matrix, read_default_conf)
 from espnet3_flows.frontends.frontend import (ESPNET2_DEFAULT_IMPLEMENTATION, FrontendConfig, PerUtterance,
@@ -183,7 +184,7 @@ def test_uncovered_options_run_espnet2s_class_with_one_warning(conf, named):
         FrontendConfig(type="espnet2", conf=conf)  # (the early start and main each read the config)
     [warning] = [w for w in caught if "fast path" in str(w.message)]
     assert named in str(warning.message) and "DefaultFrontend class runs instead" in str(warning.message)
-    assert not cfg.fast_espnet2_default
+    assert not fast_default(cfg)
     assert frontend_modules(cfg) == ("espnet2.asr.frontend.default", "librosa.filters")
     assert cfg.hashed()["implementation"] != ESPNET2_DEFAULT_IMPLEMENTATION
     if "upsample" not in conf:  # (ESPnet 202511 has no such option: its class rejects it when built)
@@ -196,7 +197,7 @@ def test_espnet2_class_switch_and_gpu_run_the_class_silently():
         forced = FrontendConfig(type="espnet2", espnet2_class=True, conf={"n_fft": 400})
         gpu = FrontendConfig(type="espnet2", device="cuda", conf={"apply_stft": False})
     fast = FrontendConfig(type="espnet2", conf={"n_fft": 400})
-    assert fast.fast_espnet2_default and not forced.fast_espnet2_default and not gpu.fast_espnet2_default
+    assert fast_default(fast) and not fast_default(forced) and not fast_default(gpu)
     assert isinstance(build_frontend(fast), PerUtterance) and isinstance(build_frontend(forced), TorchFrontend)
     assert fast.hashed()["implementation"] == ESPNET2_DEFAULT_IMPLEMENTATION
     assert forced.hashed() == {**fast.hashed(), "implementation": forced.hashed()["implementation"],

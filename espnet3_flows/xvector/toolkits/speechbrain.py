@@ -14,6 +14,7 @@ class SpeechbrainToolkit(XVectorToolkit):
 
     name = "speechbrain"
     model_kind = "a local speechbrain model directory"
+    has_demo = True  # a random-weight ECAPA-TDNN built in speechbrain's model directory layout
 
     def model_files(self, xv: XVectorConfig) -> tuple[Path, list[Path], bool]:
         from espnet3_flows.xvector.model import resolve_model_source
