@@ -201,11 +201,12 @@ def _declare_lost(settings: Any, changed: list[Callable[[], None]]) -> None:
     and a worker's flow-run process ends once its merges are done."""
     from prefect.settings import get_current_settings
 
-    from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work
+    from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work, quiet_shipper_failures
 
     _lost.set()
     for each in {id(settings): settings, id(s := get_current_settings()): s}.values():  # the run's, this thread's
         changed.append(stop_client_retries(each))  # put back when the watched block ends
+    changed.append(quiet_shipper_failures())
     drop_undeliverable_api_work()
     if os.environ.get("PREFECT__FLOW_RUN_ID"):  # a worker's flow-run process: nothing else runs in it
         threading.Thread(target=_end_after_merges, name="end-after-lost-api", daemon=True).start()

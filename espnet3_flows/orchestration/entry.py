@@ -37,7 +37,7 @@ from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
 from espnet3_flows.orchestration.jobs import get_job, preflight, resolve_config
 from espnet3_flows.orchestration.local_server import PrivateServerLost, prefect_api
 from espnet3_flows.orchestration.parameters import dotted_values, form_fields
-from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work
+from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work, quiet_shipper_failures
 from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.timeline import mark
 from espnet3_flows.parallel.cluster import describe_parallel
@@ -278,6 +278,7 @@ def _report(exc: BaseException, verbose: bool) -> int:
     lost = is_api_lost(exc) or isinstance(exc, PrivateServerLost)
     if lost:
         _API_LOST.set()  # a command line's exit is bounded (exit_now)
+        quiet_shipper_failures()  # (this process exits next: nothing to put back)
         drop_undeliverable_api_work()  # else the exit waits ~7 s per queued event for the dead server
         exc = exc if isinstance(exc, PrivateServerLost) else api_lost(exc)  # (that one names its log)
     line = f"error: {exc}" if users or lost else f"error: {type(exc).__name__}: {exc}"

@@ -46,6 +46,7 @@ import os
 import ssl
 import threading
 from typing import Any
+from collections.abc import Callable
 
 from espnet3_flows import patches
 
@@ -289,6 +290,35 @@ def install_run_patches() -> None:
     forked_children_exit_cleanly()
 
 
+#: Prefect's loggers of its log and event shippers (disabled, not levelled: they ignore levels)
+SHIPPER_LOGGERS = ("prefect._internal.concurrency", "prefect.events.clients", "EventsWorker", "APILogWorker")
+
+
+def quiet_shipper_failures() -> Callable[[], None]:
+    """Keep the failures of what Prefect's shippers still have in flight for a lost API server off
+    the console, after the run's one error line: ``logging.raiseExceptions`` off (the log shipper
+    writes its own failures unless it is) and :data:`SHIPPER_LOGGERS` disabled. With the patches
+    off (``ESPNET3_FLOWS_PATCHES=off``) nothing changes.
+
+    Returns:
+        What puts both back as they were (a command line that exits next need not call it).
+    """
+    if not patches.patches_enabled():
+        return lambda: None
+    raised, loggers = logging.raiseExceptions, [logging.getLogger(name) for name in SHIPPER_LOGGERS]
+    disabled = [logger.disabled for logger in loggers]
+    logging.raiseExceptions = False
+    for logger in loggers:
+        logger.disabled = True
+
+    def restore() -> None:
+        logging.raiseExceptions = raised
+        for logger, was in zip(loggers, disabled, strict=True):
+            logger.disabled = was
+
+    return restore
+
+
 def drop_undeliverable_api_work() -> int:
     """Discard the events and log records Prefect still queues for an API server that is gone, so
     that the process exits at once instead of draining them (idempotent; the count discarded).
@@ -300,10 +330,6 @@ def drop_undeliverable_api_work() -> int:
     lost by dropping it; the item a worker is handling now still finishes its own attempt, and
     that failure is no longer printed after the run's error line.
     """
-    # what is still in flight fails once more: not onto the console, after the run's error line
-    logging.raiseExceptions = False  # Prefect's log shipper writes its failures unless this is off
-    for name in ("prefect._internal.concurrency", "prefect.events.clients", "EventsWorker", "APILogWorker"):
-        logging.getLogger(name).disabled = True  # not a level: Prefect's internal loggers ignore levels
     if not prefect_verified():
         return 0
     from prefect._internal.concurrency.services import _QueueServiceBase

@@ -183,6 +183,29 @@ def test_one_switch_turns_every_patch_off(monkeypatch):
             setattr(owner, name, value)
 
 
+def _shipper_logging() -> tuple[bool, list[bool]]:
+    import logging
+
+    return logging.raiseExceptions, [logging.getLogger(n).disabled for n in prefect_compat.SHIPPER_LOGGERS]
+
+
+def test_quiet_shippers_are_put_back_and_stay_loud_with_the_patches_off(monkeypatch):
+    """The logging switches a lost API server turns (its shippers' last failures kept off the
+    console) are put back by what :func:`quiet_shipper_failures` returns, and not turned at all
+    with every patch off."""
+    before = _shipper_logging()
+    assert before[0] is True and not any(before[1])
+    restore = prefect_compat.quiet_shipper_failures()
+    try:
+        assert _shipper_logging() == (False, [True] * len(prefect_compat.SHIPPER_LOGGERS))
+    finally:
+        restore()
+    assert _shipper_logging() == before
+    monkeypatch.setenv(prefect_compat.PATCHES_ENV, "off")
+    prefect_compat.quiet_shipper_failures()
+    assert _shipper_logging() == before
+
+
 @pytest.mark.slow
 @pytest.mark.dask
 def test_a_flow_runs_with_every_patch_off(tmp_path, demo_corpus, session_api_url):
