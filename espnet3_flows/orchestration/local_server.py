@@ -26,23 +26,21 @@ _PR_SET_PDEATHSIG = 1
 
 
 #: Server loop services a private one-run API has no use for (deployment schedules, late-run
-#: marking, automations, worker heartbeats, lease and cancellation cleanup, vacuuming). Off, the
-#: idle server takes 1.4 % of a core instead of 2.6 %, CPU the Dask workers get back. Task-run
-#: recording stays on: the run's flow and task runs, their states, logs and artifacts are in its
-#: database. The event persister (the raw event feed, read by the UI's event pages and by
-#: automations, neither of which this server has) is off: it took 4.4 s of the server's CPU in a
-#: 1,000-shard run beside the workers on this 2-core machine.
+#: marking, automations, worker heartbeats, lease and cancellation cleanup, vacuuming), off: their
+#: CPU goes to the Dask workers. Task-run recording stays on: the run's flow and task runs, their
+#: states, logs and artifacts are in its database. The event persister (the raw event feed, read
+#: by the UI's event pages and by automations, neither of which this server has) is off too.
+#: What each buys: ``benchmarks/README.md``, "Figures behind settings in the code".
 UNUSED_SERVICES = ("scheduler", "late_runs", "triggers", "foreman", "repossessor", "cancellation_cleanup",
                     "cleanup_reconciler", "pause_expirations", "db_vacuum", "event_persister")
 
 
 #: The server's event consumers write in batches. Prefect 3.8 records each task-run state event on
 #: its own (the task-run recorder's batch size is 1: a bulk INSERT compiled and committed per
-#: event, three per task run) and persists events 20 at a time: 33 s of the server's CPU in a
-#: 62 s run of 1,000 shard tasks on this 2-core machine, CPU the Dask workers beside it lose;
-#: batched, 13 s (``benchmarks/README.md``, scale). A task run's state then reaches the API up to
-#: a second later. The same settings are in ``deployments/local-stack.sh`` (``make serve``) and
-#: ``docker-compose.yml``; a test keeps them equal.
+#: event, three per task run) and persists events 20 at a time, CPU the Dask workers beside it
+#: lose (figures: ``benchmarks/README.md``, "Figures behind settings in the code"). A task run's
+#: state then reaches the API up to a second later. The same settings are in
+#: ``deployments/local-stack.sh`` (``make serve``) and ``docker-compose.yml``; a test keeps them equal.
 SERVER_BATCHING = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
@@ -53,9 +51,9 @@ SERVER_BATCHING = {
 
 #: Block-type registration at start, off for the private server: to hash what it would register,
 #: Prefect imports every installed Prefect collection (prefect-dask, hence Dask's distributed) in
-#: the server's start-up, and its first request then builds more: 0.45 s of a 3.8 s start to a
-#: first answer here (``benchmarks/README.md``, startup). This project saves no blocks; block types
-#: are registered by a server that runs for people (``make serve``, ``prefect server start``).
+#: the server's start-up, and its first request then builds more (``benchmarks/README.md``,
+#: "Figures behind settings in the code"). This project saves no blocks; block types are
+#: registered by a server that runs for people (``make serve``, ``prefect server start``).
 SERVER_START_SETTINGS = {
     "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
     "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",

@@ -11,10 +11,9 @@ correct, with more overhead per shard task): a test runs a flow so.
 **Shared TLS contexts.** One verified TLS context per CA file for Prefect's API clients in this process.
 
 Prefect 3.8's ``PrefectClient`` and ``SyncPrefectClient`` build a fresh ``ssl.SSLContext``
-from the CA bundle every time one is constructed (``ssl.create_default_context(cafile=...)``,
-~20 ms of CPU: OpenSSL parses the whole bundle), and a task run on a Dask worker constructs
-two of them. Over a few hundred shard tasks that is whole seconds of worker CPU taken from the
-features. Upstream tracks this (PrefectHQ/prefect#14986 removed some clients; #19106 proposes
+from the CA bundle every time one is constructed (``ssl.create_default_context(cafile=...)``:
+OpenSSL parses the whole bundle), and a task run on a Dask worker constructs two of them: worker
+CPU taken from the features on every shard. Upstream tracks this (PrefectHQ/prefect#14986 removed some clients; #19106 proposes
 reusable contexts); until a release takes a context from settings, :func:`share_tls_contexts`
 gives Prefect's client module an ``ssl`` whose verified contexts are built once per
 ``(purpose, cafile, capath)`` and then shared.
@@ -29,14 +28,17 @@ run contexts Prefect ships with every task, dumped once per flow on the driver a
 per worker.
 
 **Heartbeats that stop at once.** :func:`prompt_heartbeat_stop`: a flow run's heartbeat thread
-wakes when the run ends instead of finishing a one-second sleep (0–1 s at the end of every run).
+wakes when the run ends instead of finishing a one-second sleep.
 
 **Forked children that exit cleanly.** :func:`forked_children_exit_cleanly` (a fix, not a
 speed-up): a process forked after a flow ran here (a torch ``DataLoader``'s workers) no longer
 exits 1 on Prefect's inherited exit hook.
 
 **No draining into a dead server.** :func:`drop_undeliverable_api_work`: after the API server is
-lost, Prefect's queued events and logs are dropped instead of drained at exit (~7 s each).
+lost, Prefect's queued events and logs are dropped instead of drained at exit, each into a
+websocket that never connects.
+
+What each buys is in ``benchmarks/README.md``, "Figures behind settings in the code".
 """
 
 from __future__ import annotations

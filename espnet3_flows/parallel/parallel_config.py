@@ -57,9 +57,9 @@ class ParallelConfig:
         trim_worker_memory: Keep Dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` in worker
             processes. Off by default: setting it disables glibc's dynamic mmap threshold, so
             every waveform or feature array over 128 KiB is a fresh mmap that is page-faulted
-            and unmapped again, which made the fbank loop ~3x slower in CPU time here
-            (``benchmarks/bench_collect_stats.py``). Turn it on if workers must hand memory back
-            to the OS promptly; its workers are then spawned.
+            and unmapped again, several times the fbank loop's CPU time (``benchmarks/README.md``).
+            Turn it on if workers must hand memory back to the OS promptly; its workers are then
+            spawned.
         start_method: How ``local`` workers start: ``forkserver`` (default) forks them from
             one server process that imports Prefect's task engine and the job's libraries
             (torch, lhotse, ...) once, in the background while the driver starts, and is kept
