@@ -34,7 +34,7 @@ class ExtractFeaturesConfig(EngineConfig, InputsConfig):
             ``feats_shape``, ``cuts.jsonl.gz``, ``feats/feats.<shard>.ark``, ``skipped.tsv``,
             ``summary.json``.
         frontend: Feature extraction, as for collect-stats (see
-            :class:`~espnet3_flows.frontends.frontend.FrontendConfig`): ``fbank``, ``espnet2`` or
+            :class:`~espnet3_flows.frontends.config.FrontendConfig`): ``fbank``, ``espnet2`` or
             ``model`` (``none`` computes no features and is refused). The cuts' ``frame_shift``
             is ``frontend.frame_shift`` for ``fbank``, ``hop_length / fs`` for the ESPnet2
             ``default`` frontend, and the hop the built frontend's module states for the other

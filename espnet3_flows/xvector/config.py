@@ -154,5 +154,5 @@ class XVectorConfig:
 
     @property
     def kit(self) -> XVectorToolkit:
-        """The registered :class:`~espnet3_flows.xvector.toolkits.XVectorToolkit` of ``toolkit``."""
+        """The registered :class:`XVectorToolkit` of ``toolkit``."""
         return TOOLKITS.get(self.toolkit)
