@@ -98,15 +98,17 @@ def test_a_variable_removed_since_the_server_started_means_spawn(fresh_forkserve
 def test_user_env_option_wins_over_the_forwarded_environment(fresh_forkserver, monkeypatch):
     start_forkserver()
     monkeypatch.setenv("ESPNET3_FORKSERVER_TEST", "driver")
+    cfg = ParallelConfig(env="local")
+    assert cfg.backend.forks_workers(cfg)  # (the local cluster's decision; with the patches off it spawns)
     method, kwargs = local_worker_start({"env": {"ESPNET3_FORKSERVER_TEST": "option"}})
     assert method == "forkserver" and kwargs["env"]["ESPNET3_FORKSERVER_TEST"] == "option"
 
 
-@pytest.mark.patch
 def _forks(cfg: ParallelConfig) -> bool:
     return cfg.backend.forks_workers(cfg)
 
 
+@pytest.mark.patch
 def test_which_configs_fork():
     assert _forks(ParallelConfig(env="local"))
     assert not _forks(ParallelConfig(env="local", start_method="spawn"))
