@@ -160,8 +160,7 @@ def _main(job: str, argv: Sequence[str] | None) -> int:
 
 
 def _resolve(job: str, args: Sequence[str], dry_run: bool) -> Any:
-    """The job's config from the command line's ``--config FILE`` and ``key=value`` overrides (a
-    dry run generates no demo corpus)."""
+    """The job's config from ``--config FILE`` and ``key=value`` overrides (no demo for a dry run)."""
     path, overrides = split_cli_args(list(args))
     from espnet3_flows.inputs.demo import demo_not_generated  # (soundfile, fsspec: not at import)
 
