@@ -80,23 +80,21 @@ class JobSpec:
         return demo(cfg) if demo is not None else None
 
 
-def _register_package_jobs() -> None:
-    """This project's jobs: each package of it with a ``jobspec.py``."""
+def _package_jobs() -> list[str]:
+    """This project's jobs, as an entry point names one: ``JOB`` of each package of it with a
+    ``jobspec.py`` (found on disk, nothing imported), in name order."""
     import espnet3_flows
 
-    for info in pkgutil.iter_modules(espnet3_flows.__path__):
+    refs = []
+    for info in sorted(pkgutil.iter_modules(espnet3_flows.__path__), key=lambda i: i.name):
         where = getattr(info.module_finder, "path", None)
-        if not info.ispkg or not where or not os.path.isfile(os.path.join(where, info.name, "jobspec.py")):
-            continue
-        module = importlib.import_module(f"espnet3_flows.{info.name}.jobspec")
-        spec = getattr(module, "JOB", None)
-        if not isinstance(spec, JobSpec):
-            raise TypeError(f"espnet3_flows.{info.name}.jobspec must define JOB = JobSpec(...)")
-        JOBS.register(spec.name, spec)
+        if info.ispkg and where and os.path.isfile(os.path.join(where, info.name, "jobspec.py")):
+            refs.append(f"espnet3_flows.{info.name}.jobspec:JOB")
+    return refs
 
 
 #: every job by name: this project's packages, then the entry points of ``espnet3_flows.jobs``
-JOBS: Registry[JobSpec] = Registry("job", "job", builtins=_register_package_jobs, accept=instance_of(JobSpec),
+JOBS: Registry[JobSpec] = Registry("job", "job", builtins=_package_jobs, accept=instance_of(JobSpec),
                                    group=ENTRY_POINT_GROUP)
 
 

@@ -1,10 +1,11 @@
 """One registry helper for every extension point: jobs, manifest formats, cluster backends,
 feature frontends and x-vector toolkits.
 
-A registry maps names to entries. The built-in entries register themselves when their modules
-are imported (each registry imports its built-in modules on first use); a package installed
-elsewhere adds entries through the registry's entry-point group, which is read the first time a
-name is not found or all names are asked for. A lab's own package therefore adds a frontend, a
+A registry maps names to entries. Built-in entries and a plugin's are declared alike, as an entry
+point names its object (``"package.module:attr"``): the registry's ``builtins`` list this
+package's own, loaded in that order on first use; a package installed elsewhere adds entries
+through the registry's entry-point group, which is read the first time a name is not found or all
+names are asked for. No module registers anything when it is imported. A lab's own package therefore adds a frontend, a
 format, a toolkit or a cluster without editing this one (lhotse's ``register_extractor`` is the
 model)::
 
@@ -30,7 +31,7 @@ import importlib.metadata
 import threading
 import warnings
 from typing import Any, Generic, TypeVar
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from espnet3_flows.config import ConfigError, did_you_mean
 
@@ -57,15 +58,17 @@ class Registry(Generic[T]):
         what: What an entry is, for messages (``"frontend"``); also picks the entry-point group
             from :data:`ENTRY_POINT_GROUPS` unless ``group`` is given.
         key: The config key that names an entry, for messages (``"frontend.type"``).
-        builtins: Modules whose import registers the built-in entries, or a function that
-            registers them; imported (called) once, on first use.
+        builtins: The built-in entries as ``"package.module:attr"`` references, each an entry (or
+            a mapping of names to entries, registered in its order), or a function that returns
+            the references (found by a scan); loaded once, on first use, in this order, each
+            checked by ``accept`` as a plugin's is and registered under its ``name``.
         accept: ``(entry point name, loaded object) -> entry``: checks a plugin's object (raise
             ``TypeError`` with the reason) and returns what to register; the object itself by default.
         group: The entry-point group (default: ``ENTRY_POINT_GROUPS[what]``).
         error: The exception class of an unknown name (a :class:`RegistryError` by default).
     """
 
-    def __init__(self, what: str, key: str, *, builtins: Sequence[str] | Callable[[], None] = (),
+    def __init__(self, what: str, key: str, *, builtins: Sequence[str] | Callable[[], Sequence[str]] = (),
                  accept: Callable[[str, Any], T] | None = None, group: str = "",
                  error: Callable[[str], Exception] = RegistryError):
         self.what, self.key = what, key
@@ -76,15 +79,20 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
         self._builtin_names: set[str] = set()
         self._broken: dict[str, str] = {}  # entry point name -> why it cannot be used
-        self._state = "empty"  # -> "builtins" -> "plugins"
+        self._state = "empty"  # -> "loading" -> "builtins" -> "plugins"
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return f"<registry of {self.what}s ({self.group}): {', '.join(self._entries) or 'not loaded'}>"
 
     def register(self, name: str, entry: T) -> T:
-        """Add (or replace) ``entry`` under ``name``; returns it. Entries registered while the
-        built-in modules are imported are the built-in ones."""
+        """Add (or replace) ``entry`` under ``name``, after the built-in ones; returns it. An entry
+        registered before the installed packages' are read counts as built in (a plugin cannot
+        replace it)."""
+        self._load_builtins()
+        return self._add(name, entry)
+
+    def _add(self, name: str, entry: T) -> T:
         with self._lock:
             self._entries[name] = entry
             if self._state != "plugins":
@@ -143,20 +151,25 @@ class Registry(Generic[T]):
         return name in self._builtin_names
 
     def _load_builtins(self) -> None:
-        if self._state != "empty":
+        if self._state in ("builtins", "plugins"):
             return
-        with self._lock:
-            if self._state != "empty":
+        with self._lock:  # another thread waits here until the built-in entries are in
+            if self._state != "empty":  # loaded meanwhile, or being loaded by this thread
                 return
-            if callable(self._builtins):
-                self._builtins()
-            else:
-                for module in self._builtins:
-                    importlib.import_module(module)
+            self._state = "loading"
+            try:
+                for ref in self._builtins() if callable(self._builtins) else self._builtins:
+                    module, _, attr = ref.partition(":")
+                    found = getattr(importlib.import_module(module), attr)
+                    for entry in found.values() if isinstance(found, Mapping) else [found]:
+                        self._add(entry.name, self._accept(entry.name, entry))
+            except BaseException:
+                self._state = "empty"
+                raise
             self._state = "builtins"
 
     def _load_plugins(self) -> None:
-        if self._state == "plugins":
+        if self._state in ("plugins", "loading"):  # (a built-in entry that asks for a name while loading)
             return
         with self._lock:
             if self._state == "plugins":

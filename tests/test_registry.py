@@ -16,15 +16,23 @@ class Square(Shape):
     name = "square"
 
 
+class Circle(Shape):
+    name = "circle"
+
+
+#: a table of entries, as a module may declare several (``parallel.backends.jobqueue``'s schedulers)
+POLYGONS = {"triangle": type("Triangle", (Shape,), {"name": "triangle"})(), "square": Square()}
+
+
 def test_builtins_load_once_on_first_use_and_unknown_names_get_the_closest():
     loaded = []
 
-    def builtins():
+    def builtins():  # (a scan, as the jobs' packages are found)
         loaded.append(1)
-        shapes.register("circle", Shape())
-        shapes.register("square", Square())
+        return [f"{__name__}:Circle", f"{__name__}:Square"]
 
-    shapes = Registry("frontend", "shape.type", builtins=builtins, group="espnet3_flows.test_shapes_none")
+    shapes = Registry("frontend", "shape.type", builtins=builtins, accept=instance_of(Shape),
+                      group="espnet3_flows.test_shapes_none")
     assert loaded == []  # nothing imported until asked
     assert shapes.names() == ("circle", "square") and loaded == [1]
     assert isinstance(shapes.get("square"), Square) and shapes.is_builtin("square")
@@ -36,6 +44,21 @@ def test_builtins_load_once_on_first_use_and_unknown_names_get_the_closest():
     assert "triangle" in shapes and not shapes.is_builtin("triangle")
     shapes.unregister("triangle")
     assert "triangle" not in shapes and shapes.find("triangle") is None
+
+
+def test_builtins_are_references_loaded_in_their_order_and_checked_as_a_plugins_are():
+    """Built-in entries are declared as an entry point declares a plugin's (``module:attr``, a
+    class, an instance or a table of them), registered in the declared order whatever was imported
+    first, and refused by ``accept`` as a plugin's would be."""
+    shapes = Registry("frontend", "shape.type", accept=instance_of(Shape), group="espnet3_flows.test_shapes_none",
+                      builtins=(f"{__name__}:POLYGONS", f"{__name__}:Circle"))
+    shapes.register("hexagon", Shape())  # a program's own entry comes after the built-in ones
+    assert shapes.names() == ("triangle", "square", "circle", "hexagon")
+    assert shapes.get("square") is POLYGONS["square"] and isinstance(shapes.get("circle"), Circle)
+    broken = Registry("frontend", "shape.type", accept=instance_of(Square), group="espnet3_flows.test_shapes_none",
+                      builtins=(f"{__name__}:Circle",))
+    with pytest.raises(TypeError, match="is not a"):
+        broken.names()
 
 
 def test_instance_of_takes_a_subclass_or_an_instance_of_the_right_name():

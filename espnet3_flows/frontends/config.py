@@ -91,13 +91,18 @@ class FrontendType:
         return None
 
 
-#: The built-in ``frontend.type`` values, each declared in the module ``<type>_type`` of this
-#: package (a plugin adds others: :data:`FRONTENDS`)
-FRONTEND_TYPES = ("fbank", "none", "model", "espnet2")
+#: The built-in ``frontend.type`` values and their classes, as an entry point names one (a plugin
+#: adds others: :data:`FRONTENDS`)
+BUILTIN_FRONTENDS = {
+    "fbank": "espnet3_flows.frontends.fbank_type:FbankType",
+    "none": "espnet3_flows.frontends.none_type:NoFrontend",
+    "model": "espnet3_flows.frontends.model_type:ModelType",
+    "espnet2": "espnet3_flows.frontends.espnet2_type:Espnet2Type",
+}
+FRONTEND_TYPES = tuple(BUILTIN_FRONTENDS)
 #: every ``frontend.type`` by name: the built-in ones, then the installed packages'
-FRONTENDS: Registry[FrontendType] = Registry(
-    "frontend", "frontend.type", accept=instance_of(FrontendType),
-    builtins=tuple(f"espnet3_flows.frontends.{name}_type" for name in FRONTEND_TYPES))
+FRONTENDS: Registry[FrontendType] = Registry("frontend", "frontend.type", accept=instance_of(FrontendType),
+                                             builtins=tuple(BUILTIN_FRONTENDS.values()))
 
 
 @dataclass

@@ -10,7 +10,7 @@ from espnet3_flows.config import ConfigError, to_plain
 from espnet3_flows.frontends import espnet2_frontend as espnet2_module
 from espnet3_flows.frontends.espnet2_frontend import (ESPNET2_FRONTENDS, build_espnet2_frontend, check_espnet_installed,
                                                       check_name, parse_fs, read_espnet_config)
-from espnet3_flows.frontends.config import FRONTENDS, Frontend, FrontendConfig, FrontendType
+from espnet3_flows.frontends.config import Frontend, FrontendConfig, FrontendType
 from espnet3_flows.frontends.wave_frontends import PerUtterance, espnet2_frontend, torch_batching
 
 #: Version of the fast path of ESPnet2's ``default`` frontend (its features differ from the class's in
@@ -97,6 +97,3 @@ class Espnet2Type(FrontendType):
                 return PerUtterance(fast)
         return espnet2_frontend(build_espnet2_frontend(cfg.name, cfg.conf), cfg.device, cfg.max_batch_samples,
                                 cfg.precision)
-
-
-FRONTENDS.register(Espnet2Type.name, Espnet2Type())

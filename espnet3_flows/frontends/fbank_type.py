@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from espnet3_flows.config import to_plain
-from espnet3_flows.frontends.config import FRONTENDS, Frontend, FrontendConfig, FrontendType
+from espnet3_flows.frontends.config import Frontend, FrontendConfig, FrontendType
 from espnet3_flows.frontends.wave_frontends import PerUtterance, check_cuda
 
 #: Version of the fbank computation, hashed into collect-stats shards: features that differ even
@@ -67,6 +67,3 @@ class FbankType(FrontendType):
 
     def frame_shift(self, cfg: FrontendConfig) -> float:
         return float(cfg.frame_shift)
-
-
-FRONTENDS.register(FbankType.name, FbankType())

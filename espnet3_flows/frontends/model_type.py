@@ -7,7 +7,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from espnet3_flows.config import ConfigError, check_targets, instantiate, to_plain
-from espnet3_flows.frontends.config import FRONTENDS, Frontend, FrontendConfig, FrontendType
+from espnet3_flows.frontends.config import Frontend, FrontendConfig, FrontendType
 from espnet3_flows.frontends.wave_frontends import TorchFrontend, torch_batching
 
 
@@ -47,6 +47,3 @@ class ModelType(FrontendType):
     def build(self, cfg: FrontendConfig) -> Frontend:
         return model_frontend(instantiate(cfg.model, "frontend.model"), cfg.device, cfg.max_batch_samples,
                               cfg.precision)
-
-
-FRONTENDS.register(ModelType.name, ModelType())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Mapping
 
-from espnet3_flows.frontends.config import FRONTENDS, FrontendConfig, FrontendType
+from espnet3_flows.frontends.config import FrontendConfig, FrontendType
 
 
 class NoFrontend(FrontendType):
@@ -23,6 +23,3 @@ class NoFrontend(FrontendType):
 
     def build(self, cfg: FrontendConfig) -> None:
         return None
-
-
-FRONTENDS.register(NoFrontend.name, NoFrontend())

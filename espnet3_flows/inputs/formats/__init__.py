@@ -8,7 +8,7 @@ group ``espnet3_flows.formats``.
 """
 
 from espnet3_flows.inputs.formats.base import (
-    BUILTIN_FORMAT_MODULES,
+    BUILTIN_FORMATS,
     FORMATS,
     ManifestFormat,
     PreparedManifest,
@@ -17,5 +17,5 @@ from espnet3_flows.inputs.formats.base import (
     known_formats,
 )
 
-__all__ = ["BUILTIN_FORMAT_MODULES", "FORMATS", "ManifestFormat", "PreparedManifest", "detect_format", "format_named",
+__all__ = ["BUILTIN_FORMATS", "FORMATS", "ManifestFormat", "PreparedManifest", "detect_format", "format_named",
            "known_formats"]

@@ -1,12 +1,12 @@
 """The manifest-format registry: what a format declares, and how a manifest finds its format.
 
-A format is a subclass of :class:`ManifestFormat` with a ``name``; defining the class registers
-one instance in :data:`FORMATS` (as lhotse's ``AudioBackend`` subclasses register themselves).
-The planner, the shard reader and audio loading ask the registry; nothing else names a format.
-The built-in formats live in modules of this package named in :data:`BUILTIN_FORMAT_MODULES`,
-imported on the first lookup (so that :mod:`espnet3_flows.inputs.audio`, which they import, can
-ask the registry without a cycle); another package adds one through the entry-point group
-``espnet3_flows.formats`` (``name = "package.module:FormatClass"``, :mod:`espnet3_flows.registry`).
+A format is a subclass of :class:`ManifestFormat` with a ``name``, registered in :data:`FORMATS`
+(one instance). The planner, the shard reader and audio loading ask the registry; nothing else
+names a format. The built-in formats are classes of this package's modules, named in
+:data:`BUILTIN_FORMATS` as an entry point names one and imported on the first lookup (so that
+:mod:`espnet3_flows.inputs.audio`, which they import, can ask the registry without a cycle);
+another package adds one through the entry-point group ``espnet3_flows.formats`` (``name =
+"package.module:FormatClass"``, :mod:`espnet3_flows.registry`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,13 @@ if TYPE_CHECKING:
     from espnet3_flows.inputs.audio_config import AudioConfig
     from espnet3_flows.storage import Storage
 
-#: Modules (in :mod:`espnet3_flows.inputs.formats`) that define the built-in formats
-BUILTIN_FORMAT_MODULES = ("tsv", "lhotse", "kaldi", "hf")
+#: The built-in formats' classes, as an entry point names one
+BUILTIN_FORMATS = {
+    "tsv": "espnet3_flows.inputs.formats.tsv:TsvFormat",
+    "lhotse": "espnet3_flows.inputs.formats.lhotse:LhotseFormat",
+    "kaldi": "espnet3_flows.inputs.formats.kaldi:KaldiFormat",
+    "hf": "espnet3_flows.inputs.formats.hf:HfDatasetFormat",
+}
 
 
 @dataclass(frozen=True)
@@ -65,11 +70,6 @@ class ManifestFormat:
     priority: ClassVar[int] = 0
     #: lines starting with it are comments (``None``: none are)
     comment_prefix: ClassVar[str | None] = "#"
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("name"):
-            FORMATS.register(cls.name, cls())
 
     def __repr__(self) -> str:
         return f"<manifest format {self.name!r}>"
@@ -136,18 +136,18 @@ class ManifestFormat:
 
 
 def _accept_format(name: str, obj: Any) -> ManifestFormat:
-    """A plugin's format: its :class:`ManifestFormat` subclass (registered by its definition)."""
+    """A format's :class:`ManifestFormat` subclass (a built-in one's or a plugin's), instantiated."""
     if not (isinstance(obj, type) and issubclass(obj, ManifestFormat) and obj.name):
         raise TypeError(f"{obj!r} is not a ManifestFormat subclass with a name")
     if obj.name != name:
         raise TypeError(f"the entry point is named {name!r} but the format {obj.name!r}")
-    return FORMATS.find(name) or obj()
+    return obj()
 
 
 #: every format by name: the built-in ones, then those of the ``espnet3_flows.formats`` entry points
 FORMATS: Registry[ManifestFormat] = Registry(
     "manifest format", "format", accept=_accept_format,
-    builtins=tuple(f"espnet3_flows.inputs.formats.{m}" for m in BUILTIN_FORMAT_MODULES),
+    builtins=tuple(BUILTIN_FORMATS.values()),
     error=ManifestError)
 
 

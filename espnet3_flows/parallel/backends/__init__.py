@@ -6,9 +6,10 @@ module each: ``local``, ``local_gpu``, the dask-jobqueue schedulers (:mod:`.jobq
 ``kube``. A backend makes its cluster, describes it, gives its workers the run's environment and
 counts its worker slots; ``docs/configuration.md``'s table of envs is made from them.
 
-A new backend is a :class:`Backend` (or subclass) and one :func:`register_backend` call; another
-package adds one through the entry-point group ``espnet3_flows.backends`` (``name =
-"package.module:BACKEND"``: :mod:`espnet3_flows.registry`). ``parallel.cluster_class:
+A new built-in backend is a :class:`Backend` (or subclass) in a module of this package and one
+line of :data:`BUILTIN_BACKENDS`; another package adds one through the entry-point group
+``espnet3_flows.backends`` (``name = "package.module:BACKEND"``: :mod:`espnet3_flows.registry`),
+and a program one of its own with :func:`register_backend`. ``parallel.cluster_class:
 pkg.module.Factory`` runs any other Dask cluster class or factory a site has (as prefect-dask's
 ``cluster_class``), called with ``n_workers`` and ``parallel.options``.
 """
@@ -37,17 +38,13 @@ __all__ = ["BACKENDS", "BUILTIN_ENVS", "Backend", "ClusterSpec", "Placement", "S
            "visible_gpu_count", "worker_slots"]
 
 
-def _register_builtins() -> None:
-    """The built-in envs, in the order the UI's drop-down and the docs list them."""
-    from espnet3_flows.parallel.backends import address, jobqueue, kube, local, local_gpu, serial, ssh
-
-    for placement in (serial.SERIAL, local.LOCAL, local_gpu.LOCAL_GPU, *jobqueue.BATCH_SCHEDULERS.values(),
-                      ssh.SSH, kube.KUBE, address.ADDRESS):
-        register_backend(placement)
-
-
+#: The built-in envs, as an entry point names one, in the order the UI's drop-down and the docs
+#: list them (``jobqueue:BATCH_SCHEDULERS`` is a mapping of seven: ``slurm`` to ``moab``)
+BUILTIN_BACKENDS = tuple(f"espnet3_flows.parallel.backends.{ref}" for ref in (
+    "serial:SERIAL", "local:LOCAL", "local_gpu:LOCAL_GPU", "jobqueue:BATCH_SCHEDULERS", "ssh:SSH", "kube:KUBE",
+    "address:ADDRESS"))
 #: every ``parallel.env`` by name: the built-in ones, then those of installed packages
-BACKENDS: Registry[Placement] = Registry("cluster backend", "parallel.env", builtins=_register_builtins,
+BACKENDS: Registry[Placement] = Registry("cluster backend", "parallel.env", builtins=BUILTIN_BACKENDS,
                                          accept=instance_of(Placement))
 
 

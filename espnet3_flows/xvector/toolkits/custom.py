@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from espnet3_flows.config import ConfigError, check_targets, instantiate
-from espnet3_flows.xvector.config import TOOLKITS, XVectorConfig, XVectorToolkit
+from espnet3_flows.xvector.config import XVectorConfig, XVectorToolkit
 
 
 class CustomToolkit(XVectorToolkit):
@@ -23,6 +23,3 @@ class CustomToolkit(XVectorToolkit):
 
     def embedder(self, xv: XVectorConfig) -> Any:
         return instantiate(xv.model, "xvector.model")
-
-
-TOOLKITS.register(CustomToolkit.name, CustomToolkit())

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from espnet3_flows.config import ConfigError
-from espnet3_flows.xvector.config import TOOLKITS, XVectorConfig, XVectorToolkit
+from espnet3_flows.xvector.config import XVectorConfig, XVectorToolkit
 
 
 class EspnetSpeakerTask(XVectorToolkit):
@@ -47,6 +47,3 @@ class EspnetToolkit(EspnetSpeakerTask):
         from espnet3_flows.xvector.espnet_spk import espnet_embedder, load_espnet_spk_model
 
         return espnet_embedder(load_espnet_spk_model(xv.pretrained_model, xv.device))
-
-
-TOOLKITS.register(EspnetToolkit.name, EspnetToolkit())

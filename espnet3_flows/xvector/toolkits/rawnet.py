@@ -8,7 +8,7 @@ from typing import Any
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.xvector.toolkits.espnet import EspnetSpeakerTask
-from espnet3_flows.xvector.config import TOOLKITS, XVectorConfig
+from espnet3_flows.xvector.config import XVectorConfig
 
 
 class RawnetToolkit(EspnetSpeakerTask):
@@ -35,6 +35,3 @@ class RawnetToolkit(EspnetSpeakerTask):
         from espnet3_flows.xvector.rawnet3 import load_recipe_rawnet3, rawnet_embedder
 
         return rawnet_embedder(load_recipe_rawnet3(xv.pretrained_model, xv.device))
-
-
-TOOLKITS.register(RawnetToolkit.name, RawnetToolkit())

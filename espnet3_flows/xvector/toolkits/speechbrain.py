@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-from espnet3_flows.xvector.config import TOOLKITS, XVectorConfig, XVectorToolkit
+from espnet3_flows.xvector.config import XVectorConfig, XVectorToolkit
 
 
 
@@ -37,6 +37,3 @@ class SpeechbrainToolkit(XVectorToolkit):
                  else tempfile.TemporaryDirectory(prefix="espnet3-speechbrain-"))
         with links as savedir:
             return speechbrain_embedder(load_speechbrain_encoder(xv.pretrained_model, savedir, xv.device))
-
-
-TOOLKITS.register(SpeechbrainToolkit.name, SpeechbrainToolkit())
