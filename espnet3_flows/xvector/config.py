@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+from collections.abc import Mapping
 
 from espnet3_flows.code_keys import CODE, TARGET_WHY, when
 from espnet3_flows.frontends.precision import PRECISIONS
@@ -46,6 +47,10 @@ class XVectorToolkit:
     #: whether a config naming no manifest and no model runs the generated demo (a random-weight
     #: model of this toolkit on generated audio: :data:`~espnet3_flows.xvector.job.DEMO_WARNING`)
     has_demo: ClassVar[bool] = False
+    #: whether its ``pretrained_model`` is data only (weights loaded with ``weights_only=True``,
+    #: a config read with ``yaml.safe_load`` that picks registered classes): a deployment's form
+    #: may then name it (:mod:`espnet3_flows.code_keys`)
+    model_is_data: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"<x-vector toolkit {self.name!r}>"
@@ -83,9 +88,14 @@ BUILTIN_TOOLKITS = tuple(BUILTIN_TOOLKIT_CLASSES)
 #: every ``xvector.toolkit`` by name: the built-in ones, then the installed packages'
 TOOLKITS: Registry[XVectorToolkit] = Registry("x-vector toolkit", "xvector.toolkit", accept=instance_of(XVectorToolkit),
                                               builtins=tuple(BUILTIN_TOOLKIT_CLASSES.values()))
-#: toolkits whose ``pretrained_model`` is data: weights loaded with ``weights_only=True`` and an
-#: ESPnet config read with ``yaml.safe_load`` that picks registered classes only
-DATA_MODEL_TOOLKITS = ("espnet", "rawnet")
+
+
+def model_builds_objects(xv: Mapping[str, Any]) -> bool:
+    """Whether the ``pretrained_model`` of an ``xvector:`` section (as given: a mapping) can build
+    Python objects, so a deployment's form may not name it: yes unless its toolkit's
+    :attr:`~XVectorToolkit.model_is_data` (an unknown toolkit: yes)."""
+    name = xv.get("toolkit") or XVectorConfig.__dataclass_fields__["toolkit"].default
+    return not (name in TOOLKITS and TOOLKITS.get(name).model_is_data)
 
 
 @dataclass
@@ -139,7 +149,7 @@ class XVectorConfig:
 
     toolkit: str = field(default="speechbrain", metadata={"choices": BUILTIN_TOOLKITS, "registry": TOOLKITS})
     pretrained_model: str = field(default="", metadata={CODE: when(
-        lambda xv: xv.get("toolkit", "speechbrain") not in DATA_MODEL_TOOLKITS,
+        model_builds_objects,
         "its model files build Python objects (speechbrain's hyperparams.yaml, a plugin's loader)")})
     model: dict[str, Any] = field(default_factory=dict, metadata={CODE: TARGET_WHY})
     device: str = "cpu"

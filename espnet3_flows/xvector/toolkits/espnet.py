@@ -15,6 +15,7 @@ class EspnetSpeakerTask(XVectorToolkit):
     """A toolkit that runs ESPnet's speaker task (its release is hashed into the shards)."""
 
     default_tag = "espnet_spk"  # tts.sh's name
+    model_is_data = True  # weights_only=True, its config read with yaml.safe_load
     default_resampler = "librosa"  # as ESPnet's extract_spk_embed.py resamples
 
     def check_installed(self, xv: XVectorConfig) -> None:
