@@ -5,9 +5,9 @@ A registry maps names to entries. Built-in entries and a plugin's are declared a
 point names its object (``"package.module:attr"``): the registry's ``builtins`` list this
 package's own, loaded in that order on first use; a package installed elsewhere adds entries
 through the registry's entry-point group, which is read the first time a name is not found or all
-names are asked for. No module registers anything when it is imported. A lab's own package therefore adds a frontend, a
-format, a toolkit or a cluster without editing this one (lhotse's ``register_extractor`` is the
-model)::
+names are asked for. No module registers anything when it is imported. A lab's own package
+therefore adds a frontend, a format, a toolkit or a cluster without editing this one (lhotse's
+``register_extractor`` is the model)::
 
     # the lab's pyproject.toml
     [project.entry-points."espnet3_flows.frontends"]
