@@ -58,17 +58,20 @@ class Registry(Generic[T]):
         what: What an entry is, for messages (``"frontend"``); also picks the entry-point group
             from :data:`ENTRY_POINT_GROUPS` unless ``group`` is given.
         key: The config key that names an entry, for messages (``"frontend.type"``).
-        builtins: The built-in entries as ``"package.module:attr"`` references, each an entry (or
-            a mapping of names to entries, registered in its order), or a function that returns
-            the references (found by a scan); loaded once, on first use, in this order, each
-            checked by ``accept`` as a plugin's is and registered under its ``name``.
+        builtins: The built-in entries as ``"package.module:attr"`` references: a table of
+            ``{name: reference}`` (as a ``pyproject.toml`` declares entry points: each object's
+            ``name`` must be its key), or a sequence of references, each an entry or a mapping of
+            names to entries (registered under their ``name``), or a function that returns such a
+            sequence (found by a scan). Loaded once, on first use, in this order, each checked by
+            ``accept`` as a plugin's is.
         accept: ``(entry point name, loaded object) -> entry``: checks a plugin's object (raise
             ``TypeError`` with the reason) and returns what to register; the object itself by default.
         group: The entry-point group (default: ``ENTRY_POINT_GROUPS[what]``).
         error: The exception class of an unknown name (a :class:`RegistryError` by default).
     """
 
-    def __init__(self, what: str, key: str, *, builtins: Sequence[str] | Callable[[], Sequence[str]] = (),
+    def __init__(self, what: str, key: str, *,
+                 builtins: Mapping[str, str] | Sequence[str] | Callable[[], Sequence[str]] = (),
                  accept: Callable[[str, Any], T] | None = None, group: str = "",
                  error: Callable[[str], Exception] = RegistryError):
         self.what, self.key = what, key
@@ -158,11 +161,13 @@ class Registry(Generic[T]):
                 return
             self._state = "loading"
             try:
-                for ref in self._builtins() if callable(self._builtins) else self._builtins:
+                refs = self._builtins() if callable(self._builtins) else self._builtins
+                for declared, ref in refs.items() if isinstance(refs, Mapping) else ((None, r) for r in refs):
                     module, _, attr = ref.partition(":")
                     found = getattr(importlib.import_module(module), attr)
                     for entry in found.values() if isinstance(found, Mapping) else [found]:
-                        self._add(entry.name, self._accept(entry.name, entry))
+                        name = declared or entry.name  # a declared name is checked by accept
+                        self._add(name, self._accept(name, entry))
             except BaseException:
                 self._state = "empty"
                 raise

@@ -59,6 +59,13 @@ def test_builtins_are_references_loaded_in_their_order_and_checked_as_a_plugins_
                       builtins=(f"{__name__}:Circle",))
     with pytest.raises(TypeError, match="is not a"):
         broken.names()
+    table = Registry("frontend", "shape.type", accept=instance_of(Shape), group="espnet3_flows.test_shapes_none",
+                     builtins={"circle": f"{__name__}:Circle", "square": f"{__name__}:Square"})
+    assert table.names() == ("circle", "square")  # a {name: reference} table, as entry points are declared
+    misnamed = Registry("frontend", "shape.type", accept=instance_of(Shape), group="espnet3_flows.test_shapes_none",
+                        builtins={"round": f"{__name__}:Circle"})
+    with pytest.raises(TypeError, match="named 'round' but its object 'circle'"):
+        misnamed.names()
 
 
 def test_instance_of_takes_a_subclass_or_an_instance_of_the_right_name():

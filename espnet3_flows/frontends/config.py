@@ -3,9 +3,9 @@
 
 The config is checked against the registered types when it is read, and each type reads the
 config, so the two live here together, below everything else of the package. A kind of frontend
-is a :class:`FrontendType` registered under its name. The built-in ones are one module each, which
-registers it (:mod:`.fbank_type`, :mod:`.model_type`, :mod:`.espnet2_type`, :mod:`.none_type`);
-another package adds one through the entry-point group ``espnet3_flows.frontends`` (``name =
+is a :class:`FrontendType` registered under its name. The built-in ones are one module each
+(:mod:`.fbank_type`, :mod:`.model_type`, :mod:`.espnet2_type`, :mod:`.none_type`), named in
+:data:`BUILTIN_FRONTENDS` and loaded by the registry on first use; another package adds one through the entry-point group ``espnet3_flows.frontends`` (``name =
 "package.module:MyFrontendType"``, a subclass or an instance), and ``frontend.type: <name>`` then
 runs it with ``frontend.conf`` as its options. ``docs/plugins.md`` shows one.
 """
@@ -102,7 +102,7 @@ BUILTIN_FRONTENDS = {
 FRONTEND_TYPES = tuple(BUILTIN_FRONTENDS)
 #: every ``frontend.type`` by name: the built-in ones, then the installed packages'
 FRONTENDS: Registry[FrontendType] = Registry("frontend", "frontend.type", accept=instance_of(FrontendType),
-                                             builtins=tuple(BUILTIN_FRONTENDS.values()))
+                                             builtins=BUILTIN_FRONTENDS)
 
 
 @dataclass
@@ -230,7 +230,5 @@ class FrontendConfig:
 
 def _types_that(flag: str) -> str:
     """``type=a, b or c``: the registered frontend types whose ``flag`` is set (for messages)."""
-    order = {name: i for i, name in enumerate(FRONTEND_TYPES)}  # (registration follows import order)
-    names = sorted((name for name, kind in FRONTENDS.items().items() if getattr(kind, flag)),
-                   key=lambda name: (order.get(name, len(order)), name))
+    names = [name for name, kind in FRONTENDS.items().items() if getattr(kind, flag)]  # (declared order)
     return "type=" + (", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names))

@@ -13,10 +13,10 @@ correct, with more overhead per shard task): a test runs a flow so.
 Prefect 3.8's ``PrefectClient`` and ``SyncPrefectClient`` build a fresh ``ssl.SSLContext``
 from the CA bundle every time one is constructed (``ssl.create_default_context(cafile=...)``:
 OpenSSL parses the whole bundle), and a task run on a Dask worker constructs two of them: worker
-CPU taken from the features on every shard. Upstream tracks this (PrefectHQ/prefect#14986 removed some clients; #19106 proposes
-reusable contexts); until a release takes a context from settings, :func:`share_tls_contexts`
-gives Prefect's client module an ``ssl`` whose verified contexts are built once per
-``(purpose, cafile, capath)`` and then shared.
+CPU taken from the features on every shard. Upstream tracks this (PrefectHQ/prefect#14986
+removed some clients; #19106 proposes reusable contexts); until a release takes a context from
+settings, :func:`share_tls_contexts` gives Prefect's client module an ``ssl`` whose verified
+contexts are built once per ``(purpose, cafile, capath)`` and then shared.
 
 Verification is unchanged: the shared context is the one Prefect would have built (certificate
 and hostname checks on), and Prefect never modifies a verified context after creating it. The

@@ -4,8 +4,8 @@
 The section is checked against the registered toolkits, and each toolkit reads the section, so
 the two live here together, below the job and the toolkits. A toolkit is a
 :class:`XVectorToolkit` registered under its name. Each built-in one is declared in a module of
-:mod:`espnet3_flows.xvector.toolkits`, which registers it and names the module of its
-implementation (imported on a worker only: these declarations import no torch): ``speechbrain``,
+:mod:`espnet3_flows.xvector.toolkits` (named in :data:`BUILTIN_TOOLKIT_CLASSES`, loaded by the
+registry on first use), which names the module of its implementation (imported on a worker only: these declarations import no torch): ``speechbrain``,
 ``espnet``, ``rawnet`` and ``custom``. Another package adds one through the entry-point group
 ``espnet3_flows.xvector_toolkits`` (``name = "package.module:MyToolkit"``, a subclass or an
 instance); ``xvector.toolkit: <name>`` then runs it (``docs/plugins.md``).
@@ -87,7 +87,7 @@ BUILTIN_TOOLKIT_CLASSES = {
 BUILTIN_TOOLKITS = tuple(BUILTIN_TOOLKIT_CLASSES)
 #: every ``xvector.toolkit`` by name: the built-in ones, then the installed packages'
 TOOLKITS: Registry[XVectorToolkit] = Registry("x-vector toolkit", "xvector.toolkit", accept=instance_of(XVectorToolkit),
-                                              builtins=tuple(BUILTIN_TOOLKIT_CLASSES.values()))
+                                              builtins=BUILTIN_TOOLKIT_CLASSES)
 
 
 def model_builds_objects(xv: Mapping[str, Any]) -> bool:

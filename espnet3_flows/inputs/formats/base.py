@@ -147,7 +147,7 @@ def _accept_format(name: str, obj: Any) -> ManifestFormat:
 #: every format by name: the built-in ones, then those of the ``espnet3_flows.formats`` entry points
 FORMATS: Registry[ManifestFormat] = Registry(
     "manifest format", "format", accept=_accept_format,
-    builtins=tuple(BUILTIN_FORMATS.values()),
+    builtins=BUILTIN_FORMATS,
     error=ManifestError)
 
 
