@@ -90,7 +90,8 @@ class EngineConfig:
             small split (a dev set on 8 GPUs); a larger split's shards do not depend on the number
             of workers, so scaling a cluster recomputes nothing there.
         on_error: ``fail`` stops the run at the first bad item (never retried: it fails the same
-            way every time); ``skip`` lists it in ``skipped.tsv`` and goes on.
+            way every time); ``skip`` lists it in ``skipped.tsv`` and goes on. Switching it
+            computes again only the shards that had a bad item.
         retries: Retries of a failed shard task (Prefect); for infrastructure errors only
             (storage, network, a lost worker), never for a bad item: under ``on_error: fail`` the
             run fails at once, since the item would fail the same way again.
@@ -335,6 +336,12 @@ class UtteranceRunner(BaseRunner):
                                 workers=workers, speakers=self.speaker_keyed_outputs)
         self._manifest_skipped = planned.skipped
         return planned.plan
+
+    #: What a built-in job's :meth:`hash_config` holds for ``on_error``: always ``fail``, whatever
+    #: the policy. It changes no output of a shard without a bad item, so switching it computes
+    #: only the shards that had one (:meth:`ShardRecords.load_done`); the constant keeps the hashes
+    #: of runs made before it stopped being hashed.
+    HASHED_ON_ERROR = {"on_error": "fail"}
 
     #: Keys of :meth:`hash_config` that do not make a split directory another config's
     #: (``owner.json``): per split, per error policy, or facts of the machine rather than choices

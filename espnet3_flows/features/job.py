@@ -66,7 +66,7 @@ class FeatureRunner(FrontendRunner):
 
     def hash_config(self) -> Mapping[str, Any]:
         return {"job": "extract_features/1", "split": self.split, "frontend": self.cfg.frontend.hashed(),
-                "on_error": self.cfg.on_error}
+                **self.HASHED_ON_ERROR}
 
     # -- worker side --
     @staticmethod

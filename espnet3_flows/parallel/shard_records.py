@@ -2,7 +2,11 @@
 them for resume and planning (concurrently, an unreadable one named once and computed again),
 and holding them for the block a ``merge`` runs in (:meth:`ShardRecords.merging`). A mixin of
 :class:`~espnet3_flows.parallel.base_runner.BaseRunner`, which gives it ``storage``,
-``shard_subdir``, ``shard_location``, ``storage_options`` and ``resume``."""
+``shard_subdir``, ``shard_location``, ``storage_options``, ``resume`` and ``on_error``.
+
+``on_error`` is not part of a shard's hash: it changes no output of a shard without a bad item.
+A shard done under ``skip`` that left items out is not done for a run under ``fail`` (it is
+computed again and fails on its bad item); every other done shard is reused under either."""
 
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ class ShardRecords:
 
     _done_memo: dict[str, ShardResult]
     run_shards: list[ShardStatus]
+    on_error: str
 
     @classmethod
     def is_shard_done(cls, shard_dir: Path | str) -> bool:
@@ -48,10 +53,13 @@ class ShardRecords:
         return bool(fs.exists(posixpath.join(path, DONE)))
 
     def load_done(self, shard: Shard) -> ShardResult | None:
-        """The shard's ``done`` record if resuming and it matches the current shard hash."""
+        """The shard's ``done`` record if resuming and it matches the current shard hash (and,
+        under ``on_error: fail``, left no item out)."""
         if not self.resume:
             return None
         found = self.read_done(shard.hash, cached=True)
+        if found is not None and found.skipped and self.on_error == "fail":
+            return None  # done under skip: a fail run computes it again and stops on its bad item
         overridden = type(self).is_shard_done.__func__ is not ShardRecords.is_shard_done.__func__
         if found is not None and overridden and not type(self).is_shard_done(self.shard_location(shard)):
             return None  # the runner's own condition too

@@ -89,7 +89,7 @@ class CollectStatsRunner(FrontendRunner):
         fe = self.cfg.frontend.hashed()
         hashed = {"job": "collect_stats/1", "split": self.split, "frontend": fe,
                   "write_collected_feats": self.cfg.write_collected_feats,
-                  "collect_stats_kwargs": to_plain(self.cfg.collect_stats_kwargs), "on_error": self.cfg.on_error}
+                  "collect_stats_kwargs": to_plain(self.cfg.collect_stats_kwargs), **self.HASHED_ON_ERROR}
         if self.cfg.tokens.enabled:  # absent otherwise: runs without token counts keep their hashes
             hashed["tokens"] = self.cfg.tokens.hashed()
         if self.cfg.write_collected_feats and self.cfg.collected_feats_format != "ark":

@@ -223,7 +223,7 @@ class XVectorRunner(UtteranceRunner):
         if xv.precision != "float32":  # likewise
             model["precision"] = xv.precision
         return {"job": "xvector/1", "split": self.split, **model, "sampling_rate": xv.sampling_rate,
-                "channel": xv.channel, "max_duration": xv.max_duration, "on_error": self.cfg.on_error}
+                "channel": xv.channel, "max_duration": xv.max_duration, **self.HASHED_ON_ERROR}
 
     @staticmethod
     def forward(idx: Any, dataset: ShardDataset, embedder: Any, audio: AudioConfig,

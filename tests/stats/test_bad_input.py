@@ -396,3 +396,36 @@ def test_hostile_utt_ids_in_lhotse_manifest(tmp_path, good):
         outcome = _run(_config(path, tmp_path / f"skip{k}", "on_error=skip"))
         assert outcome.merged["skipped"] == 1 and outcome.merged["utterances"] == 1
     assert not (tmp_path / "fail").exists()
+
+
+def test_switching_on_error_computes_only_the_shards_with_a_bad_item(tmp_path, good):
+    """``on_error`` is not in a shard's hash: after a ``fail`` run stopped on a bad item, ``skip``
+    reuses every shard the fail run finished; a later ``fail`` run computes the shard that left
+    an item out again (and stops on it), not the others."""
+    from espnet3_flows.parallel.shard_lifecycle import DONE
+
+    lines = [f"good-{k}\t{good[k % 3][1]}" for k in range(12)] + [f"bad-missing\t{tmp_path / 'missing.wav'}"]
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+
+    def run(policy: str):
+        return _run(_config(manifest, out, f"on_error={policy}", "shard_size=2"))
+
+    with pytest.raises(ItemError, match="bad-missing"):
+        run("fail")
+    done_by_fail = len(list(out.rglob(DONE)))
+    skip = run("skip")
+    assert 1 <= done_by_fail < len(skip.shards)
+    assert (skip.cached, skip.computed) == (done_by_fail, len(skip.shards) - done_by_fail)
+    assert skip.merged["skipped"] == 1 and skip.merged["utterances"] == 12
+    again = run("skip")
+    assert (again.cached, again.computed) == (len(skip.shards), 0)
+
+    with pytest.raises(ItemError, match="bad-missing"):  # the shard done under skip is not done under fail
+        run("fail")
+    last = run("skip")
+    assert last.computed <= 1 and last.cached >= len(skip.shards) - 1
+    counts = ("shards_computed", "shards_cached", "compute_seconds")
+    assert {k: v for k, v in last.merged.items() if k not in counts} == \
+        {k: v for k, v in skip.merged.items() if k not in counts}
