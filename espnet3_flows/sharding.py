@@ -37,9 +37,11 @@ def shard_size_bounds(shard_size: int) -> tuple[int, int, int]:
     return lo, 2 * shard_size, shard_size - lo + 1
 
 
-#: The smallest shard a small split is cut into for busy workers: below it a shard's own costs (a
-#: task, its env lookup, a ``done`` record, the publish) outweigh what another worker gains, and a
-#: smoke test of a few items still runs as one shard, in this process (``parallel.inline_shards``)
+#: The fewest items of a shard (but a split's last) when a small split is cut finer for busy
+#: workers: below it a shard's own costs (a task, its env lookup, a ``done`` record, the publish)
+#: outweigh what another worker gains, and a smoke test of a few items still runs as one shard, in
+#: this process (``parallel.inline_shards``). Content-defined shards hold at least half their
+#: mean, so such a cut's mean is at least twice this.
 MIN_BUSY_SHARD = 4
 
 
@@ -50,15 +52,17 @@ def split_shard_size(shard_size: int, num_items: int, workers: int) -> int:
     the same whatever the cluster's size, so scaling a cluster up or down recomputes nothing. A
     smaller one would leave workers idle (100 GPU-heavy items in one shard of 256 run on one of 8
     GPUs), so it is cut finer: the largest power of two at most ``num_items / (2 * workers)``,
-    about 2 to 4 shards per worker, but no finer than :data:`MIN_BUSY_SHARD` items. Powers of
-    two keep a small split that grows by a few items on its old cut, so a nightly rerun still
-    reuses its shards. ``workers <= 1`` (a run in this process) keeps ``shard_size``.
+    about 2 to 4 shards per worker, but never a mean under ``2 * MIN_BUSY_SHARD``, so that
+    every shard but the split's last holds at least :data:`MIN_BUSY_SHARD` items (where the two
+    rules meet, fewer shards per worker). Powers of two keep a small split that grows by a few
+    items on its old cut, so a nightly rerun still reuses its shards. ``workers <= 1`` (a run in
+    this process) keeps ``shard_size``.
     """
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     if workers <= 1 or num_items >= 2 * workers * shard_size:
         return shard_size
-    target = max(MIN_BUSY_SHARD, num_items // (2 * workers))
+    target = max(2 * MIN_BUSY_SHARD, num_items // (2 * workers))
     return min(shard_size, 1 << (target.bit_length() - 1))
 
 

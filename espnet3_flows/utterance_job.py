@@ -86,9 +86,10 @@ class EngineConfig:
             31.8 s, medians of 3); 1000 utterances of 2-6 s are ~1 s of work per worker, and at
             this size the flow's steady state equals the engine's without Prefect. A split of fewer
             than ``2 × workers × shard_size`` utterances is cut finer, into 2 to 4 shards per
-            worker (a power of two, at least 4 utterances each), so that every worker is busy on a
-            small split (a dev set on 8 GPUs); a larger split's shards do not depend on the number
-            of workers, so scaling a cluster recomputes nothing there.
+            worker (a power of two; each shard but the last of at least 4 utterances, fewer shards
+            where the two meet), so that every worker is busy on a small split (a dev set on 8
+            GPUs); a larger split's shards do not depend on the number of workers, so scaling a
+            cluster recomputes nothing there.
         on_error: ``fail`` stops the run at the first bad item (never retried: it fails the same
             way every time); ``skip`` lists it in ``skipped.tsv`` and goes on. Switching it
             computes again only the shards that had a bad item.
