@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 
 from espnet3_flows.frontends.frontend import build_frontend, frontend_modules
 from espnet3_flows.parallel.results import ShardResult
-from espnet3_flows.utterance_job import JobEnvProvider, UtteranceRunner, audio_env
+from espnet3_flows.inputs.audio_config import AudioConfig
+from espnet3_flows.utterance_job import JobEnvProvider, UtteranceRunner, audio_env, audio_settings
 
 _LOG = logging.getLogger(__name__)
 
@@ -38,6 +39,11 @@ class FrontendRunner(UtteranceRunner):
     def __init__(self, cfg: Any, split: str, build_env: Callable[[Any], dict[str, Any]], **kwargs: Any):
         super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env), batch_size=cfg.batch_size,
                          **kwargs)
+
+    def read_audio(self) -> tuple[str, AudioConfig]:
+        fe = self.cfg.frontend
+        return "frontend.sampling_rate", audio_settings(self.cfg, fe.sampling_rate, fe.channel, fe.max_duration,
+                                                        device=fe.device)
 
     @property
     def worker_modules(self) -> tuple[str, ...]:  # type: ignore[override]

@@ -163,10 +163,16 @@ def audio_env(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration:
     import torch
 
     torch.set_num_threads(1)
+    return {"audio": audio_settings(cfg, sampling_rate, channel, max_duration, resampler, device),
+            "storage_options": dict(cfg.storage_options)}
+
+
+def audio_settings(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration: float | None,
+                   resampler: str = "", device: str = "cpu") -> AudioConfig:
+    """How the workers of ``cfg``'s job load and check audio (:func:`audio_env`'s ``audio``)."""
     threads = cfg.decode_threads or (GPU_DECODE_THREADS if device != "cpu" else 1)
-    audio = AudioConfig(sampling_rate, channel, max_duration, cfg.allow_pipes, cfg.pipe_timeout,
-                        **({"resampler": resampler} if resampler else {}), decode_threads=threads)
-    return {"audio": audio, "storage_options": dict(cfg.storage_options)}
+    return AudioConfig(sampling_rate, channel, max_duration, cfg.allow_pipes, cfg.pipe_timeout,
+                       **({"resampler": resampler} if resampler else {}), decode_threads=threads)
 
 
 def check_split_names(manifests: Mapping[str, str]) -> None:
@@ -294,13 +300,14 @@ class UtteranceRunner(BaseRunner):
     #: how input files are fingerprinted (``cfg.fingerprint``: ``stat`` or ``manifest``)
     fingerprint_mode: str = "stat"
     allow_pipes: bool = False
-    #: Whether the job writes files keyed by speaker id (``utt2spk``, ``spk2utt``,
-    #: ``spk_xvector.scp``): its planning then refuses a speaker id those files' readers would
-    #: split, as it refuses such an utterance id
-    #: (:func:`~espnet3_flows.inputs.records.validate_speaker_id`); elsewhere a speaker id is
-    #: only carried along, and ``John Smith`` is harmless
+    #: Whether the job writes files keyed by speaker id (``utt2spk``, ``spk_xvector.scp``): planning
+    #: then refuses a speaker id their readers would split, as it refuses such an utterance id
+    #: (:func:`~espnet3_flows.inputs.records.validate_speaker_id`); elsewhere ``John Smith`` is harmless
     speaker_keyed_outputs: bool = False
     _manifest_skipped: list[SkippedItem] | None = None
+    #: Where planning writes a joined data directory or an unpacked manifest for the workers
+    #: (``None``: the output location; a dry run gives a temporary directory)
+    spool: Storage | None = None
 
     def __init__(self, cfg: Any, split: str, manifest: str, provider: EnvironmentProvider, *,
                  output_dir: str | None = None, shard_subdir: str | None = None, batch_size: int | str | None = None,
@@ -332,16 +339,14 @@ class UtteranceRunner(BaseRunner):
             raise TypeError(f"{type(self).__name__} plans its shards from the manifest; call run() without indices")
         store = self.storage
         planned = plan_manifest(self.manifest, self.split, self.shard_size, self.hash_config(), on_error=self.on_error,
-                                fingerprint=self.fingerprint_mode, storage_options=self.input_options, spool=store,
+                                fingerprint=self.fingerprint_mode, storage_options=self.input_options,
+                                spool=self.spool if self.spool is not None else store,
                                 spool_rel=posixpath.join(self.shard_subdir, "inputs"), allow_pipes=self.allow_pipes,
                                 workers=workers, speakers=self.speaker_keyed_outputs)
         self._manifest_skipped = planned.skipped
         return planned.plan
 
-    #: What a built-in job's :meth:`hash_config` holds for ``on_error``: always ``fail``, whatever
-    #: the policy. It changes no output of a shard without a bad item, so switching it computes
-    #: only the shards that had one (:meth:`ShardRecords.load_done`); the constant keeps the hashes
-    #: of runs made before it stopped being hashed.
+    #: ``on_error`` in a built-in job's :meth:`hash_config`: ``fail`` whatever the policy (see ShardRecords)
     HASHED_ON_ERROR = {"on_error": "fail"}
 
     #: Keys of :meth:`hash_config` that do not make a split directory another config's
@@ -375,6 +380,10 @@ class UtteranceRunner(BaseRunner):
                                f"has {shard.num_items}")
         return {**env, "dataset": ShardDataset(self.split, utts, shard.start, str(source.get("cwd") or "")),
                 "split": self.split, "outputs_rel": self.outputs_rel}
+
+    def read_audio(self) -> tuple[str, AudioConfig] | None:
+        """The key of the rate the job reads audio at, and how (a dry run's checks); ``None``: unchecked."""
+        return None
 
     def shard_env_keys(self) -> tuple[str, ...]:
         return ("dataset", "split", "outputs_rel")

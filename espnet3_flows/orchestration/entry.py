@@ -31,6 +31,7 @@ from espnet3_flows.orchestration.console import (print_summary, print_unchanged,
                                                  restore_worker_environment)
 from espnet3_flows.orchestration.deploy_steps import (api_lost, is_api_lost, refuse_code_from_form, refuse_transient,
                                                       run_paths)
+from espnet3_flows.orchestration.dry_run import dry_run
 from espnet3_flows.orchestration.early_start import CONSOLE_FLAGS, take_early_run
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
@@ -40,7 +41,6 @@ from espnet3_flows.orchestration.parameters import dotted_values, form_fields
 from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work, quiet_shipper_failures
 from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.timeline import mark
-from espnet3_flows.parallel.cluster import describe_parallel
 from espnet3_flows.storage import StorageError
 
 @functools.cache
@@ -137,7 +137,7 @@ def _main(job: str, argv: Sequence[str] | None) -> int:
     if any(a in ("-h", "--help") for a in args):
         print(usage(job))
         return 0
-    dry_run = "--dry-run" in args
+    dry = "--dry-run" in args
     print_config = "--print-config" in args
     verbose = any(a in CONSOLE_FLAGS for a in args)
     # a configured API server (env or profile) outlives the run: its UI links are worth printing
@@ -147,12 +147,12 @@ def _main(job: str, argv: Sequence[str] | None) -> int:
     early = take_early_run(job, args)  # planned by the flow script before its imports (start_early)
     args = [a for a in args if a not in ("--dry-run", "--print-config", *CONSOLE_FLAGS)]
     try:
-        cfg = early.cfg if early is not None else _resolve(job, args, dry_run)
+        cfg = early.cfg if early is not None else _resolve(job, args, dry)
         if print_config:  # the merged config as YAML (credentials redacted), usable as --config
             print(OmegaConf.to_yaml(OmegaConf.create(mask_secrets(cfg))), end="")
             return 0
-        if dry_run:
-            return _dry_run(job, cfg)
+        if dry:
+            return dry_run(job, cfg)
         quiet_workers_of(cfg.parallel.backend, verbose)  # workers on this machine: the same quiet rules there
     except Exception as exc:  # noqa: BLE001 - a config, manifest or storage error: one line
         return _report(exc, verbose)
@@ -305,33 +305,6 @@ def _save_traceback(job: str, cfg: Any) -> str | None:
         return store.uri(rel)
     except Exception:  # noqa: BLE001 - best effort: the error line was printed already
         return None
-
-
-def _dry_run(job: str, cfg: Any) -> int:
-    """``--dry-run``: check the config, plan every split and read its done records; print what a run
-    would compute. Starts no server or cluster and writes nothing, anywhere (a config that names no
-    input: the demo it would generate is only described)."""
-    from espnet3_flows.inputs.demo import pending_demo
-
-    demo = pending_demo(cfg.output_dir, dict(cfg.manifests))
-    if demo is not None:
-        print(f"{job} (dry run): no input is named, so a run generates the demo data in {demo} and computes it; "
-              f"output {cfg.output_dir}. Nothing was written.")
-        return 0
-    preflight(job, cfg, output=False)
-    run = plan_job(job, cfg, publish=False)
-    print(f"{job} (dry run): {run.total_shards} shard(s) in {len(run.runners)} split(s), planned in "
-          f"{run.plan_seconds:.1f} s; output {cfg.output_dir}")
-    print(f"  cluster: {describe_parallel(cfg.parallel)}")
-    if run.pending_shards and cfg.parallel.runs_here(run.pending_shards) and not cfg.parallel.in_process:
-        print(f"  (none started: {run.pending_shards} shard(s) to compute run in this process, "
-              f"parallel.inline_shards={cfg.parallel.inline_shards})")
-    for split in run.runners:
-        pending = split.pending
-        print(f"  {split.runner.split}: {split.plan.num_items} utterances in {len(split.plan.shards)} shard(s): "
-              f"{len(split.done)} done, {len(pending)} to compute ({sum(s.num_items for s in pending)} utterances), "
-              f"{len(split.runner.manifest_skipped())} manifest line(s) skipped")
-    return 0
 
 
 def usage(job: str) -> str:

@@ -16,6 +16,7 @@ from espnet3_flows.parallel.backends import worker_slots
 from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.scheduler import PlannedRunner, plan_runner
 from espnet3_flows.split_outputs import trusted_summary
+from espnet3_flows.storage import Storage
 
 
 @dataclass
@@ -106,13 +107,18 @@ def runner_modules(runner: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*names, *getattr(runner, "worker_modules", ()), QUIET_WORKERS]))
 
 
-def plan_job(job: str, cfg: Any, publish: bool = True) -> PlannedFlow:
+def plan_job(job: str, cfg: Any, publish: bool = True, spool: Storage | None = None) -> PlannedFlow:
     """Plan every split of ``job`` (streaming its manifest), publish each plan's ``manifest.json``
-    (unless ``publish`` is false: a dry run) and read the ``done`` records of its shards."""
+    (unless ``publish`` is false: a dry run) and read the ``done`` records of its shards. A
+    joined data directory or unpacked manifest is written to ``spool`` when one is given (a dry
+    run's temporary directory), else beside the outputs."""
     spec = get_job(job)
     t0 = time.perf_counter()
     workers = worker_slots(cfg.parallel)
-    runners = [plan_runner(runner, None, publish, workers) for runner in spec.build_runners(cfg)]
+    built = spec.build_runners(cfg)
+    for runner in built if spool is not None else ():
+        runner.spool = spool
+    runners = [plan_runner(runner, None, publish, workers) for runner in built]
     modules = dict.fromkeys([*spec.worker_modules, *(m for p in runners for m in runner_modules(p.runner))])
     return PlannedFlow(job, runners, cfg.parallel, cfg.retries, cfg.retry_delay_seconds, job, cfg,
                        tuple(modules), time.perf_counter() - t0, t0)

@@ -17,7 +17,7 @@ from espnet3_flows.config import ConfigError, check_choices, check_device, to_pl
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner
 from espnet3_flows.utterance_job import (EngineConfig, JobEnvProvider, ShardDataset, SplitsConfig, UtteranceRunner,
-                                         audio_env)
+                                         audio_env, audio_settings)
 from espnet3_flows.xvector.config import XVectorConfig
 from espnet3_flows.xvector.outputs import EmbeddingWriter
 from espnet3_flows.xvector.publish import publish_split
@@ -192,6 +192,11 @@ def build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
 class XVectorRunner(UtteranceRunner):
     """Per shard: one embedding per utterance as ``.pt`` files and a Kaldi ark; merge adds
     ``{tag}.{ark,scp}`` and per-speaker means ``spk_{tag}.{ark,scp}``."""
+
+    def read_audio(self) -> tuple[str, AudioConfig]:
+        xv = self.cfg.xvector
+        return "xvector.sampling_rate", audio_settings(self.cfg, xv.sampling_rate, xv.channel, xv.max_duration,
+                                                       xv.resampler, xv.device)
 
     def __init__(self, cfg: XVectorJobConfig, split: str, **kwargs: Any):
         # forward receives the whole shard, so utterances are length-sorted across it
