@@ -11,6 +11,9 @@
   and, in a fresh subprocess, ``CollectStatsRunner(cfg, "train").plan(range(n))``: manifest
   read, file fingerprints (one listing per directory) and shard hashing. Targets: < 10 s and
   peak RSS < 1 GB.
+- **Dry run of 1,000,000 manifest lines** (30,000 with ``--quick``): ``python flows/collect_stats.py
+  --dry-run`` in a fresh process, every line's file stat'ed and 100 headers read (issue "Nightly
+  runs an operator can see and trust"). Target: < 60 s.
 
 Run ``python -m benchmarks --only memory [--quick]``.
 """
@@ -102,6 +105,35 @@ def plan_manifest(n: int) -> Path:
     return path
 
 
+def dry_run_manifest(n: int) -> Path:
+    """A cached ``n``-line TSV naming 200 real corpus files in turn: every line a file that
+    ``--dry-run`` stats (and 100 of them a header it reads)."""
+    path = common.DATA / "plan" / f"dry_{n}.tsv"
+    if path.exists():
+        return path
+    real = common.manifest_paths(common.corpus_manifest(200))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text("".join(f"dry-utt{i:07d}\t{real[i % len(real)]}\n" for i in range(n)))
+    tmp.replace(path)
+    return path
+
+
+def _dry_runs(n: int, reps: int) -> list[dict[str, Any]]:
+    """``python flows/collect_stats.py --dry-run`` over ``n`` manifest lines, ``reps`` fresh processes."""
+    manifest = dry_run_manifest(n)
+    runs = []
+    for _ in range(reps):
+        out = common.scratch("memory-dry-run")
+        try:
+            runs.append(process_tree.run_checked(
+                process_tree.flow_cli("collect_stats", "--dry-run", f"manifests.train={manifest}", f"output_dir={out}"),
+                common.DATA / "logs" / NAME / "dry-run.log", interval=INTERVAL))
+        finally:
+            common.clean_scratch(out)
+    return runs
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Measure, write ``memory.json`` / ``.png`` and return the result."""
     base = 50 if quick else 2000
@@ -148,6 +180,10 @@ def run(quick: bool = False) -> dict[str, Any]:
                  "rss_after_imports_mb": common.spread([r["rss_after_imports"] / MB for r in p]),
                  "peak_rss_mb": common.spread([r["peak_rss_at_plan"] / MB for r in p]),
                  "peak_rss_incl_write_mb": common.spread([r["peak_rss"] / MB for r in p])})
+    dry_n = 30_000 if quick else 1_000_000
+    dry = _dry_runs(dry_n, plan_reps)
+    rows.append({"section": "dry run", "data": f"{dry_n:,} utterances", "utterances": dry_n, "repetitions": len(dry),
+                 "wall_s": common.spread([r["wall_s"] for r in dry])})
     one, four = rows[0], rows[1]
     growth_driver = four["driver_peak_mb"]["median"] / one["driver_peak_mb"]["median"]
     growth_worker = four["worker_peak_mb"]["median"] / one["worker_peak_mb"]["median"]
@@ -159,6 +195,8 @@ def run(quick: bool = False) -> dict[str, Any]:
                       plan_row["total_s"]["median"] < 10),
         common.target(f"plan {plan_n:,} utterances: peak RSS", "< 1 GB (1024 MB)",
                       round(plan_row["peak_rss_mb"]["median"], 1), plan_row["peak_rss_mb"]["median"] < 1024),
+        common.target(f"--dry-run over {dry_n:,} manifest lines, every file stat'ed: time", "< 60 s",
+                      round(rows[3]["wall_s"]["median"], 2), rows[3]["wall_s"]["median"] < 60),
     ]
     notes = [
         f"Flow: {reps} repetition(s) per size, alternating order, each in a fresh driver process; shard_size "
@@ -169,8 +207,12 @@ def run(quick: bool = False) -> dict[str, Any]:
         f"The manifest's first 200 lines name real files, the other {plan_n - 200:,} name files in 1,000 "
         "nonexistent directories (fingerprint 'missing').",
     ]
+    notes.append(f"Dry run: {plan_reps} fresh process(es) of `python flows/collect_stats.py --dry-run` (config, "
+                 "planning, every pending file stat'ed, 100 headers read) on 2 workers' cut; the manifest names 200 "
+                 "real corpus files in turn.")
     if plan_n != 300_000:
-        notes.append(f"--quick plans {plan_n:,} utterances, not 300,000: the target is for the full run.")
+        notes.append(f"--quick plans {plan_n:,} utterances and dry-runs {dry_n:,}, not 300,000 and 1,000,000: the "
+                     "targets are for the full run.")
     return common.write_result(NAME, quick, rows, targets, notes, plot=lambda path: _plot(rows, path))
 
 
