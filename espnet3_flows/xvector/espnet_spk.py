@@ -94,10 +94,12 @@ def _from_meta(root: Path, source: str) -> EspnetSpkFiles:
 
 
 def _checked(config: Path, weights: Path, root: Path, source: str) -> EspnetSpkFiles:
-    for path, what in ((weights, "weights"), (config, "config.yaml")):
-        if not path.is_file():
-            raise XVectorModelError(f"ESPnet-SPK model {source!r}: its {what} {str(path)!r} does not exist "
-                                    "(not downloaded? this job never downloads models)")
+    missing = [f"its {what} {str(path)!r}" for path, what in ((weights, "weights"), (config, "config.yaml"))
+               if not path.is_file()]
+    if missing:
+        raise XVectorModelError(f"ESPnet-SPK model {source!r}: {' and '.join(missing)} "
+                                f"{'does' if len(missing) == 1 else 'do'} not exist (not downloaded, or copied "
+                                "in part? this job never downloads models)")
     return EspnetSpkFiles(config.resolve(), weights.resolve(), root.resolve())
 
 

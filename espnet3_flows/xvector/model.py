@@ -87,7 +87,7 @@ def resolve_model_source(source: str | Path) -> Path:
             raise XVectorModelError(
                 f"speechbrain model directory {str(local)!r} has no {HPARAMS_FILE}; "
                 "pass the directory that holds hyperparams.yaml and the .ckpt files")
-        return local.resolve()
+        return _complete(local.resolve(), source_str)
     from huggingface_hub import try_to_load_from_cache
 
     try:
@@ -100,7 +100,66 @@ def resolve_model_source(source: str | Path) -> Path:
             f"{source_str!r} is neither a local model directory nor a hub id in the local Hugging Face "
             "cache, and this job never downloads models: fetch it where the network is reachable "
             f"(`hf download {source_str} --local-dir DIR`) and pass DIR")
-    return Path(cached).parent
+    return _complete(Path(cached).parent, source_str)
+
+
+#: Classes whose checkpoint loader is speechbrain's ``load_if_possible``: a loadable of one
+#: (the label encoder) may be missing from a directory, and the model still loads
+_LOADED_IF_POSSIBLE = "speechbrain.dataio.encoder."
+
+
+def speechbrain_model_files(hparams: str) -> list[str]:
+    """The files of a speechbrain model directory that its ``hyperparams.yaml`` (the text
+    ``hparams``) cannot load without: ``hyperparams.yaml``, then the pretrainer's ``paths``
+    under ``<pretrained_path>/`` (``<name>.ckpt`` for a loadable with no path: speechbrain's
+    default), less those of objects speechbrain loads only if possible (a label encoder). Paths
+    elsewhere (another directory, a hub id) are not listed."""
+    import yaml
+
+    class _Plain(yaml.SafeLoader):
+        """Reads speechbrain's tags as the plain values they tag; ``!new:CLASS`` as ``{"__new__": CLASS, ...}``."""
+
+    def plain(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            value: Any = loader.construct_mapping(node, deep=True)
+        elif isinstance(node, yaml.SequenceNode):
+            return loader.construct_sequence(node, deep=True)
+        else:
+            value = loader.construct_scalar(node)  # type: ignore[arg-type]
+        return {**(value or {}), "__new__": suffix[4:]} if suffix.startswith("new:") else value
+
+    _Plain.add_multi_constructor("!", plain)
+    tree = yaml.load(hparams, Loader=_Plain)  # (a SafeLoader: tags only give plain values)
+    tree = tree if isinstance(tree, dict) else {}
+    files = [HPARAMS_FILE]
+    for value in tree.values():
+        if not (isinstance(value, dict) and isinstance(value.get("loadables"), dict)):
+            continue
+        paths = value.get("paths") if isinstance(value.get("paths"), dict) else {}
+        for name, obj in value["loadables"].items():
+            target = tree.get(str(obj).strip("<>"), {}) if isinstance(obj, str) else obj
+            if isinstance(target, dict) and str(target.get("__new__", "")).startswith(_LOADED_IF_POSSIBLE):
+                continue
+            path = str(paths.get(name, f"<pretrained_path>/{name}.ckpt"))
+            if path.startswith("<pretrained_path>/"):
+                files.append(path.removeprefix("<pretrained_path>/"))
+    return list(dict.fromkeys(files))
+
+
+def _complete(local: Path, source: str) -> Path:
+    """``local``, once every file its ``hyperparams.yaml`` loads is there; else an error listing
+    the missing ones (a directory copied in part from another machine)."""
+    try:
+        needed = speechbrain_model_files((local / HPARAMS_FILE).read_text(encoding="utf-8"))
+    except Exception:  # noqa: BLE001 - an unreadable hyperparams.yaml: speechbrain's loader names its fault
+        return local
+    missing = [name for name in needed if not (local / name).is_file()]
+    if missing:
+        raise XVectorModelError(
+            f"speechbrain model {source!r} ({local}) lacks {len(missing)} file(s) its {HPARAMS_FILE} loads: "
+            f"{', '.join(missing)}; copy the whole model directory (every file listed in "
+            "docs/configuration.md, \"A model from another machine\")")
+    return local
 
 
 def load_speechbrain_encoder(
