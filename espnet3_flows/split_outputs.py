@@ -134,7 +134,7 @@ def claim_outputs(store: Storage, rel: str, job: str, config: Mapping[str, Any])
         OutputsOwnedError: the directory belongs to another job or another config; the message
             names what differs and how to proceed.
     """
-    mine = {"job": job, "config": to_jsonable(mask_secrets(config))}  # a model's kwargs may hold a token
+    mine = _owner_record(job, config)
     owner_rel = posixpath.join(rel, OWNER)
     found = _read_owner(store, owner_rel)
     if found is None:
@@ -142,13 +142,30 @@ def claim_outputs(store: Storage, rel: str, job: str, config: Mapping[str, Any])
         found = _read_owner(store, owner_rel)
     if isinstance(found, _Unreadable):  # it cannot name an owner: replaced, with a warning naming it
         found = _replace_unreadable(store, owner_rel, mine, found)
+    what = _conflict(found, mine)
+    if what is not None:
+        raise OutputsOwnedError(f"{store.uri(rel)} holds {what}; this run ({job}) would mix its outputs with them: "
+                                f"use another output directory, or remove {store.uri(owner_rel)} to replace them")
+
+
+def owner_conflict(store: Storage, rel: str, job: str, config: Mapping[str, Any]) -> str | None:
+    """What makes the split directory ``rel`` another job's or another config's, as
+    :func:`claim_outputs` would say it (``None``: no owner yet, an unreadable one, or this job
+    and config); reads only."""
+    found = _read_owner(store, posixpath.join(rel, OWNER))
+    return None if found is None or isinstance(found, _Unreadable) else _conflict(found, _owner_record(job, config))
+
+
+def _owner_record(job: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    return {"job": job, "config": to_jsonable(mask_secrets(config))}  # a model's kwargs may hold a token
+
+
+def _conflict(found: Any, mine: dict[str, Any]) -> str | None:
     if found == mine:
-        return
+        return None
     theirs = found if isinstance(found, Mapping) else {}
-    what = (f"the outputs of {theirs.get('job')}" if theirs.get("job") != job else
-            f"{job} outputs made with {_differences(theirs.get('config'), mine['config'])}")
-    raise OutputsOwnedError(f"{store.uri(rel)} holds {what}; this run ({job}) would mix its outputs with them: "
-                            f"use another output directory, or remove {store.uri(owner_rel)} to replace them")
+    return (f"the outputs of {theirs.get('job')}" if theirs.get("job") != mine["job"] else
+            f"{mine['job']} outputs made with {_differences(theirs.get('config'), mine['config'])}")
 
 
 class _Unreadable(str):

@@ -149,8 +149,7 @@ class EngineConfig:
             after()
 
 
-#: ``decode_threads: 0`` where the job's model runs on a GPU
-GPU_DECODE_THREADS = 4
+GPU_DECODE_THREADS = 4  #: ``decode_threads: 0`` where the job's model runs on a GPU
 
 
 def audio_env(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration: float | None,
@@ -305,8 +304,7 @@ class UtteranceRunner(BaseRunner):
     #: (:func:`~espnet3_flows.inputs.records.validate_speaker_id`); elsewhere ``John Smith`` is harmless
     speaker_keyed_outputs: bool = False
     _manifest_skipped: list[SkippedItem] | None = None
-    #: Where planning writes a joined data directory or an unpacked manifest for the workers
-    #: (``None``: the output location; a dry run gives a temporary directory)
+    #: Where planning writes a joined data directory or unpacked manifest (None: the output; dry run: a temp dir)
     spool: Storage | None = None
 
     def __init__(self, cfg: Any, split: str, manifest: str, provider: EnvironmentProvider, *,
@@ -353,15 +351,17 @@ class UtteranceRunner(BaseRunner):
     #: (``owner.json``): per split, per error policy, or facts of the machine rather than choices
     owner_ignores: tuple[str, ...] = ("split", "on_error")
 
+    def owner_record(self) -> tuple[str, dict[str, Any]]:
+        """The job and the config that make the split's output directory this job's (``owner.json``)."""
+        hashed = dict(self.hash_config())  # "collect_stats/1": a new version recomputes, it is the same job
+        return str(hashed.pop("job", type(self).__name__)).split("/")[0], {
+            k: v for k, v in hashed.items() if k not in self.owner_ignores}
+
     def write_plan(self, plan: ShardPlan) -> None:
-        """Claim the split's output directory for this job and config
-        (:func:`~espnet3_flows.split_outputs.claim_outputs`), then publish the plan."""
-        store = self.storage
-        if store is not None:
-            hashed = dict(self.hash_config())
-            job = str(hashed.pop("job", type(self).__name__)).split("/")[0]  # "collect_stats/1": a new
-            # output version recomputes the shards, it does not make the directory another job's
-            claim_outputs(store, self.outputs_rel, job, {k: v for k, v in hashed.items() if k not in self.owner_ignores})
+        """Claim the split's output directory (:func:`~espnet3_flows.split_outputs.claim_outputs`),
+        then publish the plan."""
+        if self.storage is not None:
+            claim_outputs(self.storage, self.outputs_rel, *self.owner_record())
         super().write_plan(plan)
 
     def manifest_skipped(self) -> list[SkippedItem]:

@@ -66,6 +66,32 @@ def test_the_same_job_with_other_outputs_is_refused_naming_the_key(demo_corpus, 
     assert (out / "train" / "feats_shape").read_text().split("\n")[0].endswith(",40")
 
 
+def test_a_config_mismatch_names_every_split_at_once_and_claims_none(demo_corpus, tmp_path):
+    """The issue's case: a nightly run without the CLI's frontend.sampling_rate=8000 was refused
+    one split at a time; now in one line naming both, before anything is planned or claimed."""
+    from espnet3_flows.orchestration.jobs import get_job
+
+    out = tmp_path / "exp"
+
+    def cfg(*overrides: str):
+        return load_config(get_job("collect_stats").config_class, overrides=[
+            f"manifests.train={demo_corpus['train']}", f"manifests.valid={demo_corpus['valid']}",
+            f"manifests.test={demo_corpus['valid']}", f"output_dir={out}", "parallel.env=serial", *overrides])
+
+    run = plan_job("collect_stats", cfg("frontend.sampling_rate=8000"))
+    run_planned(run.runners, InProcessExecutor(), progress=False)
+    (out / "test" / "owner.json").unlink()  # one split of three with no owner record: not named
+    listing = sorted(str(p) for p in out.rglob("*"))
+    with pytest.raises(OutputsOwnedError) as info:
+        plan_job("collect_stats", cfg())
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{out}/train, {out}/valid hold collect_stats outputs made with "
+                              "frontend.sampling_rate=8000 (this run: 16000); this run (collect_stats) would mix"), message
+    assert f"remove {out}/train/owner.json, {out}/valid/owner.json to replace them" in message
+    assert sorted(str(p) for p in out.rglob("*")) == listing  # test/owner.json not claimed either
+
+
 def _start(job: str, manifest: str, out: str, barrier, results, *overrides: str) -> None:
     barrier.wait()
     try:
