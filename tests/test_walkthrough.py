@@ -39,14 +39,14 @@ def steps(text: str) -> list[tuple[str, str, str]]:
 
 
 def _kaldi_dir(path: Path, audio: Path, utts: int, speakers: int, seed: int) -> list[str]:
-    """A Kaldi data directory of ``utts`` noise utterances (1–2.5 s, 16 kHz) by ``speakers``."""
+    """A Kaldi data directory of ``utts`` noise utterances (1–2.5 s, 8 kHz: the page's corpus) by ``speakers``."""
     rng = np.random.default_rng(seed)
     path.mkdir(parents=True)
     audio.mkdir(parents=True, exist_ok=True)
     ids = [f"spk{i % speakers}-{path.name}{i:03d}" for i in range(utts)]
     for utt in ids:
-        wave = 0.1 * rng.standard_normal(int(16000 * rng.uniform(1.0, 2.5)))
-        sf.write(audio / f"{utt}.wav", wave.astype(np.float32), 16000, subtype="PCM_16")
+        wave = 0.1 * rng.standard_normal(int(8000 * rng.uniform(1.0, 2.5)))
+        sf.write(audio / f"{utt}.wav", wave.astype(np.float32), 8000, subtype="PCM_16")
     ids.sort()
     (path / "wav.scp").write_text("".join(f"{u} {audio / u}.wav\n" for u in ids))
     (path / "utt2spk").write_text("".join(f"{u} {u.split('-')[0]}\n" for u in ids))
@@ -69,7 +69,7 @@ def test_the_walkthrough_runs_as_written(tmp_path):
     Path(moved["/home/me/mycorpus_jobs"]).mkdir(parents=True)
     page = PAGE.read_text()
     found = steps(page)
-    assert [k for k, _, _ in found].count("run") >= 7 and [k for k, _, _ in found].count("file") == 3
+    assert [k for k, _, _ in found].count("run") >= 7 and [k for k, _, _ in found].count("file") == 4
 
     venv_bin = str(Path(sys.executable).parent)
     env = cli_env(tmp_path / "prefect-home", fresh_database=True, DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
@@ -112,6 +112,12 @@ def test_the_walkthrough_runs_as_written(tmp_path):
     assert len(runs) == 3 and states == ["COMPLETED"] * 3, outputs[-1][-3000:]
     exp = Path(moved["/exp/mycorpus"])
     assert {p.name for p in (exp / "stats").iterdir()} >= {"train", "valid"}
+    # the nightly run took the command line's config file: the 8 kHz frontend that owns the outputs
+    # (without it, the run was refused: outputs made with frontend.sampling_rate=8000)
+    for split in ("train", "valid"):
+        owner = json.loads((exp / "stats" / split / "owner.json").read_text())
+        assert owner["config"]["frontend"]["sampling_rate"] == 8000, owner
+    assert "warning" not in outputs[0] and "0 bad" in outputs[0], outputs[0]
     assert (exp / "stats" / "valid" / "speech_shape").read_text().count("\n") == 6
     assert "12 utterances, 3 speakers, dim 192" in "".join(outputs)
     durations = dict(line.split() for line in (exp / "utt2dur" / "train" / "utt2dur").read_text().splitlines())
