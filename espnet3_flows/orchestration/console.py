@@ -164,6 +164,41 @@ def quiet_during(run_links: bool = False) -> Iterator[None]:
         _OWN_ENV = own
 
 
+class _ClusterChatterFilter(logging.Filter):
+    """Drops what a cluster this package starts adds to a console that is not its own: Dask's
+    INFO and WARNING lines (cluster start, worker registration) and the Dask task runner's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("distributed"):
+            return record.levelno >= logging.ERROR and not record.getMessage().startswith(_HEARTBEAT_RACE)
+        return not (record.name.startswith("prefect.task_runner") and record.levelno < logging.WARNING)
+
+
+@contextlib.contextmanager
+def quiet_cluster_during() -> Iterator[None]:
+    """Inside a user's flow, whose console is theirs (its lines, Prefect's, their logging): for the
+    block, only the chatter of the Dask cluster this package starts is dropped (driver side:
+    :class:`_ClusterChatterFilter` on every console handler; local workers quiet, as a command
+    line's); afterwards the handlers and the environment are as they were."""
+    global _OWN_ENV
+    import distributed  # noqa: F401 - Dask adds its console handler on import: it is filtered too
+
+    before, own = {name: os.environ.get(name) for name in _WORKER_ENV}, _OWN_ENV
+    quiet_local_workers(True)
+    added = [(handler, _ClusterChatterFilter()) for handler in _console_handlers()
+             if not any(isinstance(f, _ClusterChatterFilter) for f in handler.filters)]
+    for handler, f in added:
+        handler.addFilter(f)
+    try:
+        yield
+    finally:
+        for handler, f in added:
+            handler.removeFilter(f)
+        for name, value in before.items():
+            _put_env(name, value)
+        _OWN_ENV = own
+
+
 def plain_console(verbose: bool = False) -> None:
     """The console of a command line that ends before importing Prefect (a rerun with nothing to
     compute): warnings and errors, as Prefect's console prints them, one line each unless

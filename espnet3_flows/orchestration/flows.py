@@ -117,7 +117,7 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
     earlier, no server, cluster or flow starts and ``merge`` runs in this process, as
     ``runner(indices)`` would; the console shows this package's lines, warnings and errors, one line each, not
     Dask's or Prefect's INFO chatter, and Prefect's ``View at`` link only for a server that
-    outlives the run (``PREFECT_API_URL`` set). Inside a flow of yours the console is yours.
+    outlives the run (``PREFECT_API_URL`` set). Inside a flow of yours the console is yours, less our cluster's chatter.
 
     Args:
         runner: The runner (ESPnet3's contract; see :mod:`espnet3_flows.parallel.base_runner`).
@@ -130,7 +130,7 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
         retry_delay_seconds: First retry delay (doubling, jittered by up to 50 %).
         progress: Show a terminal progress bar (default: when stderr is a terminal).
         name: The flow's name (default: the runner's class name in kebab case).
-        verbose: At top level, leave the console as it is (every Dask and Prefect line).
+        verbose: Leave the console as it is (every Dask and Prefect line).
 
     Returns:
         What ``runner.merge(shard_dirs)`` returned.
@@ -147,8 +147,8 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
                       "items": p.plan.num_items, "shards": run.total_shards})
         return _run_flow(run, title, shown, show_progress)
 
-    if _in_flow():  # a subflow of the user's flow: their console, their server
-        with runner.output_scope():
+    if _in_flow():  # a subflow of the user's flow: their console (less our cluster's chatter), their server
+        with contextlib.nullcontext() if verbose else console.quiet_cluster_during(), runner.output_scope():
             return flow_of(_plan_runner_flow(runner, indices, cfg, title, retries, retry_delay_seconds))
     # a configured server outlives the run: its UI links are worth printing; a private one's are dead
     run_links = bool(os.environ.get("PREFECT_API_URL") or _configured_api_url())

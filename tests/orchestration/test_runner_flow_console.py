@@ -74,3 +74,47 @@ def test_verbose_keeps_dask_and_prefect_lines(tmp_path):
     lines, _ = _run(tmp_path, "-v")
     text = "\n".join(lines)
     assert "distributed." in text and "Finished in state Completed" in text, text
+
+
+USER_FLOW = '''
+import sys
+
+from prefect import flow
+
+from espnet3_flows.orchestration import runner_flow
+from my_runners import Double, Numbers
+
+
+@flow(name="doubles")
+def doubles(verbose: bool = False) -> list:
+    runner = Double(Numbers({"n": 16}), output_dir="exp/verbose" if verbose else "exp/double", shard_size=4)
+    return runner_flow(runner, range(16), parallel={"env": "local", "n_workers": 2}, verbose=verbose)
+
+
+if __name__ == "__main__":
+    assert doubles("-v" in sys.argv) == [2 * i for i in range(16)]
+    print("ok")
+'''
+
+
+def test_inside_a_users_flow_the_console_is_theirs_without_our_clusters_chatter(tmp_path, session_api_url):
+    """The walkthrough's case: a flow of the user's around ``runner_flow`` printed ~90 lines of
+    Dask INFO on success; the cluster's chatter goes, the user's and Prefect's flow lines stay."""
+    (tmp_path / "my_runners.py").write_text(textwrap.dedent(RUNNERS))
+    (tmp_path / "my_flow.py").write_text(textwrap.dedent(USER_FLOW))
+
+    def run(*args: str) -> list[str]:
+        env = cli_env(tmp_path / "prefect-home", api_url=session_api_url)
+        proc = subprocess.run([sys.executable, "my_flow.py", *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+        lines = proc.stderr.splitlines() + proc.stdout.splitlines()
+        assert proc.returncode == 0, "\n".join(lines)
+        return lines
+
+    lines = run()
+    text = "\n".join(lines)
+    assert lines[-1] == "ok" and len(lines) <= 15, text
+    assert "distributed." not in text and "Creating a new Dask cluster" not in text, text
+    assert "Beginning flow run" in text and "Beginning subflow run" in text, text  # Prefect's own lines stay
+    verbose = "\n".join(run("-v"))  # its own output: a cluster starts, and says so
+    assert "distributed." in verbose and "Beginning subflow run" in verbose, verbose
