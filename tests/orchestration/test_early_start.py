@@ -50,7 +50,10 @@ def test_a_run_on_local_workers_is_planned_and_its_forkserver_started(no_forkser
 
 
 def test_runs_in_the_driver_start_no_forkserver(no_forkserver, corpus, tmp_path):
-    one_shard = start_early("collect_stats", [f"manifests.train={corpus}", f"output_dir={tmp_path / 'a'}"])
+    four = tmp_path / "four.tsv"  # a split of at most MIN_BUSY_SHARD items is one shard on any number of workers
+    four.write_text("".join([line for line in corpus.read_text().splitlines(keepends=True)
+                             if not line.startswith("#")][:4]))
+    one_shard = start_early("collect_stats", [f"manifests.train={four}", f"output_dir={tmp_path / 'a'}"])
     assert one_shard is not None and one_shard.planned.pending_shards == 1
     serial = start_early("collect_stats", [f"manifests.train={corpus}", f"output_dir={tmp_path / 'b'}",
                                            "shard_size=2", "parallel.env=serial"])
