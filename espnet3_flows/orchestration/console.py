@@ -74,8 +74,13 @@ class _QuietFilter(logging.Filter):
                 return self.run_links and record.getMessage().startswith("View at ")
             return record.levelno >= logging.WARNING  # user code (a model) through get_run_logger
         if record.name.startswith("distributed"):
-            return record.levelno >= logging.ERROR and not record.getMessage().startswith(_HEARTBEAT_RACE)
+            return _dask_line_shown(record)
         return record.levelno >= logging.WARNING
+
+
+def _dask_line_shown(record: logging.LogRecord) -> bool:
+    """A quiet console's rule for Dask's own records: errors, but the heartbeat race."""
+    return record.levelno >= logging.ERROR and not record.getMessage().startswith(_HEARTBEAT_RACE)
 
 
 class _OneLineFormatter(logging.Formatter):
@@ -147,18 +152,28 @@ def quiet_during(run_links: bool = False) -> Iterator[None]:
     every console handler has its own filters and formatter back, and the environment its own
     :data:`QUIET_ENV`. Handlers configured during the block (Dask's, when it is imported) are
     quieted by calling :func:`quiet_console` again inside it, and restored here as well."""
+    with _quiet_workers_during():
+        quiet_console(run_links)
+        try:
+            yield
+        finally:
+            for handler in _console_handlers():
+                for f in [f for f in handler.filters if isinstance(f, _QuietFilter)]:
+                    handler.removeFilter(f)
+                if isinstance(handler.formatter, _OneLineFormatter):
+                    handler.setFormatter(handler.formatter.inner)
+
+
+@contextlib.contextmanager
+def _quiet_workers_during() -> Iterator[None]:
+    """:func:`quiet_local_workers` for the block; afterwards the environment has its own
+    :data:`QUIET_ENV` and Dask logging level back."""
     global _OWN_ENV
     before, own = {name: os.environ.get(name) for name in _WORKER_ENV}, _OWN_ENV
     quiet_local_workers(True)
-    quiet_console(run_links)
     try:
         yield
     finally:
-        for handler in _console_handlers():
-            for f in [f for f in handler.filters if isinstance(f, _QuietFilter)]:
-                handler.removeFilter(f)
-            if isinstance(handler.formatter, _OneLineFormatter):
-                handler.setFormatter(handler.formatter.inner)
         for name, value in before.items():
             _put_env(name, value)
         _OWN_ENV = own
@@ -170,7 +185,7 @@ class _ClusterChatterFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith("distributed"):
-            return record.levelno >= logging.ERROR and not record.getMessage().startswith(_HEARTBEAT_RACE)
+            return _dask_line_shown(record)
         return not (record.name.startswith("prefect.task_runner") and record.levelno < logging.WARNING)
 
 
@@ -180,23 +195,18 @@ def quiet_cluster_during() -> Iterator[None]:
     block, only the chatter of the Dask cluster this package starts is dropped (driver side:
     :class:`_ClusterChatterFilter` on every console handler; local workers quiet, as a command
     line's); afterwards the handlers and the environment are as they were."""
-    global _OWN_ENV
     import distributed  # noqa: F401 - Dask adds its console handler on import: it is filtered too
 
-    before, own = {name: os.environ.get(name) for name in _WORKER_ENV}, _OWN_ENV
-    quiet_local_workers(True)
     added = [(handler, _ClusterChatterFilter()) for handler in _console_handlers()
              if not any(isinstance(f, _ClusterChatterFilter) for f in handler.filters)]
-    for handler, f in added:
-        handler.addFilter(f)
-    try:
-        yield
-    finally:
+    with _quiet_workers_during():
         for handler, f in added:
-            handler.removeFilter(f)
-        for name, value in before.items():
-            _put_env(name, value)
-        _OWN_ENV = own
+            handler.addFilter(f)
+        try:
+            yield
+        finally:
+            for handler, f in added:
+                handler.removeFilter(f)
 
 
 def plain_console(verbose: bool = False) -> None:
