@@ -144,8 +144,20 @@ def claim_outputs(store: Storage, rel: str, job: str, config: Mapping[str, Any])
         found = _replace_unreadable(store, owner_rel, mine, found)
     what = _conflict(found, mine)
     if what is not None:
-        raise OutputsOwnedError(f"{store.uri(rel)} holds {what}; this run ({job}) would mix its outputs with them: "
-                                f"use another output directory, or remove {store.uri(owner_rel)} to replace them")
+        raise owned_error(job, [(store.uri(rel), store.uri(owner_rel), what)])
+
+
+def owned_error(job: str, conflicts: Sequence[tuple[str, str, str]]) -> OutputsOwnedError:
+    """The one-line refusal of a run whose split directories are another's: ``conflicts`` are
+    ``(directory, its owner.json, what holds it)``, directories held alike named together."""
+    held: dict[str, list[tuple[str, str]]] = {}
+    for directory, owner, what in conflicts:
+        held.setdefault(what, []).append((directory, owner))
+    named = "; ".join(f"{', '.join(d for d, _ in dirs)} {'holds' if len(dirs) == 1 else 'hold'} {what}"
+                      for what, dirs in held.items())
+    owners = ", ".join(o for dirs in held.values() for _, o in dirs)
+    return OutputsOwnedError(f"{named}; this run ({job}) would mix its outputs with them: use another output "
+                             f"directory, or remove {owners} to replace them")
 
 
 def owner_conflict(store: Storage, rel: str, job: str, config: Mapping[str, Any]) -> str | None:

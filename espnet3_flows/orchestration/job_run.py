@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import posixpath
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ from espnet3_flows.orchestration.jobs import get_job
 from espnet3_flows.parallel.backends import worker_slots
 from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.scheduler import PlannedRunner, plan_runner
-from espnet3_flows.split_outputs import OWNER, OutputsOwnedError, owner_conflict, trusted_summary
+from espnet3_flows.split_outputs import OWNER, owned_error, owner_conflict, trusted_summary
 from espnet3_flows.storage import Storage
 
 
@@ -117,8 +118,9 @@ def plan_job(job: str, cfg: Any, publish: bool = True, spool: Storage | None = N
     workers = worker_slots(cfg.parallel)
     built = spec.build_runners(cfg)
     check_owners(job, built)
-    for runner in built if spool is not None else ():
-        runner.spool = spool
+    if spool is not None:
+        for runner in built:
+            runner.spool = spool
     runners = [plan_runner(runner, None, publish, workers) for runner in built]
     modules = dict.fromkeys([*spec.worker_modules, *(m for p in runners for m in runner_modules(p.runner))])
     return PlannedFlow(job, runners, cfg.parallel, cfg.retries, cfg.retry_delay_seconds, job, cfg,
@@ -129,20 +131,16 @@ def check_owners(job: str, runners: Sequence[Any]) -> None:
     """Refuse a run whose split directories hold another job's outputs or this job's made with
     another config, naming every such split in one line, before any split is planned or claimed
     (a run would otherwise stop at the first, and its rerun at the next)."""
-    found: dict[str, list[tuple[str, str]]] = {}
+    conflicts = []
     for runner in runners:
         owner = getattr(runner, "owner_record", None)  # (an UtteranceRunner's: a plugin's runner may claim none)
         store = runner.storage
         what = owner_conflict(store, runner.outputs_rel, *owner()) if owner is not None and store is not None else None
         if what is not None:
-            found.setdefault(what, []).append((store.uri(runner.outputs_rel), store.uri(f"{runner.outputs_rel}/{OWNER}")))
-    if not found:
-        return
-    held = "; ".join(f"{', '.join(d for d, _ in dirs)} {'holds' if len(dirs) == 1 else 'hold'} {what}"
-                     for what, dirs in found.items())
-    owners = [o for dirs in found.values() for _, o in dirs]
-    raise OutputsOwnedError(f"{held}; this run ({job}) would mix its outputs with them: use another output directory, "
-                            f"or remove {', '.join(owners)} to replace them")
+            rel = runner.outputs_rel
+            conflicts.append((store.uri(rel), store.uri(posixpath.join(rel, OWNER)), what))
+    if conflicts:
+        raise owned_error(job, conflicts)
 
 
 #: The planned run a flow works on, set around the flow call by whoever planned it: the flow's
