@@ -20,9 +20,14 @@ _LOG = logging.getLogger(__name__)
 def frontend_env(cfg: Any) -> dict[str, Any]:
     """``audio``, ``storage_options`` and ``frontend`` for ``cfg.frontend`` (its rate, channel,
     longest duration and device), built once per worker."""
+    return {**audio_env(cfg, **frontend_audio(cfg)), "frontend": build_frontend(cfg.frontend)}
+
+
+def frontend_audio(cfg: Any) -> dict[str, Any]:
+    """How ``cfg.frontend`` reads audio, as :func:`audio_env` and :func:`audio_settings` take it."""
     fe = cfg.frontend
-    return {**audio_env(cfg, fe.sampling_rate, fe.channel, fe.max_duration, device=fe.device),
-            "frontend": build_frontend(fe)}
+    return {"sampling_rate": fe.sampling_rate, "channel": fe.channel, "max_duration": fe.max_duration,
+            "device": fe.device}
 
 
 class FrontendRunner(UtteranceRunner):
@@ -40,10 +45,8 @@ class FrontendRunner(UtteranceRunner):
         super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env), batch_size=cfg.batch_size,
                          **kwargs)
 
-    def read_audio(self) -> tuple[str, AudioConfig]:
-        fe = self.cfg.frontend
-        return "frontend.sampling_rate", audio_settings(self.cfg, fe.sampling_rate, fe.channel, fe.max_duration,
-                                                        device=fe.device)
+    def input_audio(self) -> tuple[str, AudioConfig]:
+        return "frontend.sampling_rate", audio_settings(self.cfg, **frontend_audio(self.cfg))
 
     @property
     def worker_modules(self) -> tuple[str, ...]:  # type: ignore[override]

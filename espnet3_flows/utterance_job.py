@@ -381,7 +381,7 @@ class UtteranceRunner(BaseRunner):
         return {**env, "dataset": ShardDataset(self.split, utts, shard.start, str(source.get("cwd") or "")),
                 "split": self.split, "outputs_rel": self.outputs_rel}
 
-    def read_audio(self) -> tuple[str, AudioConfig] | None:
+    def input_audio(self) -> tuple[str, AudioConfig] | None:
         """The key of the rate the job reads audio at, and how (a dry run's checks); ``None``: unchecked."""
         return None
 

@@ -56,8 +56,8 @@ def _print_inputs(split: PlannedRunner, storage_options: Any) -> int:
     print(f"  {runner.split}: {split.plan.num_items} utterances in {len(split.plan.shards)} shard(s): "
           f"{len(split.done)} done, {len(pending)} to compute ({sum(s.num_items for s in pending)} utterances), "
           f"{len(runner.manifest_skipped())} manifest line(s) skipped")
-    read_audio = getattr(runner, "read_audio", None)  # (an UtteranceRunner's; a plugin's runner may have none)
-    read = read_audio() if read_audio is not None else None
+    input_audio = getattr(runner, "input_audio", None)  # (an UtteranceRunner's; a plugin's runner may have none)
+    read = input_audio() if input_audio is not None else None
     if read is None or not pending:
         return 0
     key, audio = read

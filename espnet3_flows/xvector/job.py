@@ -185,18 +185,23 @@ def build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
     ``audio``, ``storage_options`` and ``model_batch`` (``dataset`` comes with each shard)."""
     xv = cfg.xvector
     batch = xv.batch_size or (16 if xv.device.startswith("cuda") else 1)
-    return {**audio_env(cfg, xv.sampling_rate, xv.channel, xv.max_duration, xv.resampler, xv.device),
-            "embedder": build_embedder(xv), "model_batch": (batch, xv.max_padded_samples)}
+    return {**audio_env(cfg, **xvector_audio(cfg)), "embedder": build_embedder(xv),
+            "model_batch": (batch, xv.max_padded_samples)}
+
+
+def xvector_audio(cfg: XVectorJobConfig) -> dict[str, Any]:
+    """How the x-vector job reads audio, as :func:`audio_env` and :func:`audio_settings` take it."""
+    xv = cfg.xvector
+    return {"sampling_rate": xv.sampling_rate, "channel": xv.channel, "max_duration": xv.max_duration,
+            "resampler": xv.resampler, "device": xv.device}
 
 
 class XVectorRunner(UtteranceRunner):
     """Per shard: one embedding per utterance as ``.pt`` files and a Kaldi ark; merge adds
     ``{tag}.{ark,scp}`` and per-speaker means ``spk_{tag}.{ark,scp}``."""
 
-    def read_audio(self) -> tuple[str, AudioConfig]:
-        xv = self.cfg.xvector
-        return "xvector.sampling_rate", audio_settings(self.cfg, xv.sampling_rate, xv.channel, xv.max_duration,
-                                                       xv.resampler, xv.device)
+    def input_audio(self) -> tuple[str, AudioConfig]:
+        return "xvector.sampling_rate", audio_settings(self.cfg, **xvector_audio(self.cfg))
 
     def __init__(self, cfg: XVectorJobConfig, split: str, **kwargs: Any):
         # forward receives the whole shard, so utterances are length-sorted across it
