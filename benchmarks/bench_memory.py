@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable, Iterable
 
 from benchmarks import common
 from benchmarks import process_tree
@@ -89,34 +90,33 @@ def _spawn(mode: str, source: Path, dest: Path) -> tuple[dict[str, Any], dict[st
     return json.loads(report.read_text()), run
 
 
-def plan_manifest(n: int) -> Path:
-    """A cached ``n``-line TSV: the first lines name real corpus files, the rest nonexistent ones."""
-    path = common.DATA / "plan" / f"train_{n}.tsv"
+def _cached_manifest(name: str, lines: Callable[[list[str]], Iterable[str]]) -> Path:
+    """``DATA/plan/<name>``, written once (atomically) from ``lines(real)``, where ``real`` are
+    200 real corpus files."""
+    path = common.DATA / "plan" / name
     if path.exists():
         return path
     real = common.manifest_paths(common.corpus_manifest(200))
-    missing = common.DATA / "plan" / "missing"
-    lines = [f"plan-utt{i:06d}\t{real[i] if i < len(real) else f'{missing}/d{i % 1000:04d}/utt{i:06d}.wav'}\t\tspk{i % 50}\n"
-             for i in range(n)]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text("".join(lines))
+    tmp.write_text("".join(lines(real)))
     tmp.replace(path)
     return path
+
+
+def plan_manifest(n: int) -> Path:
+    """A cached ``n``-line TSV: the first lines name real corpus files, the rest nonexistent ones."""
+    missing = common.DATA / "plan" / "missing"
+    return _cached_manifest(f"train_{n}.tsv", lambda real: (
+        f"plan-utt{i:06d}\t{real[i] if i < len(real) else f'{missing}/d{i % 1000:04d}/utt{i:06d}.wav'}\t\tspk{i % 50}\n"
+        for i in range(n)))
 
 
 def dry_run_manifest(n: int) -> Path:
     """A cached ``n``-line TSV naming 200 real corpus files in turn: every line a file that
     ``--dry-run`` stats (and 100 of them a header it reads)."""
-    path = common.DATA / "plan" / f"dry_{n}.tsv"
-    if path.exists():
-        return path
-    real = common.manifest_paths(common.corpus_manifest(200))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text("".join(f"dry-utt{i:07d}\t{real[i % len(real)]}\n" for i in range(n)))
-    tmp.replace(path)
-    return path
+    return _cached_manifest(f"dry_{n}.tsv", lambda real: (f"dry-utt{i:07d}\t{real[i % len(real)]}\n"
+                                                          for i in range(n)))
 
 
 def _dry_runs(n: int, reps: int) -> list[dict[str, Any]]:
