@@ -110,21 +110,24 @@ START_METHODS = ["forkserver", "spawn"] if patches_enabled() else ["spawn"]
 
 @pytest.mark.unpatched
 @pytest.mark.parametrize("start_method", START_METHODS)
-def test_good_run_is_short_and_says_where_outputs_are(tmp_path, demo_corpus, start_method):
+def test_good_run_is_short_and_says_where_outputs_are(tmp_path, demo_corpus, start_method, session_api_url):
+    # the forkserver run with its private server, the spawned one against the session's server
+    # (with every patch off the spawned one is the only one: with its private server)
+    api_url = session_api_url if start_method == "spawn" and patches_enabled() else None
     manifest = tmp_path / "train.tsv"
     manifest.write_text("\n".join(_good_lines(demo_corpus)) + "\n")
     # several shards: a real LocalCluster whose workers print to this terminal too; spawned ones
     # (as with trim_worker_memory, or every patch off) log Dask's start banner before any setup
     args = [f"manifests.train={manifest}", f"output_dir={tmp_path / 'out'}", "parallel.env=local",
             "parallel.n_workers=2", "shard_size=8", f"parallel.start_method={start_method}"]
-    code, lines, text = _cli(tmp_path, *args)
+    code, lines, text = _cli(tmp_path, *args, api_url=api_url)
     assert code == 0, text
     computed = re.search(r"shards computed (\d+) / cached 0", text)
     assert computed and int(computed.group(1)) >= 2, text
     assert not [line for line in lines if "distributed." in line or "Finished in state" in line], text
     assert len(lines) <= 10, text
     assert str(tmp_path / "out" / "train" / "summary.json") in text
-    code, lines, text = _cli(tmp_path, *args)  # all cached: still says where the outputs are
+    code, lines, text = _cli(tmp_path, *args, api_url=api_url)  # all cached: still says where the outputs are
     assert code == 0 and "nothing to compute" in text and str(tmp_path / "out") in text, text
 
 

@@ -42,8 +42,12 @@ def _wait_no_servers(home: Path, timeout: float = 15.0) -> list[psutil.Process]:
     return left
 
 
-def _cli(home: Path, *args: str, timeline: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = cli_env(home, HF_HUB_OFFLINE="1", **({"ESPNET3_FLOWS_TIMELINE": str(timeline)} if timeline else {}))
+def _cli(home: Path, *args: str, timeline: Path | None = None, timeout: float = 300,
+         api_url: str | None = None) -> subprocess.CompletedProcess:
+    """``flows/collect_stats.py ARGS``: with no API configured (the run's private server), else
+    against ``api_url``."""
+    env = cli_env(home, HF_HUB_OFFLINE="1", api_url=api_url,
+                  **({"ESPNET3_FLOWS_TIMELINE": str(timeline)} if timeline else {}))
     return subprocess.run([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -61,7 +65,8 @@ def _events(path: Path) -> list[str]:
     return [json.loads(line)["event"] for line in path.read_text().splitlines()]
 
 
-def test_one_shard_runs_in_the_driver_with_the_same_outputs_as_on_a_cluster(tmp_path, four_utterances):
+def test_one_shard_runs_in_the_driver_with_the_same_outputs_as_on_a_cluster(tmp_path, four_utterances,
+                                                                           session_api_url):
     home = tmp_path / "prefect-home"
     inline = _cli(home, f"manifests.train={four_utterances}", f"output_dir={tmp_path / 'inline'}", "--verbose",
                   timeline=tmp_path / "inline.jsonl")
@@ -72,7 +77,7 @@ def test_one_shard_runs_in_the_driver_with_the_same_outputs_as_on_a_cluster(tmp_
                                                   "first_shard", "shards_merged", "flow_returned", "server_stopped",
                                                   "summary_printed"]
     cluster = _cli(home, f"manifests.train={four_utterances}", f"output_dir={tmp_path / 'cluster'}", "--verbose",
-                   "parallel.inline_shards=0", "parallel.n_workers=1")
+                   "parallel.inline_shards=0", "parallel.n_workers=1", api_url=session_api_url)  # the reference
     assert cluster.returncode == 0, cluster.stderr[-3000:]
     assert "Creating a new Dask cluster" in cluster.stderr
     a, b = np.load(tmp_path / "inline/train/feats_stats.npz"), np.load(tmp_path / "cluster/train/feats_stats.npz")

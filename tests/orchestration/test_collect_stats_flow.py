@@ -45,6 +45,16 @@ def test_flow_on_local_cluster_caches_and_publishes(prefect_harness, demo_corpus
     assert again["train"]["shards_computed"] == 0 and again["train"]["shards_cached"] == shards["train"]
     assert (out / "train" / "feats_stats.npz").read_bytes() == before
 
+    # the cluster's statistics are the engine's alone (with ESPNET3_FLOWS_PATCHES=off too: the
+    # patches are speed-ups, never a change of result)
+    serial = tmp_path / "serial"
+    run_job("collect_stats", {**cfg, "output_dir": str(serial), "parallel": {"env": "serial"}}, progress=False)
+    for split in ("train", "valid"):
+        with np.load(out / split / "feats_stats.npz") as a, np.load(serial / split / "feats_stats.npz") as b:
+            assert a.files == b.files
+            for key in b.files:
+                np.testing.assert_allclose(a[key], b[key], rtol=1e-12)
+
 
 def test_incremental_append_computes_only_new_shards(prefect_harness, demo_corpus, tmp_path):
     manifest = tmp_path / "train.tsv"

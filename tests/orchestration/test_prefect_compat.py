@@ -206,36 +206,6 @@ def test_quiet_shippers_are_put_back_and_stay_loud_with_the_patches_off(monkeypa
     assert _shipper_logging() == before
 
 
-@pytest.mark.slow
-@pytest.mark.dask
-def test_a_flow_runs_with_every_patch_off(tmp_path, demo_corpus, session_api_url):
-    """The patches are speed-ups only: with the switch off a flow on a 2-worker cluster is correct."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import numpy as np
-
-    from tests.support.servers import cli_env
-
-    root = Path(__file__).resolve().parents[2]
-    out = tmp_path / "out"
-    env = {**cli_env(tmp_path / "home"), prefect_compat.PATCHES_ENV: "off"}
-    proc = subprocess.run([sys.executable, "flows/collect_stats.py", f"manifests.valid={demo_corpus['valid']}",
-                           f"output_dir={out}", "shard_size=4", "parallel.env=local", "parallel.n_workers=2",
-                           "parallel.inline_shards=0"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    serial = tmp_path / "serial"
-    again = subprocess.run([sys.executable, "flows/collect_stats.py", f"manifests.valid={demo_corpus['valid']}",
-                            f"output_dir={serial}", "shard_size=4", "parallel.env=serial"], cwd=root,
-                           env=cli_env(tmp_path / "home2", api_url=session_api_url), capture_output=True,
-                           text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
-    with np.load(out / "valid" / "feats_stats.npz") as a, np.load(serial / "valid" / "feats_stats.npz") as b:
-        for key in b.files:
-            np.testing.assert_allclose(a[key], b[key], rtol=1e-12)
-
-
 def _exit_at_once() -> None:
     """A forked child's whole work: none (its exit is what is checked)."""
 

@@ -34,10 +34,11 @@ if __name__ == "__main__":
 '''
 
 
-def _run(tmp_path: Path, *args: str) -> tuple[list[str], list[str]]:
-    """The script's output lines (its own ``ok`` line last) and the driver's timeline events."""
+def _run(tmp_path: Path, *args: str, api_url: str | None = None) -> tuple[list[str], list[str]]:
+    """The script's output lines (its own ``ok`` line last) and the driver's timeline events: with no
+    API configured (the run's private server), else against ``api_url``."""
     timeline = tmp_path / f"timeline-{len(list(tmp_path.glob('timeline-*')))}.jsonl"
-    env = cli_env(tmp_path / "prefect-home", ESPNET3_FLOWS_TIMELINE=str(timeline))
+    env = cli_env(tmp_path / "prefect-home", api_url=api_url, ESPNET3_FLOWS_TIMELINE=str(timeline))
     proc = subprocess.run([sys.executable, "run_double.py", *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
     lines = proc.stderr.splitlines() + proc.stdout.splitlines()
@@ -68,10 +69,10 @@ def test_a_run_on_two_workers_is_a_few_lines_and_a_rerun_starts_nothing(tmp_path
     assert lines[-1] == f"ok {shards}"
 
 
-def test_verbose_keeps_dask_and_prefect_lines(tmp_path):
+def test_verbose_keeps_dask_and_prefect_lines(tmp_path, session_api_url):
     (tmp_path / "my_runners.py").write_text(textwrap.dedent(RUNNERS))
     (tmp_path / "run_double.py").write_text(textwrap.dedent(SCRIPT))
-    lines, _ = _run(tmp_path, "-v")
+    lines, _ = _run(tmp_path, "-v", api_url=session_api_url)
     text = "\n".join(lines)
     assert "distributed." in text and "Finished in state Completed" in text, text
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import kaldiio
+import numpy as np
 import pytest
 import s3fs
 import torch
@@ -40,6 +41,13 @@ def test_xvector_flow_on_local_cluster(prefect_harness, ecapa_dir, demo_corpus, 
     assert not (tmp_path / "xv" / "xvector" / "train").exists()  # only the selected split
     again = run_job("extract_xvectors", cfg, progress=False)["valid"]
     assert again["shards_cached"] == summary["shards"] and again["shards_computed"] == 0
+    # the cluster's x-vectors are those of a serial run (other processes: within float tolerance)
+    run_job("extract_xvectors", {**cfg, "xvector": {**cfg["xvector"], "save_path": str(tmp_path / "serial")},
+                                 "parallel": {"env": "serial"}}, progress=False)
+    serial = kaldiio.load_scp(str(tmp_path / "serial" / "xvector" / "valid" / "xvector.scp"))
+    assert sorted(serial) == sorted(scp)
+    for key in scp:
+        np.testing.assert_allclose(scp[key], serial[key], rtol=1e-5, atol=1e-6)
 
 
 def test_extract_xvectors_command_line(ecapa_dir, demo_corpus, tmp_path, session_api_url):

@@ -75,14 +75,14 @@ def versions(tmp_path_factory):
     return {"a": a, "b": b, "base": base, "merged_a": merged_a, "merged_b": merged_b}
 
 
-_KILLED_MERGE = textwrap.dedent("""
-    import os, signal, sys
+_KILLED_MERGES = textwrap.dedent("""
+    import json, os, shutil, signal, sys
     from espnet3_flows.config import load_config
     from espnet3_flows.stats import CollectStatsConfig, CollectStatsRunner
     from espnet3_flows.storage import Storage
 
-    manifest, out, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    steps, merging = 0, False
+    manifest, base, root = sys.argv[1], sys.argv[2], sys.argv[3]
+    steps, merging, kill_at = 0, False, 0
 
     def counted(method):
         def call(*args, **kwargs):
@@ -104,32 +104,44 @@ _KILLED_MERGE = textwrap.dedent("""
         return merge(self, shard_dirs)
 
     CollectStatsRunner.merge = merge_counted
-    cfg = load_config(CollectStatsConfig, overrides=[f"manifests.train={manifest}", f"output_dir={out}",
-                                                     "shard_size=5", "parallel.env=serial"])
-    CollectStatsRunner(cfg, "train").run(progress=False)
-    print(f"steps={steps}")
+
+    def merge_in_child(out, kill):
+        # a fresh process for each merge (imported once, here): the run SIGKILLs itself at its
+        # kill-th write, or (kill 0) writes its count of writes
+        global kill_at
+        shutil.copytree(base, out)
+        pid = os.fork()
+        if pid == 0:
+            kill_at = kill
+            cfg = load_config(CollectStatsConfig, overrides=[f"manifests.train={manifest}", f"output_dir={out}",
+                                                             "shard_size=5", "parallel.env=serial"])
+            CollectStatsRunner(cfg, "train").run(progress=False)
+            with open(os.path.join(root, "steps"), "w") as f:
+                f.write(str(steps))
+            os._exit(0)
+        return os.waitpid(pid, 0)[1]
+
+    status = {0: merge_in_child(os.path.join(root, "count"), 0)}
+    with open(os.path.join(root, "steps")) as f:
+        total = int(f.read())
+    for kill in range(1, total + 1):
+        status[kill] = merge_in_child(os.path.join(root, f"killed-{kill}"), kill)
+    print(json.dumps({"steps": total, "status": status}))
 """)
-
-
-def _merge_b(versions, out: Path, kill_at: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", _KILLED_MERGE, str(versions["b"]), str(out), str(kill_at)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
 def test_a_merge_killed_before_any_of_its_writes_is_never_trusted_as_a_mix(versions, tmp_path):
-    counted = tmp_path / "count"
-    shutil.copytree(versions["base"], counted)
-    done = _merge_b(versions, counted, 0)
+    done = subprocess.run([sys.executable, "-c", _KILLED_MERGES, str(versions["b"]), str(versions["base"]),
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    steps = int(done.stdout.strip().rsplit("steps=", 1)[1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    steps, status = result["steps"], {int(k): v for k, v in result["status"].items()}
     assert steps >= 10  # the merging record, each merged file, skipped.tsv, the summary
-    assert _merged(counted) == versions["merged_b"]
+    assert status[0] == 0 and _merged(tmp_path / "count") == versions["merged_b"]
     for kill_at in range(1, steps + 1):
         out = tmp_path / f"killed-{kill_at}"
-        shutil.copytree(versions["base"], out)
-        killed = _merge_b(versions, out, kill_at)
-        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        assert os.WIFSIGNALED(status[kill_at]) and os.WTERMSIG(status[kill_at]) == signal.SIGKILL, kill_at
         # whatever instant it died at, the no-op check of either version trusts only its own complete set
         for version in ("a", "b"):
             if _rerun_trusts(versions[version], out):

@@ -1,4 +1,5 @@
-"""The x-vector job end to end on a random-weight ECAPA model directory, serial and on Dask."""
+"""The x-vector job end to end on a random-weight ECAPA model directory (on Dask:
+tests/orchestration/test_xvector_flow.py)."""
 
 from __future__ import annotations
 
@@ -69,16 +70,17 @@ def test_outputs_match_single_utterance_encoding(ecapa_dir, demo_corpus, tmp_pat
     assert (again.computed, again.cached) == (0, n_shards)
 
 
-@pytest.mark.dask
-def test_dask_equals_serial_and_new_utterances_only_are_computed(ecapa_dir, demo_corpus, tmp_path, dask_client):
+def test_new_utterances_only_are_computed(ecapa_dir, demo_corpus, tmp_path):
+    """Appended lines compute only the shards they change (which shards is planning, the same on
+    any executor; that Dask's x-vectors equal serial ones: test_xvector_flow_on_local_cluster)."""
     manifest = tmp_path / "valid.tsv"
     lines = Path(demo_corpus["valid"]).read_text().splitlines(keepends=True)
     manifest.write_text("".join(lines[:10]))
-    first = _run(_cfg(ecapa_dir, manifest, tmp_path / "dask"), client=dask_client)
+    first = _run(_cfg(ecapa_dir, manifest, tmp_path / "out"))
     n_first = len(first.plan.shards)
     assert n_first > 1 and (first.computed, first.cached) == (n_first, 0)
     manifest.write_text("".join(lines))
-    grown = _run(_cfg(ecapa_dir, manifest, tmp_path / "dask"), client=dask_client)
+    grown = _run(_cfg(ecapa_dir, manifest, tmp_path / "out"))
     # appended lines: every closed shard but the first run's last is kept; only that last shard
     # (when the new lines join it) and the new shards are computed
     kept = n_first - 1
@@ -88,13 +90,8 @@ def test_dask_equals_serial_and_new_utterances_only_are_computed(ecapa_dir, demo
     n_cached = kept + last_unchanged
     assert [s.cached for s in grown.shards] == [True] * n_cached + [False] * (len(grown.plan.shards) - n_cached)
     assert grown.plan.shards[-1].stop == 12 and first.plan.num_items == 10
-    serial = _run(_cfg(ecapa_dir, manifest, tmp_path / "serial"))
-    a = kaldiio.load_scp(str(tmp_path / "dask/xvector/valid/xvector.scp"))
-    b = kaldiio.load_scp(str(tmp_path / "serial/xvector/valid/xvector.scp"))
-    assert sorted(a) == sorted(b) and len(a) == 12
-    for key in a:
-        np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6)
-    assert serial.merged["utterances"] == 12
+    assert grown.merged["utterances"] == 12
+    assert len(kaldiio.load_scp(str(tmp_path / "out/xvector/valid/xvector.scp"))) == 12
 
 
 def test_bad_audio_is_skipped_and_listed(ecapa_dir, demo_corpus, tmp_path):
