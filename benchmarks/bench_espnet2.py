@@ -39,6 +39,7 @@ Run ``python -m benchmarks --only espnet2 [--quick]``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -170,17 +171,15 @@ def run(quick: bool = False) -> dict[str, Any]:
     """Measure, write ``espnet2.json`` and return the result."""
     import numpy as np
 
-    from espnet3_flows.orchestration.local_server import LocalPrefectServer
-
     n = corpus_size(quick)
     repeats = 1 if quick else int(os.environ.get("ESPNET3_BENCH_ESPNET2_REPEATS") or 3)
     cores = max(1, len(os.sched_getaffinity(0)))
     root = common.scratch("espnet2")
+    server = contextlib.ExitStack()
+    api_url = server.enter_context(common.running_server(quick))  # for the "running server" rows
     os.environ.pop("PREFECT_API_URL", None)  # "no server" rows (run.py restores the environment)
     env = process_tree.child_env()
-    server = LocalPrefectServer()
-    server.start()  # for the "running server" rows
-    served = {**env, "PREFECT_API_URL": server.api_url}
+    served = {**env, "PREFECT_API_URL": api_url}
     walls: dict[str, list[float]] = {k: [] for k in ROWS}
     busy: dict[str, list[float]] = {k: [] for k in ROWS}
     shards: dict[str, list[int]] = {"default": [], "small": []}
@@ -210,7 +209,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         mean_err = float(np.max(np.abs(ours["sum"] / ours["count"] - ref["sum"] / ref["count"])
                                 / np.abs(ref["sum"] / ref["count"])))
     finally:
-        server.stop()
+        server.close()
         common.clean_scratch(root)
     med = {k: common.spread(v) for k, v in walls.items()}
     rate = {k: common.spread([n / b for b in v]) for k, v in busy.items()}

@@ -24,6 +24,7 @@ default 5).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -58,15 +59,14 @@ def _once(cmd: list[str], env: dict[str, str], root: Path, tag: str) -> dict[str
 def run(quick: bool = False) -> dict[str, Any]:
     """Measure, write ``startup.json`` and return the result."""
     from espnet3_flows.inputs.demo import make_demo_corpus
-    from espnet3_flows.orchestration.local_server import LocalPrefectServer
 
     repeats = 1 if quick else int(os.environ.get("ESPNET3_BENCH_STARTUP_REPEATS") or 5)
     root = common.scratch(NAME)
     manifest = make_demo_corpus(root / "corpus", n_utts=4, splits={"train": 1.0})["train"]
+    served = contextlib.ExitStack()
+    api_url = served.enter_context(common.running_server(quick))  # the "running server" row's; no other sees it
     os.environ.pop("PREFECT_API_URL", None)  # "no server" rows (run.py restores the environment)
     env: dict[str, str] = {}
-    server = LocalPrefectServer()
-    server.start()  # for the "running server" rows; the other rows never see its URL
     counter = iter(range(10 ** 6))
 
     def flow(*args: str) -> list[str]:
@@ -75,24 +75,27 @@ def run(quick: bool = False) -> dict[str, Any]:
     def fresh(*args: str) -> list[str]:
         return flow(f"output_dir={root / f'out-{next(counter)}'}", *args)
 
+    # with --quick (one repetition, in order) the first run's output is the no-op rerun's
+    first = (lambda: flow(f"output_dir={root / 'done'}")) if quick else fresh
     cases: dict[str, Any] = {
         "import floor": lambda: ([sys.executable, "-c", FLOOR], env),
-        "local, no server": lambda: (fresh(), env),
+        "local, no server": lambda: (first(), env),
         "serial, no server": lambda: (fresh("parallel.env=serial"), env),
         "local, 2 shards (a cluster), no server": lambda: (fresh("shard_size=2", "parallel.n_workers=2"), env),
-        "local, running server": lambda: (fresh(), {**env, "PREFECT_API_URL": server.api_url}),
+        "local, running server": lambda: (fresh(), {**env, "PREFECT_API_URL": api_url}),
         "no-op rerun": lambda: (flow(f"output_dir={root / 'done'}"), env),
     }
     samples: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
     try:
-        _once(flow(f"output_dir={root / 'done'}"), env, root, "prepare")  # the no-op rerun's finished output
+        if not quick:
+            _once(flow(f"output_dir={root / 'done'}"), env, root, "prepare")  # the no-op rerun's finished output
         names = list(cases)
         for rep in range(repeats):
             for name in names[rep % len(names):] + names[:rep % len(names)]:
                 cmd, case_env = cases[name]()
                 samples[name].append(_once(cmd, case_env, root, f"{rep}-{len(samples[name])}"))
     finally:
-        server.stop()
+        served.close()
         common.clean_scratch(root)
     floor = common.spread([s["wall_s"] for s in samples["import floor"]])
     rows = []

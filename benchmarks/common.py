@@ -239,6 +239,25 @@ def prefect_session() -> Iterator[str | None]:
         yield url
 
 
+@contextlib.contextmanager
+def running_server(quick: bool) -> Iterator[str]:
+    """The API URL for a benchmark's "running server" rows: a private server started for them (the
+    figures are this machine's alone), or with ``--quick`` (which checks that the benchmark runs,
+    not its figures) ``PREFECT_API_URL`` when one is set: the test suite's server."""
+    inherited = os.environ.get("PREFECT_API_URL")
+    if quick and inherited:
+        yield inherited
+        return
+    from espnet3_flows.orchestration.local_server import LocalPrefectServer
+
+    server = LocalPrefectServer()
+    server.start()
+    try:
+        yield server.api_url
+    finally:
+        server.stop()
+
+
 # ---- a run's outputs: done records, summary, timeline --------------------------------------
 def done_results(output_dir: Path, since: float | None = None, split: str = "train") -> list[tuple[float, Any]]:
     """(mtime, :class:`~espnet3_flows.parallel.results.ShardResult`) of each ``done`` record of a split

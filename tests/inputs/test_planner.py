@@ -57,10 +57,10 @@ def test_streaming_plan_equals_a_reference_computation(tmp_path, wavs):
 
 
 def test_planning_memory_is_per_shard_not_per_utterance(tmp_path, wavs):
-    """200,000 lines: holding the split's utterances would take tens of MB of Python objects."""
+    """100,000 lines: holding the split's utterances would take tens of MB of Python objects."""
     manifest = tmp_path / "big.tsv"
     with open(manifest, "w") as f:
-        for start in range(0, 200_000, 10_000):
+        for start in range(0, 100_000, 10_000):
             f.writelines(_lines(wavs, 10_000, start))
     tracemalloc.start()
     try:
@@ -72,8 +72,8 @@ def test_planning_memory_is_per_shard_not_per_utterance(tmp_path, wavs):
         _, worker_peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert planned.plan.num_items == 200_000 and len(utts) == shard.num_items
-    assert peak < 16 * 2**20, f"planning peaked at {peak / 2**20:.1f} MB of Python objects"  # ~2 MB measured
+    assert planned.plan.num_items == 100_000 and len(utts) == shard.num_items
+    assert peak < 8 * 2**20, f"planning peaked at {peak / 2**20:.1f} MB of Python objects"  # ~2 MB measured
     assert worker_peak < 8 * 2**20, f"reading one shard peaked at {worker_peak / 2**20:.1f} MB"
 
 

@@ -118,8 +118,12 @@ class ExternalDaskCluster:
 
 
 @pytest.fixture(scope="module")
-def external_cluster(tmp_path_factory):
-    cluster = ExternalDaskCluster(tmp_path_factory.mktemp("dask-cluster"))
+def external_cluster(tmp_path_factory, prefect_harness):
+    """One running cluster for the module (a start is ~7 CPU-s): its workers have the session's
+    Prefect API URL in their environment, as a deployment's would, for the flow tests. Each test
+    compares the cluster with itself before and after (same processes, its own plugins gone)."""
+    cluster = ExternalDaskCluster(tmp_path_factory.mktemp("dask-cluster"),
+                                  extra_env={"PREFECT_API_URL": prefect_harness["api_url"]})
     try:
         cluster.start()
     except ProcessStartError as exc:
@@ -273,32 +277,26 @@ def test_scheduler_file_finds_the_running_cluster(external_cluster, tmp_path):
 
 @pytest.mark.prefect
 @pytest.mark.dask
-def test_flow_runs_twice_on_the_running_cluster(prefect_harness, demo_corpus, tmp_path):
+def test_flow_runs_twice_on_the_running_cluster(external_cluster, demo_corpus, tmp_path):
     """Workers get the harness's API URL in their environment, as a deployment's would."""
-    from prefect.settings import PREFECT_API_URL
-
     from espnet3_flows.orchestration.flows import run_job
 
-    cluster = ExternalDaskCluster(tmp_path / "cluster", extra_env={"PREFECT_API_URL": str(PREFECT_API_URL.value())})
-    cluster.start()
-    try:
-        print(f"scheduler + {len(cluster.workers)} workers started in {cluster.startup_seconds:.1f} s")
-        before = cluster.snapshot()
-        for run in (1, 2):  # a fresh output each time: a rerun into the same one is all cache hits, no cluster
-            cfg = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(tmp_path / f"out{run}"),
-                   "shard_size": 8, "parallel": {"env": "address", "address": cluster.address}}
-            t0 = time.perf_counter()
-            summary = run_job("collect_stats", cfg, progress=False)["valid"]
-            print(f"flow run {run} on the running cluster: {time.perf_counter() - t0:.2f} s")
-            assert summary["shards_computed"] == 2 and summary["utterances"] == 12
-            assert (tmp_path / f"out{run}" / "valid" / "feats_stats.npz").is_file()
-            assert cluster.alive(), cluster.logs()
-            assert cluster.snapshot() == before
-        # the shard tasks ran there (the flow's worker setup imports Prefect's task engine)
-        assert all(cluster.run(lambda: "prefect.task_engine" in sys.modules).values())
-        print("worker plugins left on the scheduler after the flows:", cluster.scheduler_plugins())
-    finally:
-        cluster.stop()
+    cluster = external_cluster
+    before = cluster.snapshot()
+    for run in (1, 2):  # a fresh output each time: a rerun into the same one is all cache hits, no cluster
+        cfg = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(tmp_path / f"out{run}"),
+               "shard_size": 8, "parallel": {"env": "address", "address": cluster.address}}
+        t0 = time.perf_counter()
+        summary = run_job("collect_stats", cfg, progress=False)["valid"]
+        print(f"flow run {run} on the running cluster: {time.perf_counter() - t0:.2f} s")
+        assert summary["shards_computed"] == 2 and summary["utterances"] == 12
+        assert (tmp_path / f"out{run}" / "valid" / "feats_stats.npz").is_file()
+        assert cluster.alive(), cluster.logs()
+        assert cluster.snapshot() == before
+    # the shard tasks ran there (the flow's worker setup imports Prefect's task engine; the
+    # engine's tests before this one run no Prefect)
+    assert all(cluster.run(lambda: "prefect.task_engine" in sys.modules).values())
+    print("worker plugins left on the scheduler after the flows:", cluster.scheduler_plugins())
 
 
 def _short_wavs(root: Path, n_files: int = 8) -> list[Path]:
@@ -324,11 +322,10 @@ def _rss(pids) -> int:
 @pytest.mark.prefect
 @pytest.mark.dask
 @pytest.mark.slow
-def test_only_pending_shards_run_as_tasks_on_warm_workers_with_flat_memory(prefect_harness, tmp_path):
+def test_only_pending_shards_run_as_tasks_on_warm_workers_with_flat_memory(external_cluster, tmp_path):
     """600 one-utterance shards after 20 done ones: 580 shard task runs (no Cached ones), envs built once
     per worker across runs, no plugin left behind, driver and worker memory flat; a third run submits nothing."""
     import psutil
-    from prefect.settings import PREFECT_API_URL
 
     from espnet3_flows.orchestration.flows import run_job
     from tests.support.prefect_readback import runs_writing, task_run_states
@@ -336,40 +333,36 @@ def test_only_pending_shards_run_as_tasks_on_warm_workers_with_flat_memory(prefe
     wavs = _short_wavs(tmp_path / "wav")
     lines = [f"utt{i:05d}\t{wavs[i % len(wavs)]}\n" for i in range(600)]
     manifest = tmp_path / "train.tsv"
-    cluster = ExternalDaskCluster(tmp_path / "cluster", extra_env={"PREFECT_API_URL": str(PREFECT_API_URL.value())})
-    cluster.start()
-    try:
-        cfg = {"manifests": {"train": str(manifest)}, "output_dir": str(tmp_path / "out"), "shard_size": 1,
-               "frontend": {"type": "none"}, "parallel": {"env": "address", "address": cluster.address}}
-        manifest.write_text("".join(lines[:20]))
-        first = run_job("collect_stats", cfg, progress=False)["train"]
-        assert (first["shards"], first["shards_computed"]) == (20, 20)
-        workers = list(cluster.snapshot().values())
-        tokens = cluster.env_tokens()
-        envs = cluster.run(lambda: sorted(id(e) for e in importlib.import_module(
-            "espnet3_flows.parallel.worker_env")._ENVS.values()))
-        workers_before, driver_before = _rss(workers), psutil.Process().memory_info().rss
+    cluster = external_cluster
+    cfg = {"manifests": {"train": str(manifest)}, "output_dir": str(tmp_path / "out"), "shard_size": 1,
+           "frontend": {"type": "none"}, "parallel": {"env": "address", "address": cluster.address}}
+    manifest.write_text("".join(lines[:20]))
+    first = run_job("collect_stats", cfg, progress=False)["train"]
+    assert (first["shards"], first["shards_computed"]) == (20, 20)
+    workers = list(cluster.snapshot().values())
+    tokens = cluster.env_tokens()
+    envs = cluster.run(lambda: sorted(id(e) for e in importlib.import_module(
+        "espnet3_flows.parallel.worker_env")._ENVS.values()))
+    workers_before, driver_before = _rss(workers), psutil.Process().memory_info().rss
 
-        manifest.write_text("".join(lines))
-        second = run_job("collect_stats", cfg, progress=False)["train"]
-        assert (second["shards"], second["shards_computed"], second["shards_cached"]) == (600, 580, 20)
-        states = task_run_states("collect-stats-shards", tmp_path / "out", expected=581)
-        shard_runs = [name for name in states if name.startswith("train/split.")]
-        assert len(shard_runs) == 580 and len(states) == 581, len(states)  # + the merge
-        assert set(states.values()) == {"COMPLETED"}  # no Cached task run for a done shard
-        assert cluster.env_tokens() == tokens and cluster.run(lambda: sorted(id(e) for e in importlib.import_module(
-            "espnet3_flows.parallel.worker_env")._ENVS.values())) == envs, "an env was built twice"
-        assert not [p for p in cluster.scheduler_plugins() if p.startswith("espnet3-runner-")]
-        growth_workers = _rss(workers) - workers_before
-        growth_driver = psutil.Process().memory_info().rss - driver_before
-        print(f"580 shard tasks: worker RSS +{growth_workers / 2**20:.0f} MB, driver +{growth_driver / 2**20:.0f} MB")
-        assert growth_workers < 300 * 2**20 and growth_driver < 300 * 2**20  # generous; benchmarks/ hold the targets
+    manifest.write_text("".join(lines))
+    second = run_job("collect_stats", cfg, progress=False)["train"]
+    assert (second["shards"], second["shards_computed"], second["shards_cached"]) == (600, 580, 20)
+    states = task_run_states("collect-stats-shards", tmp_path / "out", expected=581)
+    shard_runs = [name for name in states if name.startswith("train/split.")]
+    assert len(shard_runs) == 580 and len(states) == 581, len(states)  # + the merge
+    assert set(states.values()) == {"COMPLETED"}  # no Cached task run for a done shard
+    assert cluster.env_tokens() == tokens and cluster.run(lambda: sorted(id(e) for e in importlib.import_module(
+        "espnet3_flows.parallel.worker_env")._ENVS.values())) == envs, "an env was built twice"
+    assert not [p for p in cluster.scheduler_plugins() if p.startswith("espnet3-runner-")]
+    growth_workers = _rss(workers) - workers_before
+    growth_driver = psutil.Process().memory_info().rss - driver_before
+    print(f"580 shard tasks: worker RSS +{growth_workers / 2**20:.0f} MB, driver +{growth_driver / 2**20:.0f} MB")
+    assert growth_workers < 300 * 2**20 and growth_driver < 300 * 2**20  # generous; benchmarks/ hold the targets
 
-        runs_before = len(runs_writing("collect-stats-shards", tmp_path / "out"))
-        third = run_job("collect_stats", cfg, progress=False)["train"]
-        assert (third["shards_computed"], third["shards_cached"]) == (0, 600)
-        assert len(runs_writing("collect-stats-shards", tmp_path / "out")) == runs_before, "a no-op run started a flow"
-        assert cluster.alive() and list(cluster.snapshot().values()) == workers
-    finally:
-        cluster.stop()
+    runs_before = len(runs_writing("collect-stats-shards", tmp_path / "out"))
+    third = run_job("collect_stats", cfg, progress=False)["train"]
+    assert (third["shards_computed"], third["shards_cached"]) == (0, 600)
+    assert len(runs_writing("collect-stats-shards", tmp_path / "out")) == runs_before, "a no-op run started a flow"
+    assert cluster.alive() and list(cluster.snapshot().values()) == workers
 
