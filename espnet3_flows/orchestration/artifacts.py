@@ -9,7 +9,6 @@ from typing import Any
 from collections.abc import Mapping
 
 from prefect.artifacts import (
-    create_link_artifact,
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
@@ -43,9 +42,11 @@ def _fmt(v: Any) -> str:
 
 
 def publish_split_artifacts(job: str, summary: Mapping[str, Any], store: Storage, rel: str) -> None:
-    """Markdown report (with the plot inline), and one link artifact per published file.
+    """The split's markdown report: its figures, a link to each published file and the plot inline.
 
-    ``rel`` is the split's output directory relative to the storage root.
+    One artifact a split (a link artifact per file made a dozen API calls a split, and as many
+    events in a run's ``--watch``, around the job's own lines). ``rel`` is the split's output
+    directory relative to the storage root.
     """
     split = summary["split"]
     lines = [f"# {job}: split `{split}`", "", "| metric | value |", "|---|---|"]
@@ -61,9 +62,6 @@ def publish_split_artifacts(job: str, summary: Mapping[str, Any], store: Storage
         lines += ["", f"**{summary['skipped']} item(s) skipped**: see [skipped.tsv]({_link(files.get('skipped.tsv', ''))})."]
     create_markdown_artifact("\n".join(lines), key=artifact_key(job, split, "report"),
                              description=f"{job} {split}: summary")
-    for name, uri in sorted(files.items()):
-        create_link_artifact(_link(uri), link_text=name, key=artifact_key(job, split, name),
-                             description=f"{job} {split}: {name}")
 
 
 def publish_table_artifact(job: str, summaries: list[Mapping[str, Any]]) -> None:

@@ -1,11 +1,10 @@
-"""The user-facing flows (typed parameters for the Prefect UI) and the command-line entry point."""
+"""The command-line entry point (``python flows/<job>.py``, ``python -m espnet3_flows``); the flow scripts
+also take their flows from here (:func:`~espnet3_flows.orchestration.job_flow.job_flow`)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import inspect
 import json
 import logging
 import os
@@ -19,101 +18,25 @@ from collections.abc import Sequence
 
 import prefect.settings
 from omegaconf import OmegaConf
-from prefect import Flow, flow
 
-from espnet3_flows.config import ConfigError, describe_keys, split_cli_args
+from espnet3_flows.config import describe_keys, split_cli_args
 from espnet3_flows.deadlines import is_outage
 from espnet3_flows.errors import clip_lines
-from espnet3_flows.inputs.records import ManifestError
-from espnet3_flows.credentials import find_secrets, mask_secrets, refuse_secrets, secrets_in_overrides
-from espnet3_flows.orchestration.api_watch import end_flow_run_process, watching_api
+from espnet3_flows.credentials import mask_secrets
 from espnet3_flows.orchestration.console import (print_summary, print_unchanged, quiet_console, quiet_workers_of,
                                                  restore_worker_environment)
-from espnet3_flows.orchestration.deploy_steps import (api_lost, is_api_lost, refuse_code_from_form, refuse_transient,
-                                                      run_paths)
+from espnet3_flows.orchestration.deploy_steps import api_lost, is_api_lost
 from espnet3_flows.orchestration.dry_run import dry_run
 from espnet3_flows.orchestration.early_start import CONSOLE_FLAGS, take_early_run
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
+from espnet3_flows.orchestration.job_flow import USER_ERRORS, error_line, job_flow  # noqa: F401 (the flow scripts')
 from espnet3_flows.orchestration.jobs import get_job, preflight, resolve_config
 from espnet3_flows.orchestration.local_server import PrivateServerLost, prefect_api
-from espnet3_flows.orchestration.parameters import dotted_values, form_fields
 from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work, quiet_shipper_failures
 from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.timeline import mark
 from espnet3_flows.storage import StorageError
-
-@functools.cache
-def job_flow(job: str) -> Flow:
-    """The Prefect flow of a registered job. Its typed parameters (the UI's form) are the job's
-    config keys (:func:`~espnet3_flows.orchestration.parameters.form_fields`: every key, sections
-    as nested forms, credentials left out): each defaults to its key's default and wins over
-    ``config_file`` when it differs from it; ``overrides`` win over both. A flow module holds
-    ``<job> = job_flow("<job>")``."""
-    spec = get_job(job)
-    schema = spec.config_class
-    fields = form_fields(schema)
-    params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.annotation, default=f.default)
-              for f in fields]
-    params += [inspect.Parameter("config_file", inspect.Parameter.KEYWORD_ONLY, annotation=str | None, default=None),
-               inspect.Parameter("overrides", inspect.Parameter.KEYWORD_ONLY, annotation=list[str] | None,
-                                 default=None)]
-    docs = [(f.name, f.doc) for f in fields]
-    docs += [("config_file", "Optional YAML config (on the worker's file system); the other parameters override "
-                             "it when they differ from their defaults."),
-             ("overrides", "Extra `key=value` overrides, e.g. `[\"parallel.options.queue=gpu\"]`; a credential, here "
-                           "or in any parameter, is refused (give it to the worker's environment).")]
-
-    def run(**values: Any) -> dict[str, Any]:
-        overrides = values.pop("overrides", None)
-        config_file = values.pop("config_file", None)
-        _refuse_secrets(schema, values, overrides)
-        refuse_code_from_form(job, config_file, values, overrides)
-        # a worker's run may still sit in the temporary directory the worker deletes afterwards
-        refuse_transient({"config_file": config_file})
-        cfg = resolve_config(job, config_file, dotted_values(schema, values), overrides or [],
-                             check=lambda merged: refuse_transient(run_paths(merged)))
-        try:
-            with watching_api():  # a lost server ends the run in bounded time, after its merges
-                return run_job(job, cfg, progress=show_progress())  # validated once, above
-        except Exception as exc:  # only the API's loss is translated
-            if is_api_lost(exc):  # after the client's own retries, or noticed by the watch
-                drop_undeliverable_api_work()
-                if os.environ.get("PREFECT__FLOW_RUN_ID"):  # a worker's flow-run process: nothing can
-                    end_flow_run_process(exc)  # reach the server now (its state, events): one line, exit 1
-                raise api_lost(exc) from exc
-            raise
-
-    run.__signature__ = inspect.Signature(params, return_annotation=dict[str, Any])  # type: ignore[attr-defined]
-    run.__doc__ = spec.description + "\n\nArgs:\n" + "".join(
-        f"    {name}: {' '.join(doc.split())}\n" for name, doc in docs)
-    run.__name__ = run.__qualname__ = job
-    return flow(run, name=spec.title, description=spec.description, log_prints=True)
-
-
-def show_progress(flow_run: Any = None) -> bool:
-    """Whether a flow draws a terminal progress bar: only when started from a terminal, never
-    in a deployment's run (a worker's flow-run process: its output is no one's terminal, and
-    the UI shows progress as an artifact).
-
-    Args:
-        flow_run: The flow run (default: the current one).
-    """
-    if flow_run is None:
-        from prefect.context import FlowRunContext
-
-        ctx = FlowRunContext.get()
-        flow_run = ctx.flow_run if ctx else None
-    return sys.stderr.isatty() and getattr(flow_run, "deployment_id", None) is None
-
-
-def _refuse_secrets(schema: type, values: dict[str, Any], overrides: Sequence[str] | None) -> None:
-    """Flow parameters are stored by the server in plain text and shown in the UI: a credential in
-    any of them (a section's key such as ``parallel.options.env.AWS_SECRET_ACCESS_KEY``, or an
-    override) is refused before it is used (the run fails, naming the key path)."""
-    in_overrides = [f"{path} (in overrides)" for path in secrets_in_overrides(overrides or [], schema)]
-    refuse_secrets(find_secrets(values, schema) + in_overrides)
-
 
 def main(job: str, argv: Sequence[str] | None = None) -> int:
     """``python flows/<job>.py [--config FILE] [key=value ...]``: run locally, print a summary.
@@ -225,7 +148,6 @@ _API_LOST = threading.Event()  # set by the run's error report (_report), read b
 
 def _end_anyway_after(seconds: float, status: int) -> None:
     """End this process with ``status`` in ``seconds``, whatever its exit is waiting on then."""
-    import os
     import time
 
     def end() -> None:
@@ -246,7 +168,6 @@ def exit_now(status: int) -> NoReturn:
     ``python -m espnet3_flows``, the console scripts); :func:`main` itself returns. After a run
     that lost its Prefect API the exit takes at most :data:`LOST_API_EXIT_SECONDS`."""
     import atexit
-    import os
 
     from espnet3_flows.patches import patches_enabled
 
@@ -265,10 +186,6 @@ def exit_now(status: int) -> NoReturn:
     os._exit(status)
 
 
-#: Errors in what the user gave: exit status 2, one line, and no traceback file written
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, ManifestError)
-
-
 def _report(exc: BaseException, verbose: bool) -> int:
     """Print the one ``error:`` line (with ``--verbose`` also the traceback); the exit status:
     2 for an error in what the user gave (the config, a manifest: :data:`USER_ERRORS`), 1 for a
@@ -280,10 +197,10 @@ def _report(exc: BaseException, verbose: bool) -> int:
         quiet_shipper_failures()  # (this process exits next: nothing to put back)
         drop_undeliverable_api_work()  # else the exit waits ~7 s per queued event for the dead server
         exc = exc if isinstance(exc, PrivateServerLost) else api_lost(exc)  # (that one names its log)
-    line = f"error: {exc}" if users or lost else f"error: {type(exc).__name__}: {exc}"
+    line = error_line(exc)
     if lost:  # that shipper ended its last failure without a newline
         line = "\n" + line
-    print(clip_lines(line), file=sys.stderr)  # inputs are clipped where quoted; a library's text here
+    print(line, file=sys.stderr)
     if verbose:
         traceback.print_exc()
     return 2 if users else 1

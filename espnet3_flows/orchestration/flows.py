@@ -14,7 +14,7 @@ import time
 from typing import Any
 from collections.abc import Sequence
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.tasks import exponential_backoff
 
@@ -22,6 +22,7 @@ from espnet3_flows.config import load_config
 from espnet3_flows.credentials import mask_secrets, redact
 from espnet3_flows.orchestration import console
 from espnet3_flows.orchestration.api_watch import api_call, api_lost_now, hold_while, lost_error
+from espnet3_flows.orchestration.cluster_warnings import warn_if_api_unreachable, warn_if_dask_client_open
 from espnet3_flows.orchestration.artifacts import (
     ProgressArtifact,
     publish_runner_artifact,
@@ -32,6 +33,7 @@ from espnet3_flows.orchestration.job_run import PlannedFlow, current_run, plan_j
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.prefect_compat import install_run_patches, untokenized_task_keys
+from espnet3_flows.orchestration.run_log import job_logger, run_log
 from espnet3_flows.orchestration.prefect_context_cache import (cache_flow_context_serialization,
                                                                cache_settings_serialization)
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
@@ -91,8 +93,10 @@ def run_job(job: str, config: Any = None, progress: bool = True, planned: Planne
              run.plan_seconds)
     kept = run.unchanged_summaries
     if kept is not None:
-        log.info("%s: nothing to compute and every split's outputs are up to date", job)
-        if _in_flow():
+        in_flow = _in_flow()  # (there, the line goes to the run's log)
+        (job_logger() if in_flow else log).info("%s: %d split(s), %d shard(s): all done earlier (cached); every "
+                                                "split's outputs are up to date", job, len(run.runners), run.total_shards)
+        if in_flow:
             for p in run.runners:
                 api_call(publish_split_artifacts, job, kept[p.runner.split], p.runner.storage, p.runner.outputs_rel)
             api_call(publish_table_artifact, job, list(kept.values()))
@@ -215,7 +219,7 @@ def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool
             prestart_workers(run.parallel, run.worker_modules, run.pending_shards)
         task_runner = ThreadPoolTaskRunner(max_workers=1)
     sub = shard_flow.with_options(task_runner=task_runner, name=name)
-    with running(run):
+    with running(run), run_log():  # inside a flow (a deployment's, yours), the job's lines go to its log
         try:
             return sub(title=run.title, config=shown, progress=progress)
         finally:
@@ -226,37 +230,6 @@ def _in_flow() -> bool:
     from prefect.context import FlowRunContext
 
     return FlowRunContext.get() is not None
-
-
-def warn_if_dask_client_open(parallel: Any) -> bool:
-    """Warn when a Dask client is already open in this process: prefect-dask's task runner then
-    runs every task on that client's cluster and ignores ``parallel``. Returns whether it warned."""
-    if parallel.in_process:
-        return False
-    from distributed import default_client
-
-    try:
-        client = default_client()
-    except ValueError:
-        return False
-    log.warning(
-        "a Dask client is open in this process (%s): prefect-dask will run the shard tasks on its cluster, "
-        "not on parallel.env=%s; close it (client.close()) or run the flow in its own process",
-        getattr(client, "scheduler", None) and client.scheduler.address, parallel.env)
-    return True
-
-
-def warn_if_api_unreachable(parallel: Any) -> bool:
-    """Warn when the shards run on a cluster started elsewhere while the Prefect API is on this
-    machine's loopback (a private server): workers on other hosts cannot report to it."""
-    from prefect.settings import PREFECT_API_URL
-
-    url = str(PREFECT_API_URL.value() or "")
-    if not parallel.on_running_cluster or not any(h in url for h in ("//127.", "//localhost", "//[::1]")):
-        return False
-    log.warning("parallel.env=address with the Prefect API at %s: Dask workers on other hosts cannot reach a "
-                "loopback address; start a Prefect server they can reach and set PREFECT_API_URL", url)
-    return True
 
 
 def _export_api_url() -> None:
@@ -349,7 +322,7 @@ def shard_flow(title: str, config: dict[str, Any], progress: bool = True) -> Any
     shows of it (credentials masked).
     """
     mark("flow_started")
-    logger = get_run_logger()
+    logger = job_logger()
     run = current_run()
     t0 = time.perf_counter()
     output = run.cfg.output_dir if run.cfg is not None else config.get("output_dir")

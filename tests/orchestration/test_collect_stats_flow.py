@@ -35,7 +35,9 @@ def test_flow_on_local_cluster_caches_and_publishes(prefect_harness, demo_corpus
     assert report.type == "markdown" and "| Utterances | 48 |" in report.data and "data:image/png;base64," in report.data
     assert arts["collect-stats-splits"].type == "table"
     assert arts["collect-stats-progress"].type == "progress" and float(arts["collect-stats-progress"].data) == 100.0
-    assert f"file://{out}/train/feats_stats.npz" in arts["collect-stats-train-feats-stats-npz"].data
+    assert f"[feats_stats.npz](file://{out}/train/feats_stats.npz)" in report.data  # its files, linked there
+    assert set(arts) == {"collect-stats-progress", "collect-stats-splits", "collect-stats-train-report",
+                         "collect-stats-valid-report"}, sorted(arts)  # one artifact a split, no link artifacts
     # every task's final state reached the API, the merges' too (sent just before the workers exit)
     states = task_run_states("collect-stats-shards", out, expected=sum(shards.values()) + len(shards))
     assert len(states) == sum(shards.values()) + len(shards) and set(states.values()) == {"COMPLETED"}, states
@@ -149,7 +151,7 @@ def test_warns_when_a_dask_client_would_take_over_the_flow(caplog):
     """prefect-dask runs tasks on any Dask client open in the process, ignoring parallel.*."""
     from distributed import Client
 
-    from espnet3_flows.orchestration.flows import warn_if_dask_client_open
+    from espnet3_flows.orchestration.cluster_warnings import warn_if_dask_client_open
     from espnet3_flows.parallel.parallel_config import ParallelConfig
 
     with Client(processes=False, n_workers=0, dashboard_address=":0"):

@@ -122,7 +122,7 @@ def test_no_progress_bar_in_a_deployment_run_even_on_a_terminal(monkeypatch):
 
     from prefect.client.schemas.objects import FlowRun
 
-    from espnet3_flows.orchestration.entry import show_progress
+    from espnet3_flows.orchestration.job_flow import show_progress
 
     monkeypatch.setattr("sys.stderr.isatty", lambda: True)
     assert show_progress(FlowRun(flow_id=uuid.uuid4()))  # python flows/<job>.py in a terminal

@@ -206,6 +206,48 @@ def test_quiet_shippers_are_put_back_and_stay_loud_with_the_patches_off(monkeypa
     assert _shipper_logging() == before
 
 
+def test_a_run_failed_on_purpose_is_not_logged_again_as_an_unexpected_exception(monkeypatch):
+    """The flow-run process's record of a Failed final state (Prefect's own text, still in its
+    run_flow) is dropped when the run failed on purpose (its FailedRun says the error line), kept
+    for anything else, and kept by everything with the patches off."""
+    import inspect
+    import logging
+
+    from prefect.exceptions import FailedRun
+
+    assert prefect_compat.ENGINE_EXIT_RECORD in inspect.getsource(flow_engine.run_flow)
+    logger = logging.getLogger("prefect.flow_runs")
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(f"{record.getMessage()}: {record.exc_info[1]}")
+
+    def log(exc: Exception) -> None:
+        try:
+            raise exc
+        except Exception:
+            logger.error(prefect_compat.ENGINE_EXIT_RECORD, exc_info=True)
+
+    handler, filters = Keep(), list(logger.filters)
+    logger.addHandler(handler)
+    try:
+        monkeypatch.setenv(prefect_compat.PATCHES_ENV, "off")
+        assert prefect_compat.quiet_failed_run_exit() is False
+        log(FailedRun("error: ConfigError: bad"))
+        monkeypatch.delenv(prefect_compat.PATCHES_ENV)
+        assert prefect_compat.quiet_failed_run_exit() is True and prefect_compat.quiet_failed_run_exit() is True
+        log(FailedRun("error: ConfigError: bad"))  # dropped
+        log(FailedRun("Flow run encountered an exception"))
+        log(RuntimeError("a bug"))
+    finally:
+        logger.removeHandler(handler)
+        logger.filters[:] = filters
+    assert seen == [f"{prefect_compat.ENGINE_EXIT_RECORD}: error: ConfigError: bad",
+                    f"{prefect_compat.ENGINE_EXIT_RECORD}: Flow run encountered an exception",
+                    f"{prefect_compat.ENGINE_EXIT_RECORD}: a bug"]
+
+
 def _exit_at_once() -> None:
     """A forked child's whole work: none (its exit is what is checked)."""
 

@@ -101,11 +101,12 @@ def _api(server: PrefectServer, path: str, body: dict | None = None):
 
 
 def _run_logs(server: PrefectServer, run: dict, expected: str) -> list[str]:
-    """The run's log messages through the API, once one holds ``expected`` (logs are written in
-    batches) or after 30 s."""
+    """The run's log messages through the API, oldest first, once one holds ``expected`` (logs are
+    written in batches) or after 30 s."""
     deadline = time.monotonic() + 30
     while True:
-        logs = _api(server, "logs/filter", {"logs": {"flow_run_id": {"any_": [run["id"]]}}, "limit": 200})
+        logs = _api(server, "logs/filter", {"logs": {"flow_run_id": {"any_": [run["id"]]}}, "limit": 200,
+                                            "sort": "TIMESTAMP_ASC"})
         messages = [r["message"] for r in logs]
         if any(expected in m for m in messages) or time.monotonic() > deadline:
             return messages
@@ -119,13 +120,41 @@ FAST = {"parallel": {"env": "serial"}}  # the tests' choice: one process is enou
 def test_relative_paths_resolve_in_the_worker_start_directory(deployed, demo_corpus, tmp_path):
     start = (tmp_path / "start").resolve()
     _manifest_at(start, demo_corpus["valid"])
+    (start / "data" / "broken.tsv").write_text(  # a missing file: the run stops on it (on_error: fail)
+        (start / "data" / "train.tsv").read_text() + f"gone\t{start / 'gone.wav'}\n")
     with PrefectWorker("espnet3", _worker_env(deployed), start, log_dir=tmp_path / "logs"):
         run, text = _run(deployed, "collect-stats/collect-stats", README_PARAMS | FAST, tmp_path)
+        again, again_text = _run(deployed, "collect-stats/collect-stats", README_PARAMS | FAST, tmp_path)
+        failed, failed_text = _run(deployed, "collect-stats/collect-stats",
+                                   README_PARAMS | FAST | {"manifests": {"train": "data/broken.tsv"},
+                                                           "output_dir": "exp/broken"}, tmp_path)
     assert run["state_type"] == "COMPLETED", text[-3000:]
     # after the run, where the README says: the worker's start directory, not a deleted one
     assert (start / "exp" / "collect_stats" / "train" / "feats_stats.npz").is_file()
     expected = f"working directory {start} (the directory the worker was started in)"
     assert any(expected in m for m in _run_logs(deployed, run, expected)), expected
+
+    # the run's log is the job's log: through the API and in --watch, around few artifact events
+    summary = "collect_stats train: 12 utterances"
+    logs = _run_logs(deployed, run, summary)
+    shown = " ".join(text.split())  # as --watch wrapped it to its terminal's width
+    for line in ("collect_stats: 1 split(s), ", "0 done earlier (cached)", summary):
+        assert any(line in m for m in logs), (line, logs)
+        assert line in shown, (line, text[-3000:])
+    assert len([line for line in text.splitlines() if "prefect.artifact." in line]) <= 6, text[-3000:]
+    assert again["state_type"] == "COMPLETED", again_text[-3000:]
+    done = "all done earlier (cached)"
+    assert any(done in m for m in _run_logs(deployed, again, done)), done
+
+    # a failure: the error line first, then Prefect's record of it, and a short log in all
+    assert failed["state_type"] == "FAILED", failed_text[-3000:]
+    logs = _run_logs(deployed, failed, "Finished in state Failed")
+    errors = [i for i, m in enumerate(logs) if m.startswith("error: ")]
+    assert errors and "gone.wav" in logs[errors[0]], logs
+    assert errors[0] < min(i for i, m in enumerate(logs) if "Traceback" in m or "Finished in state" in m), logs
+    assert sum(len(m.splitlines()) for m in logs) <= 20, "\n".join(logs)
+    assert failed["state"]["message"] == logs[errors[0]], failed["state"]["message"]  # the final state says it too
+    assert "error: " in failed_text and "gone.wav" in " ".join(failed_text.split()), failed_text[-3000:]
 
 
 def test_workdir_setting_wins_and_a_temporary_directory_is_refused(deployed, demo_corpus, tmp_path):
