@@ -99,9 +99,11 @@ def _describe(value: Any) -> str:
 class ProgressArtifact:
     """A progress artifact updated as shards finish (a percentage in the UI).
 
-    Updates are sent at most every ``interval`` seconds (one API call each), not per shard; while
-    a run's API is watched, in the background, one at a time (a shard's end never waits on them),
-    and none once the API is lost (:mod:`~espnet3_flows.orchestration.api_watch`).
+    An update is sent when the percentage has moved by a whole point and ``interval`` seconds
+    have passed since the last one: at most ~100 a run however long it is (each is an API call,
+    and an event in ``prefect deployment run --watch``, beside the job's own lines); while a run's
+    API is watched, in the background, one at a time (a shard's end never waits on them), and
+    none once the API is lost (:mod:`~espnet3_flows.orchestration.api_watch`).
     """
 
     def __init__(self, job: str, total: int, done: int = 0, interval: float = 2.0):
@@ -110,6 +112,7 @@ class ProgressArtifact:
         self.interval = interval
         self._sent = time.monotonic()
         self._sending: Any = None
+        self.shown = int(self._percent())
         self.id = api_call(create_progress_artifact, self._percent(), key=artifact_key(job, "progress"),
                            description=f"{job}: shards done")
 
@@ -119,13 +122,15 @@ class ProgressArtifact:
     def advance(self, n: int = 1) -> None:
         """Count ``n`` more finished shards."""
         self.done += n
-        if time.monotonic() - self._sent >= self.interval and not (self._sending and self._sending.is_alive()):
-            self._sent = time.monotonic()
+        if int(self._percent()) > self.shown and time.monotonic() - self._sent >= self.interval \
+                and not (self._sending and self._sending.is_alive()):
+            self._sent, self.shown = time.monotonic(), int(self._percent())
             if self.id is not None:
                 self._sending = api_call_soon(update_progress_artifact, self.id, self._percent())
 
     def finish(self) -> None:
-        """Send the current percentage now."""
+        """Send the current percentage now, unless it was the last one sent."""
         self._sent = time.monotonic()
-        if self.id is not None:
+        if self.id is not None and self._percent() != self.shown:
+            self.shown = int(self._percent())
             api_call(update_progress_artifact, self.id, self._percent())
