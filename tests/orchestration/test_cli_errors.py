@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_flows.patches import patches_enabled
 from tests.support.servers import cli_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,18 +101,12 @@ def test_verbose_keeps_the_traceback_and_the_logs(tmp_path, demo_corpus, session
     assert sum(line.startswith("error:") for line in lines) == 1
 
 
-#: With every patch off a forkserver start spawns its workers (``LocalProcesses.forks_workers``):
-#: the same run as ``spawn``, so the patches-off pass runs it once (its fallback is still run there
-#: by every unpatched test on a local cluster with the default start method).
-START_METHODS = ["forkserver", "spawn"] if patches_enabled() else ["spawn"]
-
-
-@pytest.mark.unpatched
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_good_run_is_short_and_says_where_outputs_are(tmp_path, demo_corpus, start_method, session_api_url):
     # the forkserver run with its private server, the spawned one against the session's server
-    # (with every patch off the spawned one is the only one: with its private server)
-    api_url = session_api_url if start_method == "spawn" and patches_enabled() else None
+    # (with every patch off, runs on a local cluster are checked by the patches-off pass's
+    # test_runner_flow_console, test_collect_stats_flow and, for the CLI, test_api_server_killed)
+    api_url = session_api_url if start_method == "spawn" else None
     manifest = tmp_path / "train.tsv"
     manifest.write_text("\n".join(_good_lines(demo_corpus)) + "\n")
     # several shards: a real LocalCluster whose workers print to this terminal too; spawned ones

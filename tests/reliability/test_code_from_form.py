@@ -58,8 +58,9 @@ class _Payload:
         return os.system, (self.command,)
 
 
-def _hostile_runs(tmp: Path, manifests: dict) -> dict[str, tuple[str, dict, str]]:
-    """name → (deployment, parameters, the key the refusal must name); each would create tmp/<name>."""
+def _hostile_runs(tmp: Path, manifests: dict) -> dict[str, tuple[str, dict, str | tuple[str, ...]]]:
+    """name → (deployment, parameters, the key(s) the refusal must name); each would create a
+    marker in tmp (``preload`` the sympify run's second key's)."""
     (tmp / "evil.pkl").write_bytes(pickle.dumps(_Payload(f"touch {tmp / 'numpy_load'}")))
     (tmp / "evil.pt").write_bytes(pickle.dumps(_Payload(f"touch {tmp / 'torch_load'}")))
     (tmp / "evil.py").write_text(f"open({str(tmp / 'preload')!r}, 'w').close()\n")
@@ -68,18 +69,17 @@ def _hostile_runs(tmp: Path, manifests: dict) -> dict[str, tuple[str, dict, str]
         f"    _args_: [{tmp / 'evil.pkl'}]\n    allow_pickle: true\n")
     base = {"manifests": manifests, "parallel": {"env": "serial"}}
     return {
+        # two keys of one run, each code: the refusal names both (a Dask preload script, too)
         "sympify": ("collect-stats/plain", {**base, "frontend": {"type": "model", "model": {
-            "_target_": "sympy.sympify", "_args_": [f"__import__('os').system('touch {tmp / 'sympify'}')"]}}},
-            "frontend.model"),
+            "_target_": "sympy.sympify", "_args_": [f"__import__('os').system('touch {tmp / 'sympify'}')"]}},
+            "parallel": {"env": "local", "n_workers": 1, "options": {"preload": [str(tmp / "evil.py")]}}},
+            ("frontend.model", "parallel.options.preload")),
         "torch_load": ("extract-xvectors/plain-xvectors", {**base, "xvector": {"toolkit": "custom", "model": {
             "_target_": "torch.load", "_args_": [str(tmp / "evil.pt")], "weights_only": False}}}, "xvector.model"),
         "numpy_load": ("collect-stats/plain", {**base, "config_file": str(tmp / "evil.yaml")}, "frontend.model"),
         "open": ("collect-stats/plain", {**base, "overrides": [
             "frontend.type=model", "frontend.model._target_=builtins.open",
             f"frontend.model._args_=[{tmp / 'open'},w]"]}, "frontend.model"),
-        "preload": ("collect-stats/plain", {**base, "parallel": {
-            "env": "local", "n_workers": 1, "options": {"preload": [str(tmp / "evil.py")]}}},
-            "parallel.options.preload"),
         "sympify_as_operator_elsewhere": ("collect-stats/operator-model", {**base, "frontend": {
             "type": "model", "model": {"_target_": "sympy.sympify", "_args_": [
                 f"__import__('os').system('touch {tmp / 'sympify_as_operator_elsewhere'}')"]}}}, "frontend.model"),
@@ -131,6 +131,8 @@ def test_form_parameters_that_name_code_are_refused(tmp_path, demo_corpus):
     for name, (_, _, key) in hostile.items():
         state = runs[name].state
         assert state is not None and state.is_failed(), (name, state)
-        assert "name code, refused" in (state.message or "") and key in state.message, (name, state.message)
+        keys = (key,) if isinstance(key, str) else key
+        assert "name code, refused" in (state.message or ""), (name, state.message)
+        assert all(k in state.message for k in keys), (name, state.message)
     for name in allowed:
         assert runs[name].state.is_completed(), (name, runs[name].state)
