@@ -112,7 +112,7 @@ class ProgressArtifact:
         self.interval = interval
         self._sent = time.monotonic()
         self._sending: Any = None
-        self.shown = int(self._percent())
+        self.shown = self._percent()  # the last percentage sent
         self.id = api_call(create_progress_artifact, self._percent(), key=artifact_key(job, "progress"),
                            description=f"{job}: shards done")
 
@@ -124,7 +124,7 @@ class ProgressArtifact:
         self.done += n
         if int(self._percent()) > self.shown and time.monotonic() - self._sent >= self.interval \
                 and not (self._sending and self._sending.is_alive()):
-            self._sent, self.shown = time.monotonic(), int(self._percent())
+            self._sent, self.shown = time.monotonic(), self._percent()
             if self.id is not None:
                 self._sending = api_call_soon(update_progress_artifact, self.id, self._percent())
 
@@ -132,5 +132,5 @@ class ProgressArtifact:
         """Send the current percentage now, unless it was the last one sent."""
         self._sent = time.monotonic()
         if self.id is not None and self._percent() != self.shown:
-            self.shown = int(self._percent())
-            api_call(update_progress_artifact, self.id, self._percent())
+            self.shown = self._percent()
+            api_call(update_progress_artifact, self.id, self.shown)

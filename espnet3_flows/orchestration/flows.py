@@ -22,20 +22,20 @@ from espnet3_flows.config import load_config
 from espnet3_flows.credentials import mask_secrets, redact
 from espnet3_flows.orchestration import console
 from espnet3_flows.orchestration.api_watch import api_call, api_lost_now, hold_while, lost_error
-from espnet3_flows.orchestration.cluster_warnings import warn_if_api_unreachable, warn_if_dask_client_open
 from espnet3_flows.orchestration.artifacts import (
     ProgressArtifact,
     publish_runner_artifact,
     publish_split_artifacts,
     publish_table_artifact,
 )
+from espnet3_flows.orchestration.cluster_warnings import warn_if_api_unreachable, warn_if_dask_client_open
 from espnet3_flows.orchestration.job_run import PlannedFlow, current_run, plan_job, runner_modules, running
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.prefect_compat import install_run_patches, untokenized_task_keys
-from espnet3_flows.orchestration.run_log import job_logger, run_log
 from espnet3_flows.orchestration.prefect_context_cache import (cache_flow_context_serialization,
                                                                cache_settings_serialization)
+from espnet3_flows.orchestration.run_log import job_logger, run_log
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import make_task_runner, prestart_workers
 from espnet3_flows.timeline import mark

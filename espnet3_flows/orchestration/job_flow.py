@@ -97,28 +97,25 @@ def _run_flow_values(job: str, schema: type, values: dict[str, Any]) -> dict[str
         raise
 
 
-def _deployment_run() -> bool:
-    """Whether this is a deployment's flow run (triggered from the UI, a schedule, the API)."""
-    from prefect.context import FlowRunContext
-
-    ctx = FlowRunContext.get()
-    return getattr(ctx and ctx.flow_run, "deployment_id", None) is not None
-
-
-def show_progress(flow_run: Any = None) -> bool:
-    """Whether a flow draws a terminal progress bar: only when started from a terminal, never
-    in a deployment's run (a worker's flow-run process: its output is no one's terminal, and
-    the UI shows progress as an artifact).
-
-    Args:
-        flow_run: The flow run (default: the current one).
-    """
+def _deployment_run(flow_run: Any = None) -> bool:
+    """Whether ``flow_run`` (default: the current one) is a deployment's (triggered from the UI, a
+    schedule, the API): its worker's flow-run process is no one's terminal."""
     if flow_run is None:
         from prefect.context import FlowRunContext
 
         ctx = FlowRunContext.get()
         flow_run = ctx.flow_run if ctx else None
-    return sys.stderr.isatty() and getattr(flow_run, "deployment_id", None) is None
+    return getattr(flow_run, "deployment_id", None) is not None
+
+
+def show_progress(flow_run: Any = None) -> bool:
+    """Whether a flow draws a terminal progress bar: only when started from a terminal, never
+    in a deployment's run (the UI shows progress as an artifact).
+
+    Args:
+        flow_run: The flow run (default: the current one).
+    """
+    return sys.stderr.isatty() and not _deployment_run(flow_run)
 
 
 def _refuse_secrets(schema: type, values: dict[str, Any], overrides: Sequence[str] | None) -> None:

@@ -25,8 +25,9 @@ from collections.abc import Iterator
 
 #: the logger of this package's own records
 PACKAGE_LOGGER = "espnet3_flows"
-#: the outer flow run of the job running in this context
-_RUN: contextvars.ContextVar[Any] = contextvars.ContextVar("espnet3_flows_run_log", default=None)
+#: the outer flow run of the job running in this context, and the API handler that sends to its log
+_RUN: contextvars.ContextVar[tuple[Any, logging.Handler] | None] = contextvars.ContextVar("espnet3_flows_run_log",
+                                                                                         default=None)
 
 
 class _ToRun(logging.Filter):
@@ -59,7 +60,7 @@ def run_log(flow_run: Any = None) -> Iterator[Any]:
         ctx = FlowRunContext.get()
         flow_run = ctx.flow_run if ctx is not None else None
     if flow_run is None or _RUN.get() is not None:
-        yield _RUN.get()
+        yield (_RUN.get() or (None,))[0]
         return
     from prefect.logging.handlers import APILogHandler
 
@@ -70,7 +71,7 @@ def run_log(flow_run: Any = None) -> Iterator[Any]:
     for handler in extra:
         logger.removeHandler(handler)
     logger.addHandler(ours)
-    token = _RUN.set(flow_run)
+    token = _RUN.set((flow_run, ours))
     try:
         yield flow_run
     finally:
@@ -83,25 +84,20 @@ def run_log(flow_run: Any = None) -> Iterator[Any]:
 def job_logger() -> Any:
     """The logger of the job's own lines: the run logger of :func:`run_log`'s run, else the
     current flow or task run's (``get_run_logger``)."""
-    flow_run = _RUN.get()
-    if flow_run is None:
+    current = _RUN.get()
+    if current is None:
         from prefect import get_run_logger
 
         return get_run_logger()
     from prefect.logging.loggers import flow_run_logger
 
-    return flow_run_logger(flow_run)
+    return flow_run_logger(current[0])
 
 
 def log_failure(line: str) -> None:
-    """Send the run's ``error:`` line to :func:`run_log`'s run (through the API only: a command
-    line prints its own, once). Nothing happens outside a run log."""
-    flow_run = _RUN.get()
-    if flow_run is None:
-        return
-    from prefect.logging.handlers import APILogHandler
-
-    record = logging.LogRecord(PACKAGE_LOGGER, logging.ERROR, __file__, 0, line, None, None)
-    record.flow_run_id = str(flow_run.id)
-    handler = APILogHandler()
-    handler.handle(record)
+    """Send the run's ``error:`` line to :func:`run_log`'s run, by the handler that sends this
+    package's records there (the API only: a command line prints its own, once). Nothing happens
+    outside a run log."""
+    current = _RUN.get()
+    if current is not None:
+        current[1].handle(logging.LogRecord(PACKAGE_LOGGER, logging.ERROR, __file__, 0, line, None, None))
