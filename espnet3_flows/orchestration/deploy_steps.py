@@ -10,7 +10,7 @@ Completed. So the pull step chooses a lasting directory and names it in the run'
 flow refuses relative paths when it still runs in such a temporary directory (a deployment made
 without this pull step, or a worker whose start directory cannot be read).
 
-One rule for relative paths in a run's ``manifests``, ``output_dir`` and ``config_file``: they
+One rule for relative paths in a run's ``manifests``, ``output_dir`` and ``config``: they
 resolve in the flow process's working directory, on the driver, when the run starts (the config
 file is read there, the planner makes manifests absolute, fsspec makes ``output_dir`` absolute).
 For the command line that is the current directory; for a deployment run it is the directory
@@ -50,7 +50,7 @@ _TRANSIENT_NAMES = ("tmp*prefect", "prefect-workspace-attempt-*")
 
 def working_directory(directory: str | None = None) -> dict[str, str]:
     """Pull step: the flow run's working directory, where relative paths in its parameters
-    (``manifests``, ``output_dir``, ``config_file``) resolve.
+    (``manifests``, ``output_dir``, ``config``) resolve.
 
     ``directory`` if given, else ``$ESPNET3_FLOWS_WORKDIR`` on the worker, else the directory the
     worker was started in (a relative setting is taken in that one too); created if missing and
@@ -142,7 +142,7 @@ def refuse_code_from_form(job: str, config_file: str | None, values: dict[str, A
         return
     schema = get_job(job).config_class
     own = dict(trust.parameters)
-    trusted = merged_data(job, own.pop("config_file", None), dotted_values(schema, own), own.pop("overrides", None) or [])
+    trusted = merged_data(job, own.pop("config", None), dotted_values(schema, own), own.pop("overrides", None) or [])
     data = merged_data(job, config_file, dotted_values(schema, values), overrides or [])
     refuse_untrusted_code(schema, data, trusted, trust.trusted_keys, source="this deployment run's parameters",
                           remedy="set them in the deployment's own parameters (prefect.yaml), or open the keys to "

@@ -29,24 +29,33 @@ from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_wo
 from espnet3_flows.orchestration.run_log import log_failure, run_log
 
 
+#: the parameters every job flow adds to its job's config keys
+FLOW_ONLY_PARAMETERS = frozenset({"config", "overrides"})
+
+
 @functools.cache
 def job_flow(job: str) -> Flow:
     """The Prefect flow of a registered job. Its typed parameters (the UI's form) are the job's
     config keys (:func:`~espnet3_flows.orchestration.parameters.form_fields`: every key, sections
     as nested forms, credentials left out): each defaults to its key's default and wins over
-    ``config_file`` when it differs from it; ``overrides`` win over both. A flow module holds
-    ``<job> = job_flow("<job>")``."""
+    ``config`` (a YAML file, as the CLI's ``--config``) when it differs from it; ``overrides`` win
+    over both. A flow module holds ``<job> = job_flow("<job>")``."""
     spec = get_job(job)
     schema = spec.config_class
     fields = form_fields(schema)
+    taken = sorted(FLOW_ONLY_PARAMETERS & {f.name for f in fields})
+    if taken:
+        raise TypeError(f"job {job!r}: its config key(s) {', '.join(taken)} would hide the flow's own parameter(s) "
+                        f"of that name ({', '.join(sorted(FLOW_ONLY_PARAMETERS))}): rename the key(s)")
     params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.annotation, default=f.default)
               for f in fields]
-    params += [inspect.Parameter("config_file", inspect.Parameter.KEYWORD_ONLY, annotation=str | None, default=None),
+    params += [inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=str | None, default=None),
                inspect.Parameter("overrides", inspect.Parameter.KEYWORD_ONLY, annotation=list[str] | None,
                                  default=None)]
     docs = [(f.name, f.doc) for f in fields]
-    docs += [("config_file", "Optional YAML config (on the worker's file system); the other parameters override "
-                             "it when they differ from their defaults."),
+    docs += [("config", "Optional YAML config file, as the command line's `--config` (on the worker's file system; "
+                        "a relative path is in the run's working directory); the other parameters override it when "
+                        "they differ from their defaults."),
              ("overrides", "Extra `key=value` overrides, e.g. `[\"parallel.options.queue=gpu\"]`; a credential, here "
                            "or in any parameter, is refused (give it to the worker's environment).")]
 
@@ -78,11 +87,11 @@ def _run_flow_values(job: str, schema: type, values: dict[str, Any]) -> dict[str
     """A job flow's body: its parameters checked (no credential, no code from the form, no path in
     a worker's temporary directory), resolved into the job's config, and the job run."""
     overrides = values.pop("overrides", None)
-    config_file = values.pop("config_file", None)
+    config_file = values.pop("config", None)
     _refuse_secrets(schema, values, overrides)
     refuse_code_from_form(job, config_file, values, overrides)
     # a worker's run may still sit in the temporary directory the worker deletes afterwards
-    refuse_transient({"config_file": config_file})
+    refuse_transient({"config": config_file})
     cfg = resolve_config(job, config_file, dotted_values(schema, values), overrides or [],
                          check=lambda merged: refuse_transient(run_paths(merged)))
     try:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.orchestration.entry import job_flow, resolve_config
 from espnet3_flows.stats.job import CollectStatsConfig
-
+from espnet3_flows.utterance_job import SplitsConfig
 
 JOBS = ["collect_stats", "extract_xvectors", "extract_features"]
 
@@ -38,7 +40,7 @@ def test_the_form_has_every_config_key_with_its_default_and_description_but_no_c
     sections = {k.rsplit(".", 1)[0] for k in describe_keys(schema_class) if "." in k}
     expected = {k for k in describe_keys(schema_class)
                 if k not in sections and not any(k == h or k.startswith(h + ".") for h in hidden)}
-    assert set(form) == expected | {"config_file", "overrides"}
+    assert set(form) == expected | {"config", "overrides"}
     assert not any(k.startswith("storage_options") for k in form)  # credentials never in the form
     defaults = OmegaConf.to_container(OmegaConf.structured(schema_class))
     for key in expected:
@@ -196,3 +198,23 @@ def test_the_exit_after_a_lost_api_is_bounded_whatever_waits_for_it(tmp_path, sw
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "error: the Prefect API at http://127.0.0.1:9/api stopped answering" in proc.stderr, proc.stderr
     assert time.monotonic() - started < 60  # not the handler's 600 s
+
+
+@dataclasses.dataclass
+class ConfigKeyedConfig(SplitsConfig):
+    """A plugin job's config whose key ``config`` would hide the flow's ``config`` parameter."""
+
+    config: str = "mine"
+
+
+def test_a_job_whose_config_key_is_a_flow_parameter_is_refused_naming_it():
+    from espnet3_flows.job_registry import JOBS as REGISTRY
+    from espnet3_flows.job_registry import JobSpec
+
+    REGISTRY.register("config_keyed", JobSpec("config_keyed", "config-keyed", "A job that names a key config.",
+                                              f"{__name__}:ConfigKeyedConfig", "espnet3_flows.stats.job:collect_stats_runners"))
+    try:
+        with pytest.raises(TypeError, match=r"job 'config_keyed': its config key\(s\) config would hide the flow's"):
+            job_flow("config_keyed")
+    finally:
+        REGISTRY.unregister("config_keyed")

@@ -76,7 +76,7 @@ def _hostile_runs(tmp: Path, manifests: dict) -> dict[str, tuple[str, dict, str 
             ("frontend.model", "parallel.options.preload")),
         "torch_load": ("extract-xvectors/plain-xvectors", {**base, "xvector": {"toolkit": "custom", "model": {
             "_target_": "torch.load", "_args_": [str(tmp / "evil.pt")], "weights_only": False}}}, "xvector.model"),
-        "numpy_load": ("collect-stats/plain", {**base, "config_file": str(tmp / "evil.yaml")}, "frontend.model"),
+        "numpy_load": ("collect-stats/plain", {**base, "config": str(tmp / "evil.yaml")}, "frontend.model"),
         "open": ("collect-stats/plain", {**base, "overrides": [
             "frontend.type=model", "frontend.model._target_=builtins.open",
             f"frontend.model._args_=[{tmp / 'open'},w]"]}, "frontend.model"),
