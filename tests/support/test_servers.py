@@ -245,13 +245,15 @@ def test_prefect_worker_registers_runs_a_flow_and_stops_without_orphans(prefect_
 
 
 @pytest.mark.prefect_server
-def test_prefect_server_stop_leaves_no_process(tmp_path):
-    server = PrefectServer(tmp_path / "home")
-    with server:
-        assert server.health_ok()
-        pids = {p.pid for p in server.process.family()}
-        assert server.pid in pids
-        port = server.port
+def test_prefect_server_stop_leaves_no_process(prefect_server):
+    """Stops the module's server (the tests above have used it: a server that served a flow run
+    and a worker), so it runs last here; the fixture's own stop afterwards finds nothing to do."""
+    server = prefect_server
+    assert server.health_ok()
+    pids = {p.pid for p in server.process.family()}
+    assert server.pid in pids
+    port = server.port
+    server.stop()
     assert not server.running()
     assert not server.health_ok()
     assert not _port_open(port)
