@@ -1,7 +1,8 @@
 """The README's deployment sequence, run literally: `make serve`, export the URL it prints,
 `make deploy`, `make worker`, `prefect deployment run ... --watch`, `make stop` — real server,
-real worker, real flow runs. A failed run's `--watch` output carries the one-line cause, and four
-runs triggered at once against the SQLite server are all created and all complete."""
+real worker, real flow runs. A failed run's `--watch` output carries the one-line cause, an 8 kHz
+run's warning reaches the run's logs, and three runs triggered at once against the SQLite server
+(more than the worker's limit) are all created and all complete."""
 
 from __future__ import annotations
 
@@ -19,14 +20,14 @@ import pytest
 from tests.support.servers import cli_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-# ~2 min on 2 cores: 8 deployment runs, four of them two at a time through one process worker
+# ~2 min on 2 cores: 6 deployment runs, three of them two at a time through one process worker
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
+def test_make_serve_deploy_worker_run_stop(tmp_path):
     venv = Path(sys.executable).parent.parent
     port = free_port()
-    # the worker asks for runs every 2 s, not Prefect's 10: 8 runs, each picked up ~4 s sooner
+    # the worker asks for runs every 2 s, not Prefect's 10: 6 runs, each picked up ~4 s sooner
     env = cli_env(tmp_path / "prefect-home", ESPNET3_STACK_DIR=str(tmp_path / "stack"), HF_HUB_OFFLINE="1",
                   PREFECT_WORKER_QUERY_SECONDS="2", PREFECT_WORKER_PREFETCH_SECONDS="2")
     # this suite's venv, taken as installed (never rebuilt or removed by make from here)
@@ -49,11 +50,20 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
         pids += [int((tmp_path / "stack" / "worker.pid").read_text())]
 
         prefect = str(venv / "bin" / "prefect")
+        # 8 kHz input under the 16 kHz default: the merge's warning, logged by espnet3_flows.frontend_job
+        # (not the flow's logger), reaches the run's logs in the API (extra_loggers in prefect.yaml)
+        from espnet3_flows.inputs.demo import make_demo_corpus
+
+        low = make_demo_corpus(tmp_path / "demo8k", n_utts=8, sampling_rate=8000, splits={"valid": 1.0})
         out = tmp_path / "out"
-        params = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(out), "parallel": {"env": "serial"}}
+        params = {"manifests": {"valid": str(low["valid"])}, "output_dir": str(out), "parallel": {"env": "serial"}}
         ran = sh(prefect, "deployment", "run", "collect-stats/collect-stats", "--watch", "--params", json.dumps(params))
         assert ran.returncode == 0, ran.stdout + ran.stderr
         assert (out / "valid" / "feats_stats.npz").is_file()
+        logs = _all_logs(env["PREFECT_API_URL"])
+        assert any(r["name"] == "espnet3_flows.frontend_job" and "frontend.sampling_rate=8000" in r["message"]
+                   for r in logs), sorted({(r["name"], r["message"][:100]) for r in logs if r["level"] >= 30 or "espnet3" in r["name"]})
+        assert not any("shard/s]" in r["message"] for r in logs), "a progress bar in the run's logs"
 
         missing = tmp_path / "no-such.tsv"
         bad = params | {"manifests": {"valid": str(missing)}, "output_dir": str(tmp_path / "bad")}
@@ -62,20 +72,6 @@ def test_make_serve_deploy_worker_run_stop(tmp_path, demo_corpus):
         assert failed.returncode != 0, text
         # the reason is in what --watch prints, not only in the worker's log
         assert str(missing) in text and "not found" in text, text
-
-        # 8 kHz input under the 16 kHz default: the merge's warning, logged by espnet3_flows.frontend_job
-        # (not the flow's logger), reaches the run's logs in the API (extra_loggers in prefect.yaml)
-        from espnet3_flows.inputs.demo import make_demo_corpus
-
-        low = make_demo_corpus(tmp_path / "demo8k", n_utts=8, sampling_rate=8000, splits={"valid": 1.0})
-        params8 = params | {"manifests": {"valid": str(low["valid"])}, "output_dir": str(tmp_path / "out8k")}
-        ran8 = sh(prefect, "deployment", "run", "collect-stats/collect-stats", "--watch", "--params",
-                  json.dumps(params8))
-        assert ran8.returncode == 0, ran8.stdout + ran8.stderr
-        logs = _all_logs(env["PREFECT_API_URL"])
-        assert any(r["name"] == "espnet3_flows.frontend_job" and "frontend.sampling_rate=8000" in r["message"]
-                   for r in logs), sorted({(r["name"], r["message"][:100]) for r in logs if r["level"] >= 30 or "espnet3" in r["name"]})
-        assert not any("shard/s]" in r["message"] for r in logs), "a progress bar in the run's logs"
 
         _runs_at_once(prefect, env, params, tmp_path, reference=out / "valid" / "feats_stats.npz")
 

@@ -90,8 +90,10 @@ def cli_env(home: Path, *, drop: Sequence[str] = (), fresh_database: bool = Fals
     if not fresh_database:
         seed_home(home)
     env = _clean_env(None, ("PREFECT_", *drop))
+    # a user's own @flow with no API starts Prefect's temporary server, given 20 s by default: under
+    # make test's load (and a second suite beside it) it took longer once (docs/walkthrough.md says so)
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONPATH=str(ROOT),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
     if api_url:
         env["PREFECT_API_URL"] = api_url
     env.update(settings)
