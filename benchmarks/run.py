@@ -49,6 +49,7 @@ BENCHMARKS = {b.name: b for b in [
     Benchmark("memory", "bench_memory", True),
     Benchmark("scale", "bench_scale", True),
     Benchmark("corpus", "bench_corpus", True),
+    Benchmark("soak", "bench_soak", False),
     Benchmark("xvector", "bench_xvector", False),
     Benchmark("batching", "bench_batching", False),
     Benchmark("espnet2", "bench_espnet2", False),

@@ -1,5 +1,5 @@
-"""The benchmarks' bookkeeping: every benchmark is in one quick group, and ``scale`` and ``corpus``
-(too long to run here even with ``--quick``) turn failed runs into rows and missed targets."""
+"""The benchmarks' bookkeeping: every benchmark is in one quick group, and ``scale``, ``corpus`` and
+``soak`` (too long to run here even with ``--quick``) turn failed runs into rows and missed targets."""
 
 from __future__ import annotations
 
@@ -54,6 +54,25 @@ rows.append({"utterances": 5000, "section": "plan", "run": "planning (--dry-run)
 targets = bench_corpus.make_targets(rows, 10, 1000, 5000)
 assert targets and not any(t["met"] for t in targets), targets
 print(bench_corpus.table({"rows": rows}))
+
+from benchmarks import bench_soak
+
+assert bench_soak.night_sizes(100, 4) == [100, 103, 107, 111] and bench_soak.night_sizes(10, 3) == [10, 11, 12]
+night = {"section": "night", "scheduler_rss_mb": 100.0, "worker_rss_mb": 300.0, "server_rss_mb": 400.0, "workers_seen": 2}
+rows = [{**night, "night": k, "utterances": 10 + k, "db_mb": 1.0 + 0.3 * k,
+         "scheduler_rss_mb": 100.0 + (20 if k == 4 else 0)} for k in (1, 2, 3, 4)]
+rows += [{"section": "run", "night": k, "job": job, "utterances": 10 + k, "wall_s": 5.0, "state": "COMPLETED",
+          "message": "", "equals_fresh": (k, job) != (2, "extract_features"),
+          "difference": "3 of 12 values differ (e.g. u1)" if (k, job) == (2, "extract_features") else ""}
+         for k in (1, 2, 3, 4) for job in bench_soak.JOBS]
+targets = {t["name"]: t for t in bench_soak.make_targets(rows)}
+same = targets["every run completes with a fresh run's outputs"]
+assert not same["met"] and "night 2 extract_features: 3 of 12 values differ" in same["measured"], same
+assert not targets["scheduler RSS after night 4 / after night 3"]["met"]  # 120 MB after 100: 1.2
+assert targets["largest worker RSS after night 4 / after night 3"]["met"]
+assert abs(bench_soak.db_growth_per_run(rows) - 0.1) < 1e-9  # 0.3 MB a night, three runs a night
+assert "| 4 | 14 |" in bench_soak.table({"rows": rows}) and "**no**" in bench_soak.table({"rows": rows})
+assert not bench_soak.make_targets([r for r in rows if r["night"] < 3])[1]["met"]  # too few nights: not met
 
 import tempfile, pathlib
 from espnet3_flows.sharding import Shard, ShardPlan

@@ -28,9 +28,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
 KEYS = {"name", "machine", "command", "quick", "rows", "targets", "notes"}
 #: the benchmarks the quick groups leave out: ``gpu`` runs on the lent device
 #: (``tests/benchmarks/test_gpu_check.py`` rehearses it); ``scale`` and ``corpus`` run the CLI a
-#: dozen times even with ``--quick``, so only their bookkeeping is checked
-#: (``tests/benchmarks/test_benchmarks_quick.py``)
-NOT_QUICK = frozenset({"gpu", "scale", "corpus"})
+#: dozen times even with ``--quick``, and ``soak`` stands up four services and nine deployment
+#: runs, so only their bookkeeping is checked (``tests/benchmarks/test_benchmarks_quick.py``)
+NOT_QUICK = frozenset({"gpu", "scale", "corpus", "soak"})
 #: the ceiling of a quick group's module: a group took 75-295 s under ``make test`` on 2 cores (runs T1-T3)
 TIMEOUT = 600
 
