@@ -32,6 +32,7 @@ from typing import Any
 from collections.abc import Iterator
 
 from benchmarks import common
+from espnet3_flows.orchestration.local_server import _free_port  # the private server's own choice of a port
 
 NAME = "soak"
 #: job → (deployment name, its output directory under the work directory)
@@ -101,13 +102,13 @@ class Services:
     def start(self, model: Path) -> None:
         self.stack("serve")
         dask = str(Path(sys.executable).with_name("dask"))
-        log = open(self.work / "dask.log", "ab")  # noqa: SIM115 - the processes hold it
-        self.dask.append(subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port",
-                                           self.address.rsplit(":", 1)[1], "--no-dashboard"],
-                                          env=self.env, stdout=log, stderr=log, start_new_session=True))
-        self.dask.append(subprocess.Popen([dask, "worker", self.address, "--nworkers", str(common.WORKERS),
-                                           "--nthreads", "1", "--no-dashboard"],
-                                          env=self.env, stdout=log, stderr=log, start_new_session=True))
+        with open(self.work / "dask.log", "ab") as log:  # each process holds its own descriptor
+            self.dask.append(subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port",
+                                               self.address.rsplit(":", 1)[1], "--no-dashboard"],
+                                              env=self.env, stdout=log, stderr=log, start_new_session=True))
+            self.dask.append(subprocess.Popen([dask, "worker", self.address, "--nworkers", str(common.WORKERS),
+                                               "--nthreads", "1", "--no-dashboard"],
+                                              env=self.env, stdout=log, stderr=log, start_new_session=True))
         _wait_for_workers(self.address, common.WORKERS)
         (self.work / "prefect.yaml").write_text(_prefect_yaml(self.work, self.address, model))
         self.prefect("work-pool", "create", "espnet3", "--type", "process", "--overwrite")
@@ -150,14 +151,6 @@ class Services:
         return {"scheduler_rss_mb": scheduler.memory_info().rss / MB,
                 "worker_rss_mb": max((w.memory_info().rss for w in workers), default=0) / MB,
                 "workers_seen": len(workers), "server_rss_mb": server_rss / MB, "db_mb": db_bytes / MB}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for_workers(address: str, n: int, timeout: float = 120) -> None:
