@@ -11,6 +11,9 @@ shard_size=1000 parallel.env=local parallel.n_workers=2`` (``none``: lengths fro
 - 10 k and 1 M: a cold run into a fresh output directory, then a no-op rerun; wall time, peak RSS
   of the driver and of each Dask worker (``process_tree.measured_run``). Driver growth per utterance:
   (driver peak at 1 M − at 10 k) / (1 M − 10 k).
+- 1 M ``--dry-run``: the checks a dry run makes (every audio file stat'ed, a sample of headers
+  read) into an output directory that does not exist; its wall (target ≤ 60 s) and the paths it
+  left under the output directory and beside the manifest (target: none).
 - 10 M: planning only, with the CLI's ``--dry-run`` when its ``--help`` lists one (a cold run
   of 10 M is not part of the issue); else recorded as not measured. The 10 M manifest names
   10 M hard links when the file system has room for them (link count per file, inodes for the
@@ -178,6 +181,8 @@ def run(quick: bool = False) -> dict[str, Any]:
 
     help_text = process_tree.flow_cli_help("collect_stats")
     dry_run = "--dry-run" in help_text
+    if dry_run:
+        rows.append(checked_dry_run(large, quick))
     plan_row: dict[str, Any] = {"utterances": plan_n, "section": "plan", "run": "planning (--dry-run)"}
     if not dry_run:
         plan_row.update(ok=False, skipped="the CLI has no --dry-run", wall_s=None, driver_peak_mb=None)
@@ -226,6 +231,31 @@ def run(quick: bool = False) -> dict[str, Any]:
                                sizes=[small, large, plan_n], shard_size=SHARD, dry_run_supported=dry_run)
 
 
+DRY_RUN = "--dry-run (checks)"
+
+
+def _listing(*roots: Path) -> set[str]:
+    """Every path under ``roots`` (a root that does not exist lists nothing)."""
+    return {str(p) for root in roots if root.exists() for p in [root, *root.rglob("*")]}
+
+
+def checked_dry_run(n: int, quick: bool) -> dict[str, Any]:
+    """``--dry-run`` of the ``n``-utterance manifest into an output directory that does not exist: its
+    wall, and whether it left anything behind in the output directory or beside the manifest."""
+    m = manifest(n)
+    scratch = common.scratch(f"corpus-dry-{n}")
+    out = scratch / "out"  # the run must not create it
+    try:
+        before = _listing(m.parent, scratch)
+        row = process_tree.measured_run(NAME, f"{n} --dry-run", process_tree.flow_cli(
+            "collect_stats", "--dry-run", *flow_args(m, out)), out, quick)
+        left = sorted(_listing(m.parent, scratch) - before)
+    finally:
+        common.clean_scratch(scratch)
+    return {**row, "utterances": n, "section": "dry-run", "run": DRY_RUN, "left_behind": left[:5],
+            "left_behind_count": len(left)}
+
+
 def _row(rows: list[dict[str, Any]], n: int, label: str) -> dict[str, Any] | None:
     return next((r for r in rows if r["utterances"] == n and r["run"] == label), None)
 
@@ -253,6 +283,13 @@ def make_targets(rows: list[dict[str, Any]], small: int, large: int, plan_n: int
         t.append(common.target("driver peak growth per utterance (B)", "≤ 100", measured, complete and growth <= 100))
     else:
         t.append(common.target("driver peak growth per utterance (B)", "≤ 100", "not measured", False))
+    dry = _row(rows, large, DRY_RUN)
+    bad = run_failed(dry)
+    t.append(common.target(f"{large:,} utterances: --dry-run (every file stat'ed, 100 headers read) wall (s)",
+                           "≤ 60", bad or dry["wall_s"], not bad and dry["wall_s"] <= 60))
+    left = None if bad else dry.get("left_behind_count")
+    t.append(common.target("--dry-run leaves nothing behind (paths new under the output and manifest directories)",
+                           "0", bad or (f"{left}: {', '.join(dry['left_behind'])}" if left else 0), left == 0))
     plan = _row(rows, plan_n, "planning (--dry-run)")
     bad = run_failed(plan)
     t.append(common.target(f"{plan_n:,} utterances: planning wall (s)", "≤ 90", bad or plan["wall_s"],

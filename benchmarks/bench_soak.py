@@ -2,13 +2,16 @@
 
 One standing Prefect server (``deployments/local-stack.sh serve``, as ``make serve``), one
 standing Dask scheduler with 2 single-threaded workers (``dask scheduler`` / ``dask worker``; the
-jobs run there with ``parallel.env=address``), and collect-stats, extract-xvectors (a
+jobs run there with ``parallel.env=address``; the scheduler with the settings docs/deployments.md
+gives a standing one), and collect-stats, extract-xvectors (a
 random-weight ECAPA model) and extract-features as deployments on a process worker
 (``local-stack.sh worker``, one run at a time). Each night the manifest gains 3 % new
 utterances (of the cached benchmark corpus, 2–6 s each) and each deployment is run once, with
 the parameters its deployment holds. After every run its outputs are compared with a fresh
 serial run of the engine on the same manifest; after every night the scheduler's, the workers'
-and the server's RSS and the size of Prefect's SQLite database are read.
+and the server's RSS, the size of Prefect's SQLite database, and what the scheduler keeps
+between runs (its Python objects, spans, event topics, remembered stream messages) are read;
+``ESPNET3_BENCH_SOAK_TRACE=1`` also traces the scheduler's Python allocations from the first night.
 
 Targets: every run completes with a fresh run's outputs; the scheduler's and the largest
 worker's RSS after the last night within 10 % of after night 3. The database's growth per run
@@ -42,6 +45,8 @@ JOBS = {
     "extract_features": ("extract-features/soak-features", "exp/features"),
 }
 GROWTH = 0.03
+#: the standing scheduler's settings docs/deployments.md gives (and docker-compose.yml's dask-scheduler has)
+SCHEDULER_SETTINGS = {"DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": "100"}
 MB = 1024 ** 2
 #: nights shown in the README's table (the others are in the JSON)
 SHOWN = (1, 3, 10, 20, 30)
@@ -105,11 +110,18 @@ class Services:
         with open(self.work / "dask.log", "ab") as log:  # each process holds its own descriptor
             self.dask.append(subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port",
                                                self.address.rsplit(":", 1)[1], "--no-dashboard"],
-                                              env=self.env, stdout=log, stderr=log, start_new_session=True))
+                                              env={**self.env, **SCHEDULER_SETTINGS}, stdout=log, stderr=log,
+                                              start_new_session=True))
+            _wait_for_workers(self.address, 0)  # a worker gives up on a scheduler that is not listening yet
             self.dask.append(subprocess.Popen([dask, "worker", self.address, "--nworkers", str(common.WORKERS),
                                                "--nthreads", "1", "--no-dashboard"],
                                               env=self.env, stdout=log, stderr=log, start_new_session=True))
         _wait_for_workers(self.address, common.WORKERS)
+        if os.environ.get("ESPNET3_BENCH_SOAK_TRACE"):
+            from distributed import Client
+
+            with Client(self.address, timeout=60, set_as_default=False) as client:
+                client.run_on_scheduler(_start_tracing)
         (self.work / "prefect.yaml").write_text(_prefect_yaml(self.work, self.address, model))
         self.prefect("work-pool", "create", "espnet3", "--type", "process", "--overwrite")
         self.prefect("deploy", "--all", "--prefect-file", str(self.work / "prefect.yaml"))
@@ -148,16 +160,45 @@ class Services:
         server_rss = sum(p.memory_info().rss for p in [server, *server.children(recursive=True)])
         db = self.work / "prefect-home" / "prefect.db"
         db_bytes = sum(p.stat().st_size for p in (db, db.with_name("prefect.db-wal")) if p.exists())
-        return {"scheduler_rss_mb": scheduler.memory_info().rss / MB,
+        from distributed import Client
+
+        with Client(self.address, timeout=60, set_as_default=False) as client:
+            inside = client.run_on_scheduler(scheduler_state)
+        return {"scheduler_rss_mb": scheduler.memory_info().rss / MB, **inside,
                 "worker_rss_mb": max((w.memory_info().rss for w in workers), default=0) / MB,
                 "workers_seen": len(workers), "server_rss_mb": server_rss / MB, "db_mb": db_bytes / MB}
+
+
+def _start_tracing(dask_scheduler: Any) -> None:
+    import tracemalloc
+
+    tracemalloc.start(8)
+
+
+def scheduler_state(dask_scheduler: Any) -> dict[str, Any]:
+    """What a standing scheduler keeps between runs (run on it): Python objects, the MB Python has
+    allocated since its workers joined when ``ESPNET3_BENCH_SOAK_TRACE=1`` traces it, the spans it
+    remembers, its event topics and events, and the messages its worker streams remember."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    spans = dask_scheduler.extensions.get("spans")
+    topics = dask_scheduler._broker._topics
+    return {"scheduler_objects": len(gc.get_objects()),
+            "scheduler_traced_mb": tracemalloc.get_traced_memory()[0] / MB if tracemalloc.is_tracing() else None,
+            "scheduler_spans": len(spans.spans) if spans is not None else None,
+            "scheduler_event_topics": len(topics),
+            "scheduler_events": sum(len(t.events) for t in topics.values()),
+            "scheduler_stream_messages": sum(len(b.recent_message_log) for b in dask_scheduler.stream_comms.values())}
 
 
 def _wait_for_workers(address: str, n: int, timeout: float = 120) -> None:
     from distributed import Client
 
-    with Client(address, timeout=timeout, set_as_default=False) as client:
-        client.wait_for_workers(n, timeout=timeout)
+    with Client(address, timeout=timeout, set_as_default=False) as client:  # waits for the scheduler
+        if n:
+            client.wait_for_workers(n, timeout=timeout)
 
 
 @contextlib.contextmanager
@@ -292,7 +333,9 @@ def notes(rows: list[dict[str, Any]], sizes: list[int]) -> list[str]:
         "Dask cluster (parallel.env=address); each run's outputs compared with a fresh serial engine run "
         "(statistics rtol 1e-9, features and x-vectors rtol 1e-4).",
         "RSS after each night: the scheduler, the largest worker process, the server's processes together; "
-        "database: prefect.db and its WAL.",
+        "database: prefect.db and its WAL. The scheduler runs with the settings docs/deployments.md gives a "
+        "standing one (" + ", ".join(f"{k}={v}" for k, v in SCHEDULER_SETTINGS.items()) + "); what it keeps "
+        "between runs (objects, spans, event topics, remembered stream messages) is in the JSON's night rows.",
         "Database growth per deployment run (slope from night 3): "
         + (f"{growth:.3f} MB." if growth is not None else "not measured (fewer than 4 nights)."),
     ]

@@ -53,6 +53,13 @@ rows = [{"utterances": n, "section": "run", "run": r, **failed} for n in (10, 10
 rows.append({"utterances": 5000, "section": "plan", "run": "planning (--dry-run)", "ok": False, "skipped": "no --dry-run"})
 targets = bench_corpus.make_targets(rows, 10, 1000, 5000)
 assert targets and not any(t["met"] for t in targets), targets
+dry = {"utterances": 1000, "section": "dry-run", "run": bench_corpus.DRY_RUN, "ok": True, "rc": 0, "killed": None,
+       "wall_s": 3.0, "left_behind": ["/x/out"], "left_behind_count": 1}
+met = {t["name"].split(" ")[0]: t for t in bench_corpus.make_targets(rows + [dry], 10, 1000, 5000) if "dry-run" in t["name"]}
+assert met["1,000"]["met"] and not met["--dry-run"]["met"] and "/x/out" in met["--dry-run"]["measured"], met
+dry.update(left_behind=[], left_behind_count=0)
+assert all(t["met"] for t in bench_corpus.make_targets(rows + [dry], 10, 1000, 5000) if "dry-run" in t["name"]
+           and "planning" not in t["name"])
 print(bench_corpus.table({"rows": rows}))
 
 from benchmarks import bench_soak

@@ -193,6 +193,17 @@ def test_dask_cluster_runs_the_project_image(services):
     assert worker["environment"]["DASK_SCHEDULER_ADDRESS"] == "tcp://dask-scheduler:8786"
 
 
+def test_standing_scheduler_settings_are_the_documented_ones(services):
+    """The standing scheduler keeps a bounded debug log of its messages to workers (the soak
+    benchmark measured what the default costs over nights): compose, the docs and the soak agree."""
+    from benchmarks.bench_soak import SCHEDULER_SETTINGS
+
+    docs = (ROOT / "docs" / "deployments.md").read_text()
+    for name, value in SCHEDULER_SETTINGS.items():
+        assert services["dask-scheduler"]["environment"][name] == value
+        assert f"{name}={value} dask scheduler" in docs
+
+
 def test_dask_scheduler_address_override_resolves_from_the_worker_environment(monkeypatch):
     """The override the compose file documents for deployments resolves when the run starts."""
     from espnet3_flows.config import load_config
