@@ -12,7 +12,7 @@ log = logging.getLogger("espnet3_flows")
 def warn_if_dask_client_open(parallel: Any) -> bool:
     """Warn when a Dask client is already open in this process: prefect-dask's task runner then
     runs every task on that client's cluster and ignores ``parallel``. Returns whether it warned."""
-    if parallel.in_process:
+    if not parallel.backend.uses_workers:
         return False
     from distributed import default_client
 
@@ -33,8 +33,8 @@ def warn_if_api_unreachable(parallel: Any) -> bool:
     from prefect.settings import PREFECT_API_URL
 
     url = str(PREFECT_API_URL.value() or "")
-    if not parallel.on_running_cluster or not any(h in url for h in ("//127.", "//localhost", "//[::1]")):
+    if not parallel.backend.leaves_running or not any(h in url for h in ("//127.", "//localhost", "//[::1]")):
         return False
-    log.warning("parallel.env=address with the Prefect API at %s: Dask workers on other hosts cannot reach a "
-                "loopback address; start a Prefect server they can reach and set PREFECT_API_URL", url)
+    log.warning("parallel.env=%s with the Prefect API at %s: Dask workers on other hosts cannot reach a "
+                "loopback address; start a Prefect server they can reach and set PREFECT_API_URL", parallel.env, url)
     return True

@@ -43,7 +43,7 @@ def _print_plan(job: str, cfg: Any, run: PlannedFlow) -> None:
     print(f"{job} (dry run): {run.total_shards} shard(s) in {len(run.runners)} split(s), planned in "
           f"{run.plan_seconds:.1f} s; output {cfg.output_dir}")
     print(f"  cluster: {describe_parallel(cfg.parallel)}")
-    if run.pending_shards and cfg.parallel.runs_here(run.pending_shards) and not cfg.parallel.in_process:
+    if run.pending_shards and cfg.parallel.runs_here(run.pending_shards) and cfg.parallel.backend.owns_cluster:
         print(f"  (none started: {run.pending_shards} shard(s) to compute run in this process, "
               f"parallel.inline_shards={cfg.parallel.inline_shards})")
 

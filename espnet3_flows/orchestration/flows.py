@@ -40,7 +40,7 @@ from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad
 from espnet3_flows.orchestration.task_runner import make_task_runner, prestart_workers
 from espnet3_flows.timeline import mark
 from espnet3_flows.parallel.backends import worker_slots
-from espnet3_flows.parallel.cluster import prepare_client, with_worker_env
+from espnet3_flows.parallel.cluster import with_worker_env
 from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.forkserver import check_main_imported
 from espnet3_flows.parallel.main_guard import refuse_while_importing_main
@@ -174,7 +174,7 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
             check_main_imported()  # an unguarded script ends here, while the server starts, not once it is up
             return True
 
-        with prefect_api(needs_server=not cfg.in_process, while_starting=start_workers):
+        with prefect_api(needs_server=cfg.backend.uses_workers, while_starting=start_workers):
             return flow_of(run)
 
 
@@ -270,8 +270,8 @@ class PrefectExecutor:
             if isinstance(task_runner, DaskTaskRunner):
                 self.client = task_runner.client  # starts the cluster
         if self.client is not None:
-            prepare_client(self.client, run.parallel)
-        self.address = run.parallel.on_running_cluster
+            run.parallel.backend.prepare(self.client, run.parallel)
+        self.leaves_running = run.parallel.backend.leaves_running
         self.ready: float | None = None
         # Prefect's exponential backoff (first, 2x, 4x, ...) jittered by up to 50 %, so shards that
         # failed together (a store outage) do not all retry at the same instant
@@ -307,7 +307,7 @@ class PrefectExecutor:
         return hold_while(merge_task.submit(planned.runner, planned.name, [s.to_tuple() for s in statuses]))
 
     def release(self, planned: Sequence[PlannedRunner]) -> None:
-        if self.client is not None and self.address:  # a long-lived cluster: leave no plugin behind
+        if self.client is not None and self.leaves_running:  # a long-lived cluster: leave no plugin behind
             from espnet3_flows.parallel.dask_plugins import uninstall_runners
 
             uninstall_runners(self.client, [p.key for p in planned])

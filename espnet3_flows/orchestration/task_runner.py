@@ -6,8 +6,7 @@ import importlib
 from typing import Any
 from collections.abc import Sequence
 
-from espnet3_flows.parallel.cluster import cluster_spec, make_cluster
-from espnet3_flows.parallel.parallel_config import ParallelConfig, scheduler_address
+from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.forkserver import start_forkserver
 
 #: Imported by every worker before its first shard task: the task engine is most of Prefect's import.
@@ -15,23 +14,19 @@ PREFECT_WORKER_MODULES = ("prefect.task_engine",)
 
 
 def make_task_runner(cfg: ParallelConfig) -> Any:
-    """The flow's task runner: a one-thread runner in this process for a backend that runs in
-    process (``serial``); a ``DaskTaskRunner`` connected to the running scheduler of ``env:
-    address`` (a ``scheduler_file`` is read now; the runner closes only its client, the cluster
-    stays up); else a ``DaskTaskRunner`` whose cluster :func:`~..parallel.cluster.make_cluster`
-    builds from ``cfg`` when the runner's client is first used (scaled as the backend says, and
-    closed with the flow), the same cluster ``runner.run`` would start.
-    """
-    if cfg.in_process:
-        from prefect.task_runners import ThreadPoolTaskRunner
+    """The flow's ``DaskTaskRunner`` on the cluster of ``cfg``'s placement
+    (:meth:`~espnet3_flows.parallel.backends.Placement.dask_runner_options`): the one ``runner.run``
+    would start, built when the runner's client is first used and closed with the flow; or the
+    running scheduler of ``env: address`` (a ``scheduler_file`` is read now), whose client alone is
+    closed. Shards that run in this process (``ParallelConfig.runs_here``) need no task runner of
+    this kind: the flow runs them on Prefect's thread pool.
 
-        return ThreadPoolTaskRunner(max_workers=1)
+    Raises:
+        ConfigError: for an env with no Dask cluster (``serial``), or options it cannot run.
+    """
     from prefect_dask import DaskTaskRunner
 
-    if cfg.on_running_cluster:
-        return DaskTaskRunner(address=scheduler_address(cfg))  # no workers of ours to start
-    cluster_spec(cfg)  # the options are checked now, not when the cluster starts inside the flow
-    return DaskTaskRunner(cluster_class=make_cluster, cluster_kwargs={"cfg": cfg})
+    return DaskTaskRunner(**cfg.backend.dask_runner_options(cfg))
 
 
 def prestart_workers(cfg: ParallelConfig, modules: Sequence[str], pending_shards: int | None = None, *,

@@ -22,8 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel.backends import get_backend, visible_gpu_count
-from espnet3_flows.parallel.cluster import make_cluster, prepare_client
-from espnet3_flows.parallel.parallel_config import ParallelConfig, as_parallel_config, scheduler_address
+from espnet3_flows.parallel.parallel_config import ParallelConfig, as_parallel_config
 from espnet3_flows.parallel.env_injection import conflicting_keys, injected
 from espnet3_flows.parallel.worker_env import build_setup_env, lookup_env
 
@@ -76,27 +75,8 @@ def build_client(config: ParallelConfig | Any | None = None) -> Any:
         ConfigError: (a ``ValueError``) for an unknown ``env`` (naming the known ones), bad
             options, or ``env: serial``, which runs in this process and has no client.
     """
-    from distributed import Client
-
     cfg = _config(config)
-    backend = cfg.backend
-    if cfg.in_process:
-        raise ConfigError(f"parallel.env={backend.name} runs in this process: there is no client to build "
-                          "(parallel_map and parallel_for run the function here)")
-    if cfg.on_running_cluster:
-        address = scheduler_address(cfg)
-        try:
-            return Client(address)
-        except OSError as exc:
-            raise OSError(f"parallel.env={backend.name}: no Dask scheduler answers at {address}: {exc}") from exc
-    cluster = make_cluster(cfg)
-    try:
-        client = Client(cluster)
-        prepare_client(client, cfg)
-        return client
-    except BaseException:
-        cluster.close()
-        raise
+    return cfg.backend.connect(cfg)
 
 
 def build_local_gpu_cluster(n_workers: int, options: Mapping[str, Any] | None = None) -> Any:
@@ -178,7 +158,7 @@ def get_client(config: ParallelConfig | Any | None = None, setup_fn: Callable[[]
 def _register(client: Any, plugin: Any, stack: contextlib.ExitStack, cfg: ParallelConfig) -> None:
     """Register ``plugin`` on every worker; on a cluster someone else runs, unregister it at the end."""
     client.register_plugin(plugin)
-    if cfg.on_running_cluster:
+    if cfg.backend.leaves_running:
         stack.callback(_unregister_plugin, client, plugin)
 
 
@@ -197,7 +177,7 @@ def _mapping_target(client: Any, setup_fn: Callable[[], Any] | None) -> Iterator
     """(client or ``None`` for this process, the env's token on the workers, the env here)."""
     if client is None:
         cfg = get_parallel_config()
-        if cfg.in_process:
+        if not cfg.backend.uses_workers:
             yield None, None, build_setup_env(setup_fn) if setup_fn is not None else {}
             return
         with get_client(cfg, setup_fn=setup_fn) as own:

@@ -3,16 +3,12 @@ Building the cluster it describes is :mod:`espnet3_flows.parallel.cluster`'s."""
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from espnet3_flows.code_keys import CODE, DATA_KEYS
 from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.parallel.backends import BACKENDS, BUILTIN_ENVS, Placement, backend_of
-from espnet3_flows.parallel.backends.address import RunningCluster, check_scheduler_address
-from espnet3_flows.parallel.backends.serial import InThisProcess
 
 START_METHODS = ("forkserver", "spawn")
 #: ``parallel.options`` that are plain resource settings. Every other option can make a cluster
@@ -129,16 +125,6 @@ class ParallelConfig:
         """Where this config's shards run (see :mod:`espnet3_flows.parallel.backends`)."""
         return backend_of(self)
 
-    @property
-    def in_process(self) -> bool:
-        """Whether every shard runs in this process, with no Dask (``serial``)."""
-        return isinstance(self.backend, InThisProcess)
-
-    @property
-    def on_running_cluster(self) -> bool:
-        """Whether the shards run on a cluster someone else runs (``address``): used, left running."""
-        return isinstance(self.backend, RunningCluster)
-
     def runs_here(self, pending_shards: int) -> bool:
         """Whether a run with ``pending_shards`` shards to compute runs them in this process: an
         env that always does (``serial``), or one that may (``local``) with at most
@@ -148,31 +134,12 @@ class ParallelConfig:
 
 def scheduler_address(cfg: ParallelConfig) -> str:
     """The scheduler address of ``env: address``: ``cfg.address``, or the ``address`` field of
-    ``cfg.scheduler_file`` read now (the scheduler rewrites the file each time it starts).
+    ``cfg.scheduler_file`` read now (:meth:`~espnet3_flows.parallel.backends.Placement.scheduler_address`).
 
     Raises:
-        ConfigError: for another env, or a scheduler file that is missing, unreadable, not
-            JSON or without a valid ``address``.
+        ConfigError: for another env, or a scheduler file that cannot give one.
     """
-    if not cfg.on_running_cluster:
-        raise ConfigError(f"parallel.env={cfg.env} has no running scheduler to connect to; use parallel.env=address")
-    if cfg.address:
-        return cfg.address
-    path = os.path.expanduser(cfg.scheduler_file)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            info = json.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"parallel.scheduler_file: cannot read {path} ({exc.strerror or exc}); is the scheduler "
-                          "running (`dask scheduler --scheduler-file PATH`) and the file on a path this host sees?") from None
-    except ValueError as exc:
-        raise ConfigError(f"parallel.scheduler_file: {path} is not JSON ({exc})") from None
-    address = info.get("address") if isinstance(info, dict) else None
-    if not isinstance(address, str) or not address:
-        raise ConfigError(f"parallel.scheduler_file: {path} has no \"address\" field; "
-                          "is it a file written by `dask scheduler --scheduler-file`?")
-    check_scheduler_address(address, f"parallel.scheduler_file ({path})")
-    return address
+    return cfg.backend.scheduler_address(cfg)
 
 
 def as_parallel_config(config: ParallelConfig | Any) -> ParallelConfig:

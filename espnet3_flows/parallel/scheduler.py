@@ -277,7 +277,7 @@ def engine_executor(planned: PlannedRunner, client: Any = None, parallel: Any = 
         return
     cfg = run_parallel_config(parallel)
     if cfg is None or cfg.runs_here(len(planned.pending)):
-        yield InProcessExecutor(fail_fast=cfg is None or cfg.in_process)
+        yield InProcessExecutor(fail_fast=cfg is None or not cfg.backend.uses_workers)
         return
     with get_client(cfg) as own:
         yield DaskExecutor(own, owned=cfg.backend.owns_cluster)

@@ -23,7 +23,8 @@ from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel import backends
 from espnet3_flows.parallel.backends import BUILTIN_ENVS, Backend, ScaledBackend, get_backend, register_backend
 from espnet3_flows.parallel.backends.jobqueue import BatchJobs
-from espnet3_flows.parallel.cluster import check_workers_import, cluster_spec, make_cluster, with_worker_env
+from espnet3_flows.parallel.backends.cluster_setup import check_workers_import
+from espnet3_flows.parallel.cluster import cluster_spec, make_cluster, with_worker_env
 from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.parallel_settings import ParallelSettings
 from espnet3_flows.parallel.parallel import get_client, parallel_map
@@ -70,6 +71,40 @@ def test_the_settings_placements_read_are_the_config_fields():
     fields = {f.name: f.type for f in dataclasses.fields(ParallelConfig)}
     assert typing.get_type_hints(ParallelSettings) == typing.get_type_hints(ParallelConfig)
     assert list(ParallelSettings.__annotations__) == list(fields)
+
+
+def test_every_placement_gives_its_own_client_and_task_runner(tmp_path):
+    """The engine's client and the flows' task runner come from the placement itself, the same
+    cluster for both: a run mode says what it has (a running scheduler's address, read from its
+    file when the run starts) or, in one line, what it has not; callers never ask which env it is."""
+    serial = ParallelConfig(env="serial")
+    for method in ("connect", "dask_runner_options", "spec", "scheduler_address"):
+        with pytest.raises(ConfigError, match="parallel.env=serial"):
+            getattr(serial.backend, method)(serial)
+    assert not serial.backend.uses_workers and not serial.backend.leaves_running and not serial.backend.owns_cluster
+
+    info = tmp_path / "scheduler.json"
+    info.write_text(json.dumps({"address": "tcp://10.0.0.5:8786"}))
+    running = ParallelConfig(env="address", scheduler_file=str(info))
+    assert running.backend.dask_runner_options(running) == {"address": "tcp://10.0.0.5:8786"}
+    info.write_text(json.dumps({"address": "tcp://10.0.0.6:8786"}))  # the scheduler restarted elsewhere
+    assert running.backend.scheduler_address(running) == "tcp://10.0.0.6:8786"
+    assert running.backend.leaves_running and running.backend.uses_workers and not running.backend.owns_cluster
+    with pytest.raises(ConfigError, match="parallel.env=address: no cluster to build"):
+        running.backend.spec(running)
+
+    local = ParallelConfig(env="local", n_workers=2)
+    for env in set(BUILTIN_ENVS) - {"serial", "address"}:  # (some need packages this machine lacks to be configured)
+        backend = get_backend(env)
+        assert backend.owns_cluster and backend.uses_workers and not backend.leaves_running, env
+        with pytest.raises(ConfigError, match=f"parallel.env={env} has no running scheduler"):
+            backend.scheduler_address(local)
+    options = local.backend.dask_runner_options(local)
+    assert options["cluster_kwargs"] == {"cfg": local} and options["cluster_class"] == local.backend.make_cluster
+    with pytest.raises(ConfigError, match="parallel.options.n_wrkers"):  # checked when the runner is made
+        bad = ParallelConfig(env="local")
+        bad.options["n_wrkers"] = 2
+        bad.backend.dask_runner_options(bad)
 
 
 def test_every_builtin_env_is_a_class_in_a_module_of_its_own():

@@ -107,7 +107,7 @@ def test_the_scheduler_keeps_few_messages_per_worker():
     """Each scheduler → worker stream keeps its last messages for debugging, and every message
     holds whole task specs (~100 KB each for a Prefect shard task): Dask's 1,000 per worker kept
     ~100 MB per worker on the driver during a long run; ours keep LOW_LEVEL_LOG_LENGTH."""
-    from espnet3_flows.parallel.cluster import make_cluster, prepare_client
+    from espnet3_flows.parallel.cluster import make_cluster
     from espnet3_flows.parallel.dask_plugins import LOW_LEVEL_LOG_LENGTH
 
     cfg = ParallelConfig(env="local", n_workers=1, allowed_failures=5)
@@ -115,7 +115,7 @@ def test_the_scheduler_keeps_few_messages_per_worker():
     try:
         with distributed.Client(cluster) as client:
             client.wait_for_workers(1)
-            prepare_client(client, cfg)
+            cfg.backend.prepare(client, cfg)
             assert cluster.scheduler.allowed_failures == 5
             assert client.gather(client.map(_square, range(3 * LOW_LEVEL_LOG_LENGTH), pure=False))[-1] > 0
             streams = list(cluster.scheduler.stream_comms.values())
@@ -240,13 +240,13 @@ def test_a_local_worker_killed_again_and_again_keeps_its_nanny():
 @contextlib.contextmanager
 def _prepared_cluster(cfg: ParallelConfig) -> Iterator[tuple[Any, distributed.Client]]:
     """A cluster made and prepared as a run makes it, with a client; closed after."""
-    from espnet3_flows.parallel.cluster import make_cluster, prepare_client
+    from espnet3_flows.parallel.cluster import make_cluster
 
     cluster = make_cluster(cfg)
     try:
         with distributed.Client(cluster) as client:
             client.wait_for_workers(1, timeout=60)
-            prepare_client(client, cfg)
+            cfg.backend.prepare(client, cfg)
             yield cluster, client
     finally:
         cluster.close()

@@ -19,14 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from collections.abc import Mapping
 
-from espnet3_flows.parallel.backends.base import (
-    Backend,
-    ClusterSpec,
-    Placement,
-    ScaledBackend,
-    extra_hint,
-    import_object,
-)
+from espnet3_flows.parallel.backends.base import Backend, ClusterSpec, Placement, ScaledBackend
+from espnet3_flows.parallel.backends.named_objects import extra_hint, import_object
 from espnet3_flows.parallel.backends.local_gpu import visible_gpu_count
 from espnet3_flows.registry import Registry, instance_of
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import os
+from typing import TYPE_CHECKING, Any
 
 from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel.backends.base import Placement
@@ -29,6 +31,49 @@ class RunningCluster(Placement):
                                   "workers were started by someone else, with their own settings")
         if cfg.address:
             check_scheduler_address(cfg.address, "parallel.address")
+
+    leaves_running = True
+
+    def scheduler_address(self, cfg: ParallelSettings) -> str:
+        """The scheduler's address: ``cfg.address``, or the ``address`` field of
+        ``cfg.scheduler_file`` read now (the scheduler rewrites the file each time it starts).
+
+        Raises:
+            ConfigError: for a scheduler file that is missing, unreadable, not JSON or without a
+                valid ``address``.
+        """
+        if cfg.address:
+            return cfg.address
+        path = os.path.expanduser(cfg.scheduler_file)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                info = json.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"parallel.scheduler_file: cannot read {path} ({exc.strerror or exc}); is the scheduler "
+                              "running (`dask scheduler --scheduler-file PATH`) and the file on a path this host "
+                              "sees?") from None
+        except ValueError as exc:
+            raise ConfigError(f"parallel.scheduler_file: {path} is not JSON ({exc})") from None
+        address = info.get("address") if isinstance(info, dict) else None
+        if not isinstance(address, str) or not address:
+            raise ConfigError(f"parallel.scheduler_file: {path} has no \"address\" field; "
+                              "is it a file written by `dask scheduler --scheduler-file`?")
+        check_scheduler_address(address, f"parallel.scheduler_file ({path})")
+        return address
+
+    def connect(self, cfg: ParallelSettings) -> Any:
+        """A client of the running scheduler; close only the client, the cluster keeps running."""
+        from distributed import Client
+
+        address = self.scheduler_address(cfg)
+        try:
+            return Client(address)
+        except OSError as exc:
+            raise OSError(f"parallel.env={self.name}: no Dask scheduler answers at {address}: {exc}") from exc
+
+    def dask_runner_options(self, cfg: ParallelSettings) -> dict[str, Any]:
+        """The runner connects to the running scheduler (its file read now) and closes only its client."""
+        return {"address": self.scheduler_address(cfg)}  # no workers of ours to start
 
     def describe(self, cfg: ParallelSettings) -> str:
         where = cfg.address or f"the scheduler of {cfg.scheduler_file}"

@@ -5,8 +5,11 @@ A :class:`Placement` is where a run's shards go. Two are run modes, not clusters
 (:class:`~.address.RunningCluster`). Every other env is a :class:`Backend`: a Dask cluster the
 run starts and closes. A backend knows how to make its cluster (its class or factory, the
 defaults it fills, how ``n_workers`` becomes workers), how to describe it, how to give its
-workers the run's environment, and how many shards it computes at once. Each built-in backend is
-one module of this package; the generated table of envs (``docs/configuration.md``) reads them.
+workers the run's environment, and how many shards it computes at once. Every placement gives
+the engine its Dask client (:meth:`Placement.connect`) and the flows their ``DaskTaskRunner``'s
+options (:meth:`Placement.dask_runner_options`) on the same cluster, so neither asks which env it
+got. Each built-in backend is one module of this package; the generated table of envs
+(``docs/configuration.md``) reads them.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from collections.abc import Iterator
 
 from espnet3_flows.config import ConfigError, did_you_mean
+from espnet3_flows.parallel.backends.named_objects import keywords_of, module_of, extra_hint, import_object
 
 if TYPE_CHECKING:
     from espnet3_flows.parallel.parallel_settings import ParallelSettings, Settings
@@ -36,6 +40,12 @@ class Placement:
 
     #: Whether the run starts (and closes) a cluster of its own
     owns_cluster: ClassVar[bool] = False
+    #: Whether the run uses a cluster someone else runs and leaves it running: what the run
+    #: registered on its workers is removed when it ends
+    leaves_running: ClassVar[bool] = False
+    #: Whether shards run in processes of their own (Dask workers), which report to a Prefect API:
+    #: a run with no server configured then starts its private one
+    uses_workers: ClassVar[bool] = True
     #: Whether its workers' output is this terminal (a process of this machine, or this one)
     output_here: ClassVar[bool] = False
 
@@ -78,6 +88,28 @@ class Placement:
         """``cfg`` with ``variables`` in its workers' environment; unchanged where the workers
         inherit this process's environment (or were started by someone else)."""
         return cfg
+
+    # ---- the cluster a run uses: the engine's client, the flows' task runner -----------------
+    def connect(self, cfg: ParallelSettings) -> Any:
+        """A ``distributed.Client`` on the cluster a run of ``cfg`` uses (the engine's
+        :func:`~espnet3_flows.parallel.parallel.build_client`); a :class:`ConfigError` with none."""
+        raise ConfigError(f"parallel.env={self.name} has no Dask cluster: there is no client to build")
+
+    def dask_runner_options(self, cfg: ParallelSettings) -> dict[str, Any]:
+        """Keyword arguments of prefect-dask's ``DaskTaskRunner`` on that same cluster (the flows'
+        task runner), checked now; a :class:`ConfigError` with none, or options it cannot run."""
+        raise ConfigError(f"parallel.env={self.name} has no Dask cluster for a DaskTaskRunner")
+
+    def prepare(self, client: Any, cfg: ParallelSettings) -> None:
+        """Make ready a client of that cluster before shards go to it (nothing, here)."""
+
+    def spec(self, cfg: ParallelSettings) -> ClusterSpec:
+        """The cluster a run of ``cfg`` starts; a :class:`ConfigError` for an env that starts none."""
+        raise ConfigError(f"parallel.env={self.name}: no cluster to build ({self.describe(cfg)})")
+
+    def scheduler_address(self, cfg: ParallelSettings) -> str:
+        """The running scheduler a run of ``cfg`` connects to; a :class:`ConfigError` for an env with none."""
+        raise ConfigError(f"parallel.env={self.name} has no running scheduler to connect to; use parallel.env=address")
 
     def table_row(self) -> list[str]:
         """Its row of the generated table of envs (Markdown cells): ``env``, what it is, its
@@ -158,7 +190,7 @@ class Backend(Placement):
     def check_installed(self) -> None:
         """A :class:`ConfigError` naming the extra when the cluster's package (or ``requires``) is
         not installed; found without importing it (a config is checked before any import)."""
-        for module in filter(None, (self.requires, _module_of(self.cluster))):
+        for module in filter(None, (self.requires, module_of(self.cluster))):
             try:
                 found = importlib.util.find_spec(module) is not None
             except ImportError:  # a parent package missing
@@ -189,14 +221,14 @@ class Backend(Placement):
             classes += self.worker_classes()
             inits = [c.__dict__["__init__"] for c in classes if "__init__" in c.__dict__]
         else:
-            names, open_ended = _keywords(factory)
+            names, open_ended = keywords_of(factory)
             if open_ended and not self.also_accepts:
                 return None
             inits = [factory] + ([import_object(self.also_accepts, f"parallel.env={self.name}").__init__]
                                  if open_ended else [])
         accepted: set[str] = set()
         for init in inits:
-            accepted |= _keywords(init)[0]
+            accepted |= keywords_of(init)[0]
         accepted.discard("self")
         return accepted or None
 
@@ -240,6 +272,56 @@ class Backend(Placement):
         if cfg.n_workers:
             kwargs.setdefault("n_workers", cfg.n_workers)
         return cfg.n_workers, {}
+
+    def make_cluster(self, cfg: ParallelSettings) -> Any:
+        """Start the cluster ``cfg`` describes (:meth:`start`, with the worker settings of
+        :func:`~.cluster_setup.worker_settings`). Also the ``cluster_class`` of the flows'
+        ``DaskTaskRunner`` (:meth:`dask_runner_options`), called with ``cfg``.
+
+        Raises:
+            UnguardedMainError: when this script starts the cluster when it is imported (its workers,
+                or their forkserver, import it: :mod:`~espnet3_flows.parallel.main_guard`), in one
+                line naming the fix.
+        """
+        from espnet3_flows.parallel.backends.cluster_setup import worker_settings
+        from espnet3_flows.parallel.main_guard import refuse_while_importing_main
+
+        refuse_while_importing_main("a Dask cluster")
+        spec = self.spec(cfg)
+        with worker_settings(cfg):
+            return self.start(spec, cfg)
+
+    def connect(self, cfg: ParallelSettings) -> Any:
+        """A client on a new cluster of ``cfg``, made ready (:meth:`prepare`); the caller closes
+        both (``client.close(); client.cluster.close()``)."""
+        from distributed import Client
+
+        cluster = self.make_cluster(cfg)
+        try:
+            client = Client(cluster)
+            self.prepare(client, cfg)
+            return client
+        except BaseException:
+            cluster.close()
+            raise
+
+    def dask_runner_options(self, cfg: ParallelSettings) -> dict[str, Any]:
+        """The runner starts this cluster when its client is first used, and closes it with the flow."""
+        self.spec(cfg)  # the options are checked now, not when the cluster starts inside the flow
+        return {"cluster_class": self.make_cluster, "cluster_kwargs": {"cfg": cfg}}
+
+    def prepare(self, client: Any, cfg: ParallelSettings) -> None:
+        """This project's scheduler settings (:class:`~espnet3_flows.parallel.dask_plugins.ClusterSettings`),
+        and a check that every worker can import this project.
+
+        Raises:
+            ConfigError: naming the workers (host and address) where ``espnet3_flows`` is not importable.
+        """
+        from espnet3_flows.parallel.backends.cluster_setup import check_workers_import
+        from espnet3_flows.parallel.dask_plugins import ClusterSettings
+
+        client.register_plugin(ClusterSettings(cfg.allowed_failures, no_workers_timeout=self.no_workers_timeout))
+        check_workers_import(client)
 
     def start(self, spec: ClusterSpec, cfg: ParallelSettings) -> Any:
         """Start the cluster of ``spec`` (inside :func:`~..cluster.worker_settings`): its class or
@@ -307,50 +389,3 @@ class ScaledBackend(Backend):
 
     def describe_scaling(self, spec: ClusterSpec) -> str:
         return f", adapt {spec.adapt}" if spec.adapt else f", scaled to {spec.n_workers} worker(s)"
-
-
-def set_option(cfg: Settings, where: str, variables: dict[str, str]) -> Settings:
-    """``cfg`` with ``variables`` merged into the option at ``where`` (dotted); the user's own
-    entries win."""
-    import copy
-    import dataclasses
-
-    options = copy.deepcopy(cfg.options)
-    node = options
-    *parents, leaf = where.split(".")
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[leaf] = {**variables, **(node.get(leaf) or {})}
-    return dataclasses.replace(cfg, options=options)
-
-
-def extra_hint(extra: str) -> str:
-    """`` (pip install 'espnet3-flows[EXTRA]')`` for an error message, or nothing without an extra."""
-    return f" (pip install 'espnet3-flows[{extra}]')" if extra else ""
-
-
-def _module_of(path: str) -> str:
-    return path.rpartition(":")[0] if ":" in path else path.rpartition(".")[0]
-
-
-def import_object(path: str, what: str, extra: str = "") -> Any:
-    """The object ``path`` (``module.Attr`` or ``module:Attr``) names."""
-    module, sep, name = path.rpartition(":") if ":" in path else path.rpartition(".")
-    if not module or not name:
-        raise ConfigError(f"{what}: {path!r} is not an importable name such as package.module.Class")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ImportError as exc:
-        raise ConfigError(f"{what} needs {module}, which cannot be imported: {exc}{extra_hint(extra)}") from None
-    except AttributeError:
-        raise ConfigError(f"{what}: module {module} has no {name!r}") from None
-
-
-def _keywords(func: Any) -> tuple[set[str], bool]:
-    """(names ``func`` takes by keyword, whether it also takes ``**kwargs``)."""
-    try:
-        params = list(inspect.signature(func).parameters.values())
-    except (TypeError, ValueError):
-        return set(), True
-    return ({p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)},
-            any(p.kind == p.VAR_KEYWORD for p in params))

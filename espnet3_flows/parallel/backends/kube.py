@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from espnet3_flows.parallel.backends.base import Backend, set_option
+from espnet3_flows.parallel.backends.base import Backend
+from espnet3_flows.parallel.backends.cluster_setup import set_option
 
 if TYPE_CHECKING:
     from espnet3_flows.parallel.parallel_settings import ParallelSettings, Settings

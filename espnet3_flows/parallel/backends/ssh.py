@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Iterator
 
 from espnet3_flows.config import ConfigError
-from espnet3_flows.parallel.backends.base import Backend, ClusterSpec, set_option
+from espnet3_flows.parallel.backends.base import Backend, ClusterSpec
+from espnet3_flows.parallel.backends.cluster_setup import set_option
 
 if TYPE_CHECKING:
     from espnet3_flows.parallel.parallel_settings import ParallelSettings, Settings
