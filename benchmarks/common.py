@@ -212,7 +212,7 @@ def dask_malloc_trim(enabled: bool) -> Iterator[None]:
     beside the product's."""
     import distributed  # noqa: F401 - loads its config defaults first, or leaving the block would drop them
 
-    from espnet3_flows.parallel.cluster import worker_settings
+    from espnet3_flows.parallel.backends.cluster_setup import worker_settings
     from espnet3_flows.parallel.parallel_config import ParallelConfig
 
     with preserved_environ(), worker_settings(ParallelConfig(env="local", trim_worker_memory=enabled)):
