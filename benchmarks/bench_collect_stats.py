@@ -231,14 +231,14 @@ def flow_run(manifest: Path, shard_size: int, output_dir: Path | None = None, pa
         stop_forkserver()
     out = output_dir or common.scratch("flow")
     events = out.with_name(f"{out.name}-timeline-{time.time_ns()}.jsonl")
-    os.environ[timeline.ENV] = str(events)
+    os.environ[timeline.VAR] = str(events)
     try:
         t0, epoch0 = time.perf_counter(), time.time()
         summary = run_job("collect_stats", flow_config(manifest, out, shard_size, parallel), progress=False)["train"]
         wall = time.perf_counter() - t0
         epoch1 = time.time()
     finally:
-        os.environ.pop(timeline.ENV, None)
+        os.environ.pop(timeline.VAR, None)
     phase = common.shard_phase(out)
     shards = {"shards_start": phase["first_start"], "shards_end": phase["last_end"]} if phase["shards"] else {}
     marks = common.timeline_events(events, epoch0, start=epoch0, end=epoch1, **shards)

@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 
 #: ``off`` (or ``0``, ``false``, ``no``) in this variable: no library's internals are changed
-ENV = "ESPNET3_FLOWS_PATCHES"
+VAR = "ESPNET3_FLOWS_PATCHES"
 
 
 def patches_enabled() -> bool:
-    """Whether this package may change other libraries' internals (:data:`ENV` is not ``off``)."""
-    return os.environ.get(ENV, "").strip().lower() not in ("off", "0", "false", "no")
+    """Whether this package may change other libraries' internals (:data:`VAR` is not ``off``)."""
+    return os.environ.get(VAR, "").strip().lower() not in ("off", "0", "false", "no")

@@ -19,7 +19,7 @@ import os
 import time
 
 #: The environment variable naming the file
-ENV = "ESPNET3_FLOWS_TIMELINE"
+VAR = "ESPNET3_FLOWS_TIMELINE"
 
 
 #: The last event this process reached ("" before the first): what a Ctrl-C interrupts
@@ -27,10 +27,10 @@ LAST = [""]
 
 
 def mark(event: str) -> None:
-    """Record that the driver reached ``event`` now (a no-op unless :data:`ENV` is set; the event is
+    """Record that the driver reached ``event`` now (a no-op unless :data:`VAR` is set; the event is
     kept in :data:`LAST` either way)."""
     LAST[0] = event
-    path = os.environ.get(ENV)
+    path = os.environ.get(VAR)
     if not path:
         return
     with open(path, "a", encoding="utf-8") as f:

@@ -140,7 +140,7 @@ def s3_output(moto_server, request: pytest.FixtureRequest) -> tuple[str, dict]:
 
 
 #: what a run sets in its own process's environment for its local workers, and must put back
-_RUN_ENV = ("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED")
+_RUN_VAR = ("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED")
 
 
 @pytest.fixture(autouse=True)
@@ -148,9 +148,9 @@ def _run_environment_restored():
     """Fails a test that leaves this process's environment changed the way a run does: every
     process the session starts later (an ``env=ssh`` scheduler inherits Dask's logging level
     from it and never says where it listens) would inherit it. Put back either way."""
-    before = {name: os.environ.get(name) for name in _RUN_ENV}
+    before = {name: os.environ.get(name) for name in _RUN_VAR}
     yield
-    after = {name: os.environ.get(name) for name in _RUN_ENV}
+    after = {name: os.environ.get(name) for name in _RUN_VAR}
     if after != before:
         for name, value in before.items():
             if value is None:

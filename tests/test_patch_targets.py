@@ -35,14 +35,14 @@ def test_every_patched_target_exists():
 
 @pytest.fixture
 def switched_off(monkeypatch):
-    monkeypatch.setenv(patches.ENV, "off")
+    monkeypatch.setenv(patches.VAR, "off")
     assert not patches.patches_enabled()
 
 
 @pytest.mark.parametrize("value, enabled", [("", True), ("on", True), ("off", False), ("OFF", False), ("0", False),
                                             ("false", False), ("no", False)])
 def test_the_switch_reads_its_variable(monkeypatch, value, enabled):
-    monkeypatch.setenv(patches.ENV, value)
+    monkeypatch.setenv(patches.VAR, value)
     assert patches.patches_enabled() is enabled
 
 
@@ -63,7 +63,7 @@ def test_off_leaves_dask_alone(switched_off, monkeypatch):
     local = ParallelConfig(env="local", n_workers=2)
     assert not local.backend.forks_workers(local)  # spawned workers instead
 
-    monkeypatch.setenv(patches.ENV, "on")
+    monkeypatch.setenv(patches.VAR, "on")
     keep_restarted_workers(cluster)
     assert "_update_worker_status" in vars(cluster)
     keep_dask_preload()
@@ -80,6 +80,6 @@ def test_exit_now_runs_the_exit_handlers_either_way(switch):
             "exit_now(3)\n"
             "print('not reached')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, patches.ENV: switch})
+                          env={**__import__("os").environ, patches.VAR: switch})
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["before", "handlers ran"]

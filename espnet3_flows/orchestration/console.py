@@ -22,7 +22,7 @@ each as one line, without its traceback, and Prefect's link to the flow run in t
 API is a server of the user's. Only the console changes: Prefect's API log handler
 still sends every record, tracebacks included, to the server, and ``--verbose`` keeps it all.
 
-Local worker processes inherit :data:`QUIET_ENV` and apply the same rules when Prefect's
+Local worker processes inherit :data:`QUIET_VAR` and apply the same rules when Prefect's
 worker setup runs (:func:`apply_from_environment`). It is set only for clusters on this
 machine: jobs on a scheduler (SLURM) keep full logs in their own log files.
 """
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
-QUIET_ENV = "ESPNET3_FLOWS_QUIET"
+QUIET_VAR = "ESPNET3_FLOWS_QUIET"
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
 _ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 #: what ``distributed.worker`` logs at ERROR when a heartbeat meets a closed scheduler
@@ -150,7 +150,7 @@ def quiet_during(run_links: bool = False) -> Iterator[None]:
     """:func:`quiet_console` for the duration of a block (a user's script calling ``runner_flow``),
     and the local workers started meanwhile quiet too (:func:`quiet_local_workers`); afterwards
     every console handler has its own filters and formatter back, and the environment its own
-    :data:`QUIET_ENV`. Handlers configured during the block (Dask's, when it is imported) are
+    :data:`QUIET_VAR`. Handlers configured during the block (Dask's, when it is imported) are
     quieted by calling :func:`quiet_console` again inside it, and restored here as well."""
     with _quiet_workers_during():
         quiet_console(run_links)
@@ -167,16 +167,16 @@ def quiet_during(run_links: bool = False) -> Iterator[None]:
 @contextlib.contextmanager
 def _quiet_workers_during() -> Iterator[None]:
     """:func:`quiet_local_workers` for the block; afterwards the environment has its own
-    :data:`QUIET_ENV` and Dask logging level back."""
-    global _OWN_ENV
-    before, own = {name: os.environ.get(name) for name in _WORKER_ENV}, _OWN_ENV
+    :data:`QUIET_VAR` and Dask logging level back."""
+    global _OWN_VALUES
+    before, own = {name: os.environ.get(name) for name in _WORKER_VARS}, _OWN_VALUES
     quiet_local_workers(True)
     try:
         yield
     finally:
         for name, value in before.items():
-            _put_env(name, value)
-        _OWN_ENV = own
+            _put_variable(name, value)
+        _OWN_VALUES = own
 
 
 class _ClusterChatterFilter(logging.Filter):
@@ -246,17 +246,17 @@ def quiet_completed_shards() -> None:
 
 #: Dask's logging level for ``distributed`` in a new process (its config from the environment):
 #: a spawned worker logs its start banner when it imports Dask, before any setup of ours runs
-_DASK_LOG_ENV = "DASK_LOGGING__DISTRIBUTED"
+_DASK_LOG_VAR = "DASK_LOGGING__DISTRIBUTED"
 
 
 #: what :func:`quiet_local_workers` sets in this process's environment
-_WORKER_ENV = (QUIET_ENV, _DASK_LOG_ENV)
+_WORKER_VARS = (QUIET_VAR, _DASK_LOG_VAR)
 #: their values before :func:`quiet_local_workers` first changed them (None: not changed since
 #: :func:`restore_worker_environment`)
-_OWN_ENV: dict[str, str | None] | None = None
+_OWN_VALUES: dict[str, str | None] | None = None
 
 
-def _put_env(name: str, value: str | None) -> None:
+def _put_variable(name: str, value: str | None) -> None:
     if value is None:
         os.environ.pop(name, None)
     else:
@@ -265,30 +265,30 @@ def _put_env(name: str, value: str | None) -> None:
 
 def quiet_local_workers(quiet: bool = True) -> None:
     """Make worker processes started from now on by this process quiet (or not): forked ones
-    read :data:`QUIET_ENV`; spawned ones (``start_method: spawn``, ``trim_worker_memory``, every
+    read :data:`QUIET_VAR`; spawned ones (``start_method: spawn``, ``trim_worker_memory``, every
     patch off) also get Dask's ``distributed`` logging at ``warning`` unless the user set it.
     :func:`restore_worker_environment` undoes it."""
-    global _OWN_ENV
-    if _OWN_ENV is None:
-        _OWN_ENV = {name: os.environ.get(name) for name in _WORKER_ENV}
+    global _OWN_VALUES
+    if _OWN_VALUES is None:
+        _OWN_VALUES = {name: os.environ.get(name) for name in _WORKER_VARS}
     if quiet:
-        os.environ[QUIET_ENV] = "1"
-        if _OWN_ENV[_DASK_LOG_ENV] is None:
-            os.environ[_DASK_LOG_ENV] = "warning"
+        os.environ[QUIET_VAR] = "1"
+        if _OWN_VALUES[_DASK_LOG_VAR] is None:
+            os.environ[_DASK_LOG_VAR] = "warning"
     else:
-        os.environ.pop(QUIET_ENV, None)
-        _put_env(_DASK_LOG_ENV, _OWN_ENV[_DASK_LOG_ENV])
+        os.environ.pop(QUIET_VAR, None)
+        _put_variable(_DASK_LOG_VAR, _OWN_VALUES[_DASK_LOG_VAR])
 
 
 def restore_worker_environment() -> None:
     """Put back the environment :func:`quiet_local_workers` changed, as it was before (at the end
     of a run: a process that goes on, a notebook's or a Prefect worker's, and every process it
     starts later, keep their own logging)."""
-    global _OWN_ENV
-    if _OWN_ENV is not None:
-        for name, value in _OWN_ENV.items():
-            _put_env(name, value)
-        _OWN_ENV = None
+    global _OWN_VALUES
+    if _OWN_VALUES is not None:
+        for name, value in _OWN_VALUES.items():
+            _put_variable(name, value)
+        _OWN_VALUES = None
 
 
 def quiet_workers_of(backend: Any, verbose: bool) -> None:
@@ -300,7 +300,7 @@ def quiet_workers_of(backend: Any, verbose: bool) -> None:
 
 def apply_from_environment() -> None:
     """In a worker process: be quiet if the process that started it asked for it."""
-    if os.environ.get(QUIET_ENV, "").startswith("1"):
+    if os.environ.get(QUIET_VAR, "").startswith("1"):
         quiet_console()
 
 

@@ -42,7 +42,7 @@ from espnet3_flows.orchestration.parameters import dotted_values
 log = logging.getLogger(__name__)
 
 #: The worker's environment variable naming the flow runs' working directory
-WORKDIR_ENV = "ESPNET3_FLOWS_WORKDIR"
+WORKDIR_VAR = "ESPNET3_FLOWS_WORKDIR"
 #: Names of the per-run directories Prefect's process worker makes under the temp root and
 #: removes after the run (``TemporaryDirectory(suffix="prefect")``, the workspace supervisor's)
 _TRANSIENT_NAMES = ("tmp*prefect", "prefect-workspace-attempt-*")
@@ -62,8 +62,8 @@ def working_directory(directory: str | None = None) -> dict[str, str]:
     start = worker_start_directory()
     if directory:
         chosen, source = directory, "the pull step's directory"
-    elif os.environ.get(WORKDIR_ENV):
-        chosen, source = os.environ[WORKDIR_ENV], f"${WORKDIR_ENV}"
+    elif os.environ.get(WORKDIR_VAR):
+        chosen, source = os.environ[WORKDIR_VAR], f"${WORKDIR_VAR}"
     elif start is not None:
         chosen, source = str(start), "the directory the worker was started in"
     else:
@@ -201,8 +201,8 @@ def refuse_transient(paths: Mapping[str, str | None]) -> None:
                           f"worker deletes when the run ends: {_FIX}")
 
 
-_FIX = (f"set {WORKDIR_ENV} in the worker's environment to a lasting directory "
-        f"(`{WORKDIR_ENV}=$PWD prefect worker start --pool espnet3`), or give absolute paths")
+_FIX = (f"set {WORKDIR_VAR} in the worker's environment to a lasting directory "
+        f"(`{WORKDIR_VAR}=$PWD prefect worker start --pool espnet3`), or give absolute paths")
 
 
 def _relative_local(path: str) -> bool:

@@ -182,4 +182,4 @@ def _start_workers(run: Any) -> None:
     if run.pending_shards:
         url = early_api_url()
         prestart_workers(run.parallel, run.worker_modules, run.pending_shards, here=False,
-                         env={"PREFECT_API_URL": url} if url else None)
+                         environ={"PREFECT_API_URL": url} if url else None)

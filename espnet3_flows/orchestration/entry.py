@@ -63,7 +63,7 @@ def _main(job: str, argv: Sequence[str] | None) -> int:
     dry = "--dry-run" in args
     print_config = "--print-config" in args
     verbose = any(a in CONSOLE_FLAGS for a in args)
-    # a configured API server (env or profile) outlives the run: its UI links are worth printing
+    # a configured API server (environment or profile) outlives the run: its UI links are worth printing
     run_links = bool(prefect.settings.get_current_settings().api.url)
     if not verbose:
         quiet_console(run_links)

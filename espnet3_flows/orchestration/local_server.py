@@ -69,18 +69,18 @@ def server_environment() -> dict[str, str]:
     Settings changed inside this process (``temporary_settings``) are passed on when Prefect is
     imported already; before that (a server launched at the CLI's start) the server reads the
     same environment and profile as this process would."""
-    env = dict(os.environ)
+    environ = dict(os.environ)
     if "prefect.settings" in sys.modules:
         from prefect.settings import get_current_settings
 
-        env.update(get_current_settings().to_environment_variables(exclude_unset=True))
-    env |= {"PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        environ.update(get_current_settings().to_environment_variables(exclude_unset=True))
+    environ |= {"PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     for service in UNUSED_SERVICES:
-        env.setdefault(f"PREFECT_SERVER_SERVICES_{service.upper()}_ENABLED", "false")
+        environ.setdefault(f"PREFECT_SERVER_SERVICES_{service.upper()}_ENABLED", "false")
     for key, value in (SERVER_BATCHING | SERVER_START_SETTINGS).items():
-        env.setdefault(key, value)
-    env.pop("PREFECT_API_URL", None)
-    return env
+        environ.setdefault(key, value)
+    environ.pop("PREFECT_API_URL", None)
+    return environ
 
 
 def _die_with_parent() -> None:  # runs in the child before exec
@@ -113,7 +113,7 @@ class LocalPrefectServer:
         self._lock: int | None = None
         self._launcher: threading.Thread | None = None
         self._launch_error: BaseException | None = None
-        self._env: dict[str, str] = {}  # the server's environment, read at launch
+        self._environ: dict[str, str] = {}  # the server's environment, read at launch
         self._cancelled = threading.Event()
 
     @property
@@ -143,8 +143,8 @@ class LocalPrefectServer:
         """
         # the environment is read here, in the caller's thread: the launcher thread must not read
         # os.environ while this thread may change it (a cluster's start drops Dask's trim threshold)
-        self._env = server_environment()
-        self.home = Path(self._env.get("PREFECT_HOME") or self.home).expanduser()
+        self._environ = server_environment()
+        self.home = Path(self._environ.get("PREFECT_HOME") or self.home).expanduser()
         self._lock = _open_start_lock()
         now = self._lock is None or _try_lock(self._lock)
         if now:
@@ -189,14 +189,14 @@ class LocalPrefectServer:
         if spec is None or not spec.submodule_search_locations:
             raise RuntimeError("prefect is not installed")
         app_dir = Path(list(spec.submodule_search_locations)[0]).parent
-        env = self._env
+        environ = self._environ
         self.log_path, log = open_server_log(self.home, self.port)
         with log:  # the child holds its own descriptor
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory",
                  "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
                  "--log-level", "error", "--lifespan", "on"],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+                env=environ, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
 
     def wait_ready(self) -> None:
         """Wait until the launched server's ``/api/health`` answers (stops it on failure)."""

@@ -60,14 +60,14 @@ VERIFIED_PREFECT = ("3.8.8",)
 #: prefect-dask versions :func:`untokenized_task_keys` was verified against
 VERIFIED_PREFECT_DASK = ("0.3.7",)
 #: ``off`` in this variable: no patch of Prefect is installed (nor of any library: :mod:`espnet3_flows.patches`)
-PATCHES_ENV = patches.ENV
+PATCHES_VAR = patches.VAR
 _LOG = logging.getLogger(__name__)
 _WARNED: list[str] = []
 
 
 def prefect_verified() -> bool:
     """Whether the patches may be installed: the installed Prefect is one they were verified
-    against (warns once if not) and :data:`PATCHES_ENV` does not turn them off."""
+    against (warns once if not) and :data:`PATCHES_VAR` does not turn them off."""
     import prefect
 
     if not patches.patches_enabled():

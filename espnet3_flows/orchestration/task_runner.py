@@ -30,14 +30,14 @@ def make_task_runner(cfg: ParallelConfig) -> Any:
 
 
 def prestart_workers(cfg: ParallelConfig, modules: Sequence[str], pending_shards: int | None = None, *,
-                     here: bool = True, env: dict[str, str] | None = None) -> None:
+                     here: bool = True, environ: dict[str, str] | None = None) -> None:
     """Get the imports of Prefect's task engine and ``modules`` going now, where the shards will
     run: in this process when they run here (``ParallelConfig.runs_here``); in the background,
     in the forkserver, when ``cfg`` forks its local workers; otherwise (``spawn``, batch
     schedulers, a running cluster of ``env: address``) nowhere.
 
     Call it as early as possible, once ``PREFECT_API_URL`` is in the environment (or given in
-    ``env``): the imports then overlap with whatever the driver does before the shards start
+    ``environ``): the imports then overlap with whatever the driver does before the shards start
     (e.g. waiting for the API server).
 
     Args:
@@ -46,11 +46,11 @@ def prestart_workers(cfg: ParallelConfig, modules: Sequence[str], pending_shards
         pending_shards: How many shards the run computes (``None``: not known yet).
         here: Import them in this process for shards that run here (``False`` before Prefect
             is imported at all: the command line's early start).
-        env: More environment for the forkserver and the workers it forks.
+        environ: More environment variables for the forkserver and the workers it forks.
     """
     if pending_shards is not None and cfg.runs_here(pending_shards):
         if here:
             for module in (*PREFECT_WORKER_MODULES, *modules):
                 importlib.import_module(module)
     elif cfg.backend.forks_workers(cfg):
-        start_forkserver((*PREFECT_WORKER_MODULES, *modules), env=env)
+        start_forkserver((*PREFECT_WORKER_MODULES, *modules), environ=environ)

@@ -38,7 +38,7 @@ MAIN_PRELOAD = "espnet3_flows.parallel.forkserver_main"
 READY_PRELOAD = "espnet3_flows.parallel.forkserver_ready"
 #: The environment variable naming the driver's main module to the forkserver: ``path:<file>``
 #: (a script) or ``name:<module>`` (``python -m``)
-MAIN_ENV = "ESPNET3_FLOWS_FORKSERVER_MAIN"
+MAIN_VAR = "ESPNET3_FLOWS_FORKSERVER_MAIN"
 
 #: Dask's default ``MALLOC_TRIM_THRESHOLD_`` for the workers its nannies start
 DASK_TRIM_DEFAULT = "65536"
@@ -48,7 +48,7 @@ _LOG = logging.getLogger(__name__)
 MP_METHOD_KEY = "distributed.worker.multiprocessing-method"
 
 #: The environment the running forkserver was started with (``None``: not started by us).
-_SERVER_ENV: dict[str, str] | None = None
+_SERVER_ENVIRON: dict[str, str] | None = None
 _SERVER_MODULES: tuple[str, ...] = ()
 #: Whether the running server of ours imports the driver's main module (:mod:`.forkserver_main`)
 _SERVER_MAIN = False
@@ -71,7 +71,7 @@ def without_inherited_trim_threshold() -> Iterator[None]:
 
 
 def main_module_ref() -> str | None:
-    """How a child of this process finds its main module again (the value of :data:`MAIN_ENV`),
+    """How a child of this process finds its main module again (the value of :data:`MAIN_VAR`),
     or ``None`` when children import none (an interactive session, ``python -c``, a package's
     ``__main__`` run with ``-m``)."""
     from multiprocessing import spawn
@@ -96,7 +96,7 @@ def _server_alive() -> bool:
     return done == 0
 
 
-def start_forkserver(modules: Sequence[str] = (), env: dict[str, str] | None = None) -> bool:
+def start_forkserver(modules: Sequence[str] = (), environ: dict[str, str] | None = None) -> bool:
     """Start the forkserver with ``distributed`` and ``modules`` imported; returns at once.
 
     The imports run in the server process, in the background; the first worker fork waits for
@@ -109,7 +109,7 @@ def start_forkserver(modules: Sequence[str] = (), env: dict[str, str] | None = N
 
     Args:
         modules: What the server imports (after ``distributed``).
-        env: Variables the server (and so every worker forked from it) sees on top of this
+        environ: Variables the server (and so every worker forked from it) sees on top of this
             process's environment, as if they were set here: e.g. the URL of an API server this
             process exports only later.
 
@@ -117,18 +117,18 @@ def start_forkserver(modules: Sequence[str] = (), env: dict[str, str] | None = N
         UnguardedMainError: when called while a worker or the forkserver imports this script
             (:mod:`.main_guard`).
     """
-    global _SERVER_ENV, _SERVER_MODULES, _SERVER_MAIN
+    global _SERVER_ENVIRON, _SERVER_MODULES, _SERVER_MAIN
     main_guard.refuse_while_importing_main("Dask workers")
     if _server_alive():
-        return _SERVER_ENV is not None
+        return _SERVER_ENVIRON is not None
     preload = list(dict.fromkeys(["distributed", *modules]))
     main = main_module_ref()
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         [*([MAIN_PRELOAD] if main else []), *preload, READY_PRELOAD])
     main_guard.reset_status()
     with without_inherited_trim_threshold():
-        _SERVER_ENV, _SERVER_MODULES, _SERVER_MAIN = {**os.environ, **(env or {})}, tuple(preload), bool(main)
-        with environment_set({**(env or {}), **({MAIN_ENV: main, **main_guard.status_variables()} if main else {})}):
+        _SERVER_ENVIRON, _SERVER_MODULES, _SERVER_MAIN = {**os.environ, **(environ or {})}, tuple(preload), bool(main)
+        with environment_set({**(environ or {}), **({MAIN_VAR: main, **main_guard.status_variables()} if main else {})}):
             multiprocessing.forkserver.ensure_running()
     _LOG.debug("forkserver started (preloading %s)", ", ".join(preload))
     return True
@@ -158,7 +158,7 @@ def check_main_imported(timeout: float = 60.0) -> None:
     Raises:
         UnguardedMainError: naming the script and the fix (:mod:`.main_guard`).
     """
-    if not (_SERVER_MAIN and _SERVER_ENV is not None):
+    if not (_SERVER_MAIN and _SERVER_ENVIRON is not None):
         return
     deadline = time.monotonic() + timeout
     while not main_guard.read_status() and time.monotonic() < deadline and _server_alive():
@@ -206,11 +206,11 @@ def keep_dask_preload() -> None:
 def stop_forkserver() -> None:
     """Stop the forkserver (the next forked worker starts a new one): for benchmarks that
     measure a cold start, and tests."""
-    global _SERVER_ENV, _SERVER_MODULES, _SERVER_MAIN
+    global _SERVER_ENVIRON, _SERVER_MODULES, _SERVER_MAIN
     stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
     if stop is not None and getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None:
         stop()
-    _SERVER_ENV, _SERVER_MODULES, _SERVER_MAIN = None, (), False
+    _SERVER_ENVIRON, _SERVER_MODULES, _SERVER_MAIN = None, (), False
 
 
 def preloaded_modules() -> tuple[str, ...]:
@@ -222,15 +222,15 @@ def worker_environment() -> dict[str, str] | None:
     """Variables a forked worker needs to see this process's environment as a spawned one would:
     those added or changed since the forkserver started. ``None`` when a variable was removed
     since (a forked worker would still have it)."""
-    if _SERVER_ENV is None:
+    if _SERVER_ENVIRON is None:
         return None
     now = os.environ
-    removed = [k for k in _SERVER_ENV if k not in now]
+    removed = [k for k in _SERVER_ENVIRON if k not in now]
     if removed:
         _LOG.info("environment variables removed since the forkserver started (%s): spawning workers",
                   ", ".join(sorted(removed)))
         return None
-    return {k: v for k, v in now.items() if _SERVER_ENV.get(k) != v}
+    return {k: v for k, v in now.items() if _SERVER_ENVIRON.get(k) != v}
 
 
 def local_worker_start(cluster_kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -246,10 +246,10 @@ def local_worker_start(cluster_kwargs: dict[str, Any]) -> tuple[str, dict[str, A
     if not start_forkserver():
         return "spawn", cluster_kwargs
     keep_dask_preload()
-    env = worker_environment()
-    if env is None:
+    environ = worker_environment()
+    if environ is None:
         return "spawn", cluster_kwargs
-    return "forkserver", {**cluster_kwargs, "env": {**env, **(cluster_kwargs.get("env") or {})}}
+    return "forkserver", {**cluster_kwargs, "env": {**environ, **(cluster_kwargs.get("env") or {})}}
 
 
 @contextlib.contextmanager

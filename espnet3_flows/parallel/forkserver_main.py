@@ -10,7 +10,7 @@ told the path (it asks for ``main_path``; the preparation data names it
 imports (Prefect's flow machinery, this package) were ~0.9 s of each local worker's start, after
 its fork, on the 2-core machine of ``benchmarks/`` (``startup``).
 
-:func:`~.forkserver.start_forkserver` names the main module in :data:`~.forkserver.MAIN_ENV`
+:func:`~.forkserver.start_forkserver` names the main module in :data:`~.forkserver.MAIN_VAR`
 and preloads this module first; it takes the variable out of the server's environment (forked
 workers never see it). A main module that fails to import here is logged and left to the workers, which then import
 it themselves (and fail there, as a spawned worker would). One that starts workers or a run when
@@ -27,11 +27,11 @@ import signal
 
 from espnet3_flows.errors import UnguardedMainError
 from espnet3_flows.parallel import main_guard
-from espnet3_flows.parallel.forkserver import MAIN_ENV
+from espnet3_flows.parallel.forkserver import MAIN_VAR
 
 
 def _import_driver_main() -> None:
-    ref = os.environ.pop(MAIN_ENV, None)
+    ref = os.environ.pop(MAIN_VAR, None)
     if not ref:
         return
     from multiprocessing import process, spawn

@@ -10,7 +10,7 @@ tracebacks, in ``RuntimeError: Nanny failed to start.``
 Each entry point that starts workers or a run calls :func:`refuse_while_importing_main` first. In
 a process that is importing its parent's main module (multiprocessing's own ``_inheriting`` flag,
 the one behind its "bootstrapping phase" error; :mod:`.forkserver_main` sets it too), that
-records the script's name in the file the driver named (:data:`STATUS_ENV`) and raises
+records the script's name in the file the driver named (:data:`STATUS_VAR`) and raises
 :class:`~espnet3_flows.errors.UnguardedMainError`, which such a process never prints. The driver
 reads the record when its cluster fails to start, or before a flow once its forkserver has
 imported the script (:func:`~.forkserver.check_main_imported`), and raises the same error, which
@@ -30,7 +30,7 @@ from espnet3_flows.errors import UnguardedMainError
 
 #: The environment variable naming the driver's status file to the processes that import its main
 #: module (taken out of their environment when read)
-STATUS_ENV = "ESPNET3_FLOWS_MAIN_STATUS"
+STATUS_VAR = "ESPNET3_FLOWS_MAIN_STATUS"
 #: What the status file holds: nothing yet, the import done, the import failed otherwise, or
 #: ``UNGUARDED`` and a tab before the message
 IMPORTED, FAILED, UNGUARDED = "imported", "failed", "unguarded"
@@ -74,7 +74,7 @@ def adopt_status_path() -> None:
     """In a process that imports its driver's main module: take the status file's path out of the
     environment (its children never see it; forked ones keep it in memory)."""
     global _PARENT_PATH
-    _PARENT_PATH = os.environ.pop(STATUS_ENV, None) or _PARENT_PATH
+    _PARENT_PATH = os.environ.pop(STATUS_VAR, None) or _PARENT_PATH
 
 
 def record(status: str) -> None:
@@ -120,7 +120,7 @@ def status_path() -> str:
 
 def status_variables() -> dict[str, str]:
     """The environment that tells a process importing this driver's main module where to record."""
-    return {STATUS_ENV: status_path()}
+    return {STATUS_VAR: status_path()}
 
 
 def reset_status() -> None:

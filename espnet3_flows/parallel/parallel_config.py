@@ -1,5 +1,5 @@
 """The ``parallel:`` section (:class:`ParallelConfig`): where shards run, checked when it is read.
-Building the cluster it describes is :mod:`espnet3_flows.parallel.cluster`'s."""
+Building the cluster it describes is its placement's (:mod:`espnet3_flows.parallel.backends`)."""
 
 from __future__ import annotations
 

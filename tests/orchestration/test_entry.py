@@ -191,7 +191,7 @@ def test_the_exit_after_a_lost_api_is_bounded_whatever_waits_for_it(tmp_path, sw
             "atexit.register(time.sleep, 600)\n"
             "status = entry._report(httpx.ConnectError('All connection attempts failed'), verbose=False)\n"
             "entry.exit_now(status)\n")
-    env = {**__import__("os").environ, patches.ENV: switch, "PREFECT_HOME": str(tmp_path),
+    env = {**__import__("os").environ, patches.VAR: switch, "PREFECT_HOME": str(tmp_path),
            "PREFECT_API_URL": "http://127.0.0.1:9/api"}
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)

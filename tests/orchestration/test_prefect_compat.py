@@ -164,7 +164,7 @@ def test_one_switch_turns_every_patch_off(monkeypatch):
     from prefect.context import EngineContext, SettingsContext
     from prefect_dask.client import PrefectDaskClient
 
-    monkeypatch.setenv(prefect_compat.PATCHES_ENV, "off")
+    monkeypatch.setenv(prefect_compat.PATCHES_VAR, "off")
     client_module = importlib.import_module("prefect.client.orchestration")
     targets = [(client_module, "ssl"), (SettingsContext, "serialize"), (task_engine, "hydrated_context"),
                (EngineContext, "serialize"), (PrefectDaskClient, "submit"), (flow_engine, "_send_heartbeats")]
@@ -201,7 +201,7 @@ def test_quiet_shippers_are_put_back_and_stay_loud_with_the_patches_off(monkeypa
     finally:
         restore()
     assert _shipper_logging() == before
-    monkeypatch.setenv(prefect_compat.PATCHES_ENV, "off")
+    monkeypatch.setenv(prefect_compat.PATCHES_VAR, "off")
     prefect_compat.quiet_shipper_failures()
     assert _shipper_logging() == before
 
@@ -232,10 +232,10 @@ def test_a_run_failed_on_purpose_is_not_logged_again_as_an_unexpected_exception(
     handler, filters = Keep(), list(logger.filters)
     logger.addHandler(handler)
     try:
-        monkeypatch.setenv(prefect_compat.PATCHES_ENV, "off")
+        monkeypatch.setenv(prefect_compat.PATCHES_VAR, "off")
         assert prefect_compat.quiet_failed_run_exit() is False
         log(FailedRun("error: ConfigError: bad"))
-        monkeypatch.delenv(prefect_compat.PATCHES_ENV)
+        monkeypatch.delenv(prefect_compat.PATCHES_VAR)
         assert prefect_compat.quiet_failed_run_exit() is True and prefect_compat.quiet_failed_run_exit() is True
         log(FailedRun("error: ConfigError: bad"))  # dropped
         log(FailedRun("Flow run encountered an exception"))

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 #: 1 core and 2 GB per job (dask-jobqueue itself has no default and refuses to start).
 JOBQUEUE_FALLBACKS = {"cores": 1, "memory": "2GB", "processes": 1}
 #: The batch jobs' nannies add Dask's ``MALLOC_TRIM_THRESHOLD_`` unless this is exported
-TRIM_ENV = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_"
+TRIM_VAR = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_"
 #: env → dask-jobqueue's cluster class
 SCHEDULERS = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster", "lsf": "LSFCluster",
               "htcondor": "HTCondorCluster", "oar": "OARCluster", "moab": "MoabCluster"}
@@ -36,7 +36,7 @@ class BatchJobs(ScaledBackend):
                 kwargs.setdefault(key, fallback)
         if not cfg.trim_worker_memory:  # the batch jobs' nannies add no MALLOC_TRIM_THRESHOLD_
             prologue = list(kwargs.get("job_script_prologue") or [])
-            kwargs["job_script_prologue"] = [*prologue, f"export {TRIM_ENV}=None"]
+            kwargs["job_script_prologue"] = [*prologue, f"export {TRIM_VAR}=None"]
         return super().place_workers(cfg, kwargs)
 
     def worker_slots(self, cfg: ParallelSettings) -> int:
