@@ -118,10 +118,7 @@ class Services:
                                               env=self.env, stdout=log, stderr=log, start_new_session=True))
         _wait_for_workers(self.address, common.WORKERS)
         if os.environ.get("ESPNET3_BENCH_SOAK_TRACE"):
-            from distributed import Client
-
-            with Client(self.address, timeout=60, set_as_default=False) as client:
-                client.run_on_scheduler(_start_tracing)
+            _on_scheduler(self.address, _start_tracing)
         (self.work / "prefect.yaml").write_text(_prefect_yaml(self.work, self.address, model))
         self.prefect("work-pool", "create", "espnet3", "--type", "process", "--overwrite")
         self.prefect("deploy", "--all", "--prefect-file", str(self.work / "prefect.yaml"))
@@ -160,13 +157,17 @@ class Services:
         server_rss = sum(p.memory_info().rss for p in [server, *server.children(recursive=True)])
         db = self.work / "prefect-home" / "prefect.db"
         db_bytes = sum(p.stat().st_size for p in (db, db.with_name("prefect.db-wal")) if p.exists())
-        from distributed import Client
-
-        with Client(self.address, timeout=60, set_as_default=False) as client:
-            inside = client.run_on_scheduler(scheduler_state)
-        return {"scheduler_rss_mb": scheduler.memory_info().rss / MB, **inside,
+        return {"scheduler_rss_mb": scheduler.memory_info().rss / MB, **_on_scheduler(self.address, scheduler_state),
                 "worker_rss_mb": max((w.memory_info().rss for w in workers), default=0) / MB,
                 "workers_seen": len(workers), "server_rss_mb": server_rss / MB, "db_mb": db_bytes / MB}
+
+
+def _on_scheduler(address: str, func: Any) -> Any:
+    """``func(dask_scheduler)`` run on the scheduler at ``address``, through a client of its own."""
+    from distributed import Client
+
+    with Client(address, timeout=60, set_as_default=False) as client:
+        return client.run_on_scheduler(func)
 
 
 def _start_tracing(dask_scheduler: Any) -> None:

@@ -32,7 +32,7 @@ def make_cluster(cfg: ParallelSettings) -> Any:
         ConfigError: for an env that starts no cluster (``serial``, ``address``) or bad options.
         UnguardedMainError: when this script starts the cluster when it is imported, in one line.
     """
-    return cluster_spec(cfg).backend.make_cluster(cfg)
+    return backend_of(cfg).make_cluster(cfg)
 
 
 def describe_parallel(cfg: ParallelSettings) -> str:

@@ -107,6 +107,10 @@ class Placement:
         """The cluster a run of ``cfg`` starts; a :class:`ConfigError` for an env that starts none."""
         raise ConfigError(f"parallel.env={self.name}: no cluster to build ({self.describe(cfg)})")
 
+    def make_cluster(self, cfg: ParallelSettings) -> Any:
+        """Start that cluster (:meth:`Backend.make_cluster`); here :meth:`spec`'s error: there is none."""
+        return self.spec(cfg)  # raises
+
     def scheduler_address(self, cfg: ParallelSettings) -> str:
         """The running scheduler a run of ``cfg`` connects to; a :class:`ConfigError` for an env with none."""
         raise ConfigError(f"parallel.env={self.name} has no running scheduler to connect to; use parallel.env=address")

@@ -16,6 +16,7 @@ def extra_hint(extra: str) -> str:
 
 
 def module_of(path: str) -> str:
+    """The module part of ``path`` (``module.Attr`` or ``module:Attr``)."""
     return path.rpartition(":")[0] if ":" in path else path.rpartition(".")[0]
 
 
