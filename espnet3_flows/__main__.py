@@ -20,10 +20,11 @@ def main(argv: list[str] | None = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     jobs = available_jobs()
+    early = None
     if args and args[0] in jobs:
         if argv is None:  # this process's own command line: Ctrl-C ends it in one line, status 130
             exit_on_ctrl_c(args[0], args[1:])
-        start_early(args[0], args[1:])  # the server, the plan and the workers start while the job's imports run
+        early = start_early(args[0], args[1:])  # the server, the plan and the workers start while the job's imports run
     if not args or args[0] not in jobs:
         listing = "\n".join(f"  {name:18s} {spec.description}" for name, spec in jobs.items())
         usage = (f"usage: {_program(argv)} {{{','.join(jobs)}}} [--help | --config FILE | --dry-run | "
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from espnet3_flows.orchestration.entry import main as run
 
-    return run(args[0], args[1:])
+    return run(args[0], args[1:], early=early)
 
 
 def _program(argv: list[str] | None) -> str:
@@ -58,11 +59,11 @@ def __getattr__(name: str) -> Callable[[], int]:
     def script() -> int:
         from espnet3_flows.orchestration.early_start import start_early
 
-        start_early(name, sys.argv[1:])  # the server, the plan and the workers start while the job's imports run
+        early = start_early(name, sys.argv[1:])  # the server, the plan and the workers start while the job's imports run
         from espnet3_flows.orchestration.entry import exit_now
         from espnet3_flows.orchestration.entry import main as run
 
-        exit_now(run(name))
+        exit_now(run(name, early=early))
 
     return script
 

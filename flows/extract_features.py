@@ -5,11 +5,11 @@ import sys
 if __name__ == "__main__":  # the private Prefect server, the plan and the workers start before the imports below
     from espnet3_flows.orchestration.early_start import start_early
 
-    start_early("extract_features", sys.argv[1:])
+    early = start_early("extract_features", sys.argv[1:])
 
 from espnet3_flows.orchestration.entry import exit_now, job_flow, main
 
 extract_features = job_flow("extract_features")
 
 if __name__ == "__main__":
-    exit_now(main("extract_features"))
+    exit_now(main("extract_features", early=early))

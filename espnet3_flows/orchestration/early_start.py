@@ -1,5 +1,6 @@
-"""What a command-line run starts before its heavy imports (Prefect, Dask): the private Prefect
-API server, then the run's plan, then the forkserver its local workers are forked from.
+"""What a command-line run does before its heavy imports (Prefect, Dask): read its config, then
+launch the private Prefect API server, plan the run and start the forkserver its local workers are
+forked from.
 
 A local run's first shard waits for its workers, and a forked worker waits for the forkserver's
 imports (Dask, Prefect's task engine, torch and the job's frontend: ~3.7 s of one core on the
@@ -12,28 +13,32 @@ The plan says whether any worker will be needed: a run whose shards all run in t
 0) before Prefect, Dask or torch is imported (~0.5 s on that machine instead of ~1.4 s).
 
 :func:`start_early` is called by the flow scripts and ``python -m espnet3_flows`` before they
-import anything else; :func:`~.entry.main` then takes the plan over (:func:`take_early_run`).
-Log records of the early planning are kept and handed to ``main`` to print once Prefect's
-console logging is set up (the console shows them as it would have). A config the early step
-cannot read is left to ``main``, which reads it again and reports it; a planning error is
-kept and raised by ``main`` where planning would have raised it.
+import anything else; it returns an :class:`EarlyRun` (the config, the launched server, the plan),
+which they hand to :func:`~.entry.main` (``main(job, early=early)``). Log records of the early
+steps are kept in it, for ``main`` to print once Prefect's console logging is set up (the console
+shows them as it would have). A config the early step cannot read starts nothing: ``main`` reads
+it again and reports it; a planning error is kept and raised by ``main`` where planning would have
+raised it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from espnet3_flows.orchestration.console import plain_console, print_summary, print_unchanged, quiet_workers_of
 from espnet3_flows.orchestration.interrupt import exit_on_ctrl_c
-from espnet3_flows.orchestration.local_server import NO_RUN_FLAGS, discard_early, early_api_url, launch_early
+from espnet3_flows.orchestration.local_server import LocalPrefectServer, launch_private_server
 from espnet3_flows.timeline import mark
 
-#: Command-line flags that change only the console (those that take no plan: ``NO_RUN_FLAGS``)
+#: Command-line flags that change only the console (those that take no plan: :data:`NO_RUN_FLAGS`)
 CONSOLE_FLAGS = ("-v", "--verbose")
+#: Command-line flags of a command that runs nothing (help, a dry run, the config printed)
+NO_RUN_FLAGS = ("-h", "--help", "--dry-run", "--print-config")
 
 
 @dataclass
@@ -46,7 +51,10 @@ class EarlyRun:
         cfg: The resolved config.
         planned: The plan (a :class:`~.job_run.PlannedFlow`), or ``None`` when planning raised.
         error: What planning raised (``main`` raises it where it would have planned).
-        records: Log records emitted while planning, to print once the console is set up.
+        records: Log records emitted while reading the config and planning, to print once the
+            console is set up.
+        server: The private Prefect API server launched for the run (``None`` when an API is
+            configured); :func:`~.local_server.prefect_api` takes it over or stops it.
     """
 
     job: str
@@ -55,6 +63,7 @@ class EarlyRun:
     planned: Any = None
     error: BaseException | None = None
     records: list[logging.LogRecord] = field(default_factory=list)
+    server: LocalPrefectServer | None = None
 
     @property
     def verbose(self) -> bool:
@@ -71,20 +80,18 @@ class EarlyRun:
                 logger.handle(record)
 
 
-_EARLY_RUNS: list[EarlyRun] = []
-
-
 def start_early(job: str, argv: Sequence[str]) -> EarlyRun | None:
-    """At a command line's start: launch the private API server (unless one is configured), plan
-    ``job`` from ``argv``, and start the forkserver when the plan needs local forked workers.
+    """At a command line's start: read ``job``'s config from ``argv``, then launch the private API
+    server (unless one is configured), plan the run, and start the forkserver when the plan needs
+    local forked workers.
 
     Args:
         job: A registered job's name.
         argv: The command line's arguments after the job (flags and ``key=value`` overrides).
 
     Returns:
-        The early run :func:`take_early_run` hands to ``main``, or ``None`` (help, a dry run, the
-        config printed, or a config that cannot be read).
+        The early run to hand to :func:`~.entry.main`, or ``None`` (help, a dry run, the config
+        printed, or a config that cannot be read: nothing was started).
 
     Raises:
         SystemExit: (status 0) after printing the summary of a run with nothing to compute or
@@ -99,18 +106,21 @@ def start_early(job: str, argv: Sequence[str]) -> EarlyRun | None:
         exit_on_ctrl_c(job, argv)  # one line and status 130, from here on
     if any(a in NO_RUN_FLAGS for a in argv):
         return None
-    launch_early(list(argv))
-    early = _plan(job, argv)
-    if early is None:
+    records: list[logging.LogRecord] = []
+    with _kept_records(records):
+        cfg = _read_config(job, argv)
+    if cfg is None:
         return None
+    early = EarlyRun(job, argv, cfg, records=records, server=launch_private_server())
     if own:
-        exit_on_ctrl_c(job, argv, getattr(early.cfg, "output_dir", ""))
+        exit_on_ctrl_c(job, argv, getattr(cfg, "output_dir", ""))
+    with _kept_records(records):
+        _plan(early)
     if early.planned is not None and early.planned.unchanged_summaries is not None:
         mark("planned")
         raise SystemExit(_finish_unchanged(early))
-    _EARLY_RUNS.append(early)
     if early.planned is not None:
-        _start_workers(early.planned)
+        _start_workers(early)
     mark("planned")
     return early
 
@@ -118,7 +128,8 @@ def start_early(job: str, argv: Sequence[str]) -> EarlyRun | None:
 def _finish_unchanged(early: EarlyRun) -> int:
     """What ``main`` prints for a run with nothing to compute, without importing Prefect: the
     planning's warnings (one line each unless ``--verbose``), the line and the summary."""
-    discard_early()  # the server launched before planning: not needed
+    if early.server is not None:
+        early.server.stop()  # launched before planning: not needed
     plain_console(verbose=early.verbose)
     early.replay_logs()
     run = early.planned
@@ -126,14 +137,6 @@ def _finish_unchanged(early: EarlyRun) -> int:
     print_summary(early.job, run.unchanged_summaries, getattr(early.cfg, "storage_options", None))
     mark("summary_printed")
     return 0
-
-
-def take_early_run(job: str, argv: Sequence[str]) -> EarlyRun | None:
-    """The run :func:`start_early` planned for exactly this ``job`` and ``argv`` (once), else ``None``."""
-    for i, early in enumerate(_EARLY_RUNS):
-        if early.job == job and early.argv == tuple(argv):
-            return _EARLY_RUNS.pop(i)
-    return None
 
 
 class _Keep(logging.Handler):
@@ -145,41 +148,55 @@ class _Keep(logging.Handler):
         self.records.append(record)
 
 
-def _plan(job: str, argv: tuple[str, ...]) -> EarlyRun | None:
-    from espnet3_flows.config import split_cli_args
-    from espnet3_flows.orchestration.job_run import plan_job
-    from espnet3_flows.orchestration.jobs import preflight, resolve_config
-
-    records: list[logging.LogRecord] = []
+@contextlib.contextmanager
+def _kept_records(records: list[logging.LogRecord]) -> Iterator[None]:
+    """Every log record of the block kept in ``records`` (this package's whatever their level:
+    replayed where enabled once the console is set up), and none printed now (no "last resort"
+    printing of warnings before the console is set up)."""
     root, ours = logging.getLogger(), logging.getLogger("espnet3_flows")
     keep, level = _Keep(records), ours.level
-    root.addHandler(keep)  # (and no "last resort" printing of warnings before the console is set up)
-    ours.setLevel(logging.DEBUG)  # this package's records kept whatever their level: replayed where enabled then
+    root.addHandler(keep)
+    ours.setLevel(logging.DEBUG)
     try:
-        try:
-            path, overrides = split_cli_args([a for a in argv if a not in CONSOLE_FLAGS])
-            cfg = resolve_config(job, path, {}, overrides)
-        except Exception:  # noqa: BLE001 - main() reads the config again and reports it
-            return None
-        early = EarlyRun(job, argv, cfg, records=records)
-        quiet_workers_of(cfg.parallel.backend, early.verbose)  # before the forkserver starts
-        try:
-            preflight(job, cfg)
-            early.planned = plan_job(job, cfg)
-        except Exception as exc:  # noqa: BLE001 - raised by main() where it plans
-            early.error = exc
-        return early
+        yield
     finally:
         root.removeHandler(keep)
         ours.setLevel(level)
 
 
-def _start_workers(run: Any) -> None:
+def _read_config(job: str, argv: tuple[str, ...]) -> Any:
+    """The job's config from the command line, or ``None`` when it cannot be read (``main`` reads
+    it again and reports it)."""
+    from espnet3_flows.config import split_cli_args
+    from espnet3_flows.orchestration.jobs import resolve_config
+
+    try:
+        path, overrides = split_cli_args([a for a in argv if a not in CONSOLE_FLAGS])
+        return resolve_config(job, path, {}, overrides)
+    except Exception:  # noqa: BLE001 - main() reads the config again and reports it
+        return None
+
+
+def _plan(early: EarlyRun) -> None:
+    """Plan ``early``'s run into it (or keep what planning raised, for ``main`` to raise)."""
+    from espnet3_flows.orchestration.job_run import plan_job
+    from espnet3_flows.orchestration.jobs import preflight
+
+    quiet_workers_of(early.cfg.parallel.backend, early.verbose)  # before the forkserver starts
+    try:
+        preflight(early.job, early.cfg)
+        early.planned = plan_job(early.job, early.cfg)
+    except Exception as exc:  # noqa: BLE001 - raised by main() where it plans
+        early.error = exc
+
+
+def _start_workers(early: EarlyRun) -> None:
     """Start the forkserver for a plan whose pending shards run on local forked workers, with the
     early server's URL in its environment (as the workers will see it); nothing is imported here."""
     from espnet3_flows.orchestration.task_runner import prestart_workers
 
+    run = early.planned
     if run.pending_shards:
-        url = early_api_url()
+        url = early.server.api_url if early.server is not None else None
         prestart_workers(run.parallel, run.worker_modules, run.pending_shards, here=False,
                          environ={"PREFECT_API_URL": url} if url else None)

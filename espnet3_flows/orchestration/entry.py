@@ -27,7 +27,7 @@ from espnet3_flows.orchestration.console import (print_summary, print_unchanged,
                                                  restore_worker_environment)
 from espnet3_flows.orchestration.deploy_steps import api_lost, is_api_lost
 from espnet3_flows.orchestration.dry_run import dry_run
-from espnet3_flows.orchestration.early_start import CONSOLE_FLAGS, take_early_run
+from espnet3_flows.orchestration.early_start import CONSOLE_FLAGS, EarlyRun
 from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
 from espnet3_flows.orchestration.job_flow import USER_ERRORS, error_line, job_flow  # noqa: F401 (the flow scripts')
@@ -38,22 +38,30 @@ from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.timeline import mark
 from espnet3_flows.storage import StorageError
 
-def main(job: str, argv: Sequence[str] | None = None) -> int:
+def main(job: str, argv: Sequence[str] | None = None, early: EarlyRun | None = None) -> int:
     """``python flows/<job>.py [--config FILE] [key=value ...]``: run locally, print a summary.
 
     With no Prefect server configured, a private local API server is started for the run and
-    stopped afterwards. The flow scripts launch it, plan the run and start its local workers'
-    forkserver before their own imports (:func:`~.early_start.start_early`); the plan is taken
-    over here. This process's environment is as it was before once it returns (a caller that goes
-    on, and every process it starts later, keep their own logging).
+    stopped afterwards. The flow scripts read the config, launch that server, plan the run and
+    start its local workers' forkserver before their own imports
+    (:func:`~.early_start.start_early`) and hand that ``early`` run over; the run goes on from
+    there. This process's environment is as it was before once it returns (a caller that goes on,
+    and every process it starts later, keep their own logging).
+
+    Args:
+        job: A registered job's name.
+        argv: The command line's arguments after the script (this process's by default).
+        early: What :func:`~.early_start.start_early` returned for ``job`` and the same ``argv``.
     """
+    if early is not None and (early.job != job or (argv is not None and early.argv != tuple(argv))):
+        raise ValueError(f"the early run of {early.job} {' '.join(early.argv)!r} is not this command line's")
     try:
-        return _main(job, argv)
+        return _main(job, argv, early)
     finally:
         restore_worker_environment()  # quieted for this run's local workers (here or by start_early)
 
 
-def _main(job: str, argv: Sequence[str] | None) -> int:
+def _main(job: str, argv: Sequence[str] | None, early: EarlyRun | None) -> int:
     mark("main")
     logging.basicConfig(level=logging.WARNING)
     args = list(sys.argv[1:] if argv is None else argv)
@@ -67,7 +75,6 @@ def _main(job: str, argv: Sequence[str] | None) -> int:
     run_links = bool(prefect.settings.get_current_settings().api.url)
     if not verbose:
         quiet_console(run_links)
-    early = take_early_run(job, args)  # planned by the flow script before its imports (start_early)
     args = [a for a in args if a not in ("--dry-run", "--print-config", *CONSOLE_FLAGS)]
     try:
         cfg = early.cfg if early is not None else _resolve(job, args, dry)
@@ -91,7 +98,7 @@ def _resolve(job: str, args: Sequence[str], dry_run: bool) -> Any:
         return resolve_config(job, path, {}, overrides)
 
 
-def _run(job: str, cfg: Any, early: Any, verbose: bool, run_links: bool) -> int:
+def _run(job: str, cfg: Any, early: EarlyRun | None, verbose: bool, run_links: bool) -> int:
     """Plan (or take the early plan) while the private API server starts, run the flow, print
     the summary; the exit status."""
     planned: list[PlannedFlow] = []
@@ -115,7 +122,8 @@ def _run(job: str, cfg: Any, early: Any, verbose: bool, run_links: bool) -> int:
 
     try:
         # a private server even for serial runs: Prefect's own temporary one would start only now
-        with prefect_api(needs_server=True, while_starting=plan_now) as api:
+        with prefect_api(needs_server=True, while_starting=plan_now,
+                         server=early.server if early is not None else None) as api:
             run = planned[0]
             if api is False:  # nothing to compute or merge: no server, no flow, no cluster
                 summaries = run.unchanged_summaries or {}

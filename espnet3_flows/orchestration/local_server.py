@@ -275,10 +275,6 @@ def _try_lock(fd: int) -> bool:
         return False
 
 
-#: A private server launched at the command line's start (:func:`launch_early`), not yet taken
-_EARLY: list[LocalPrefectServer] = []
-
-
 def configured_api_url() -> str:
     """The API URL this process is configured with, read without importing Prefect: the
     ``PREFECT_API_URL`` variable, else the active profile's (``PREFECT_PROFILE``, else the
@@ -298,46 +294,32 @@ def configured_api_url() -> str:
     return str(profile.get("PREFECT_API_URL") or "") if isinstance(profile, dict) else ""
 
 
-#: Command-line flags of a command that runs nothing (help, a dry run, the config printed)
-NO_RUN_FLAGS = ("-h", "--help", "--dry-run", "--print-config")
+def launch_private_server() -> LocalPrefectServer | None:
+    """Launch the private API server now, at the command line's start (once its config is read),
+    so that it starts while the CLI imports its libraries and plans (its own start is seconds of
+    importing Prefect's server); :func:`prefect_api` is handed it and takes it over, or stops it
+    when the run needs none. Nothing is launched when an API is configured. A server nobody takes
+    is stopped when this process exits (and dies with it if killed).
 
-
-def launch_early(argv: list[str]) -> LocalPrefectServer | None:
-    """Launch the private API server now, at the command line's start, so that it starts while
-    the CLI imports its libraries and plans (its own start is ~3 s of importing Prefect's
-    server); :func:`prefect_api` takes it over, or stops it when the run needs none. Nothing is
-    launched when an API is configured or ``argv`` asks only for help, a dry run or the config.
-    An early server nobody took is stopped when this process exits (and dies with it if killed).
-
-    Args:
-        argv: The command line's arguments (after the script's name).
+    Returns:
+        The launched server, or ``None`` (an API is configured, or it could not be launched: it is
+        started again, with its error, where it is needed).
     """
-    if _EARLY or any(a in NO_RUN_FLAGS for a in argv) or configured_api_url():
+    if configured_api_url():
         return None
     server = LocalPrefectServer()
     try:
         server.launch()
     except (OSError, RuntimeError):
-        return None  # started again, with its error, where it is needed
-    _EARLY.append(server)
-    atexit.register(discard_early)
+        return None
+    mark("server_launched")
+    atexit.register(server.stop)  # (a no-op once the run stopped it)
     return server
 
 
-def early_api_url() -> str | None:
-    """The API URL of the server :func:`launch_early` launched (``None`` when it launched none)."""
-    return _EARLY[-1].api_url if _EARLY else None
-
-
-def discard_early() -> None:
-    """Stop a server :func:`launch_early` launched that no run took."""
-    while _EARLY:
-        _EARLY.pop().stop()
-
-
 @contextlib.contextmanager
-def prefect_api(needs_server: bool,
-                while_starting: Callable[[], bool | None] | None = None) -> Iterator[str | bool | None]:
+def prefect_api(needs_server: bool, while_starting: Callable[[], bool | None] | None = None,
+                server: LocalPrefectServer | None = None) -> Iterator[str | bool | None]:
     """Make sure a Prefect API is reachable by this process and its future worker processes.
 
     Uses ``PREFECT_API_URL`` when it is set (a real server). Otherwise, when
@@ -359,13 +341,14 @@ def prefect_api(needs_server: bool,
 
     url = os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()
     if url or not needs_server:
-        discard_early()
+        if server is not None:
+            server.stop()
         if while_starting is not None and while_starting() is False:
             yield False
             return
         yield url or None
         return
-    server = _EARLY.pop() if _EARLY else LocalPrefectServer()
+    server = server or LocalPrefectServer()
     failed = False
     previous = signal.getsignal(signal.SIGTERM)
     if previous in (signal.SIG_DFL, None):

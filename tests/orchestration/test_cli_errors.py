@@ -18,10 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.prefect, pytest.mark.dask]
 
 
-def _cli(tmp_path: Path, *args: str, api_url: str | None = None) -> tuple[int, list[str], str]:
+def _cli(tmp_path: Path, *args: str, api_url: str | None = None, **settings: str) -> tuple[int, list[str], str]:
     """(exit status, output lines as a terminal shows them, the whole output) of a CLI run: with
-    ``api_url``, against that server; else with no API configured (the run's private server)."""
-    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", api_url=api_url)
+    ``api_url``, against that server; else with no API configured (the run's private server);
+    ``settings``: more environment variables."""
+    env = cli_env(tmp_path / "prefect-home", HF_HUB_OFFLINE="1", api_url=api_url, **settings)
     proc = subprocess.run([sys.executable, "flows/collect_stats.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     text = proc.stdout + proc.stderr
@@ -90,6 +91,20 @@ def test_error_is_one_line(tmp_path, demo_corpus, name, session_api_url):
         saved = sorted((tmp_path / "out" / "logs").glob("collect_stats-*.error.txt"))
         assert len(saved) == 1 and str(saved[0]) in text, text
         assert "Traceback" in saved[0].read_text() and "utt-missing" in saved[0].read_text()
+
+
+@pytest.mark.parametrize("name", ["key-typo", "unparsable-yaml"])
+def test_a_config_error_starts_no_server(tmp_path, demo_corpus, name):
+    """The config is read before anything starts: with no API configured, a typo in a key or a
+    file that is not YAML is one error line, and no private Prefect server was launched for it."""
+    args, expected = (["shard_sise=3", f"output_dir={tmp_path / 'out'}"], ("shard_sise", "shard_size")) \
+        if name == "key-typo" else _case(name, tmp_path, demo_corpus)
+    timeline = tmp_path / "timeline.jsonl"
+    code, lines, text = _cli(tmp_path, *args, ESPNET3_FLOWS_TIMELINE=str(timeline))
+    assert code == 2, text
+    _assert_one_error_line(lines, text, *expected)
+    events = [json.loads(line)["event"] for line in timeline.read_text().splitlines()] if timeline.exists() else []
+    assert "main" in events and "server_launched" not in events, events
 
 
 def test_verbose_keeps_the_traceback_and_the_logs(tmp_path, demo_corpus, session_api_url):

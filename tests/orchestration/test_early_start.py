@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from espnet3_flows.orchestration.console import restore_worker_environment
-from espnet3_flows.orchestration.early_start import start_early, take_early_run
-from espnet3_flows.orchestration.local_server import discard_early
+from espnet3_flows.orchestration.early_start import start_early
 from espnet3_flows.parallel.forkserver import preloaded_modules, stop_forkserver
 
 
@@ -21,7 +20,6 @@ def no_forkserver(monkeypatch):
     stop_forkserver()
     yield
     stop_forkserver()
-    discard_early()
     restore_worker_environment()  # main() would, after the run it takes over
 
 
@@ -44,9 +42,7 @@ def test_a_run_on_local_workers_is_planned_and_its_forkserver_started(no_forkser
     for module in ("prefect.task_engine", "espnet3_flows.stats.job", "espnet3_flows.frontends.espnet2_default"):
         assert module in preloaded
     assert "espnet2.asr.frontend.default" not in preloaded and "librosa.filters" not in preloaded  # the fast path's
-    assert take_early_run("collect_stats", argv[:-1]) is None  # another command line: not this plan
-    assert take_early_run("collect_stats", argv) is early
-    assert take_early_run("collect_stats", argv) is None  # taken once
+    assert early.server is None  # an API is configured: no private server launched
 
 
 def test_runs_in_the_driver_start_no_forkserver(no_forkserver, corpus, tmp_path):

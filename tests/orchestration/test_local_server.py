@@ -93,31 +93,30 @@ def test_configured_api_url_reads_the_variable_then_the_active_profile(monkeypat
 
 
 def test_an_early_server_is_taken_over_or_stopped(monkeypatch, tmp_path):
-    """``launch_early`` starts the server before the CLI's imports; ``prefect_api`` takes it over
-    when it needs one and stops it when an API is configured after all."""
+    """``launch_private_server`` starts the server before the CLI's imports; ``prefect_api`` is
+    handed it and takes it over when it needs one, and stops it when an API is configured after all."""
     import httpx
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     from espnet3_flows.orchestration import local_server
 
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    assert local_server.launch_private_server() is None  # an API is configured: nothing launched
+    monkeypatch.delenv("PREFECT_API_URL")
     monkeypatch.setenv("PREFECT_HOME", str(seed_home(tmp_path)))
-    assert local_server.launch_early(["--help"]) is None and local_server.launch_early(["--dry-run"]) is None
     with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_HOME: str(tmp_path)}):
-        early = local_server.launch_early(["output_dir=x"])
+        early = local_server.launch_private_server()
         assert early is not None and early.process is not None
-        assert local_server.launch_early([]) is None  # one per process
-        with local_server.prefect_api(needs_server=True) as url:
+        with local_server.prefect_api(needs_server=True, server=early) as url:
             assert url == early.api_url and httpx.get(f"{url}/health", timeout=5).status_code == 200
         assert early.process is None  # stopped with the run
 
-        early = local_server.launch_early([])
+        early = local_server.launch_private_server()
         process = early.process
         with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}), \
-                local_server.prefect_api(needs_server=True) as url:
+                local_server.prefect_api(needs_server=True, server=early) as url:
             assert url == "http://127.0.0.1:9/api"
         assert early.process is None and process.poll() is not None  # a configured API: the early one stopped
-    assert not local_server._EARLY
 
 
 def test_servers_on_one_prefect_home_start_one_at_a_time(monkeypatch, tmp_path):
