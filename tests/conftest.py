@@ -139,7 +139,7 @@ def s3_output(moto_server, request: pytest.FixtureRequest) -> tuple[str, dict]:
     return f"s3://{bucket}/out", moto_server.storage_options()
 
 
-#: what a run sets in its own process's environment for its local workers, and must put back
+#: what a run tells its local workers at their start, and must never set in its own process's environment
 _RUN_VAR = ("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED")
 
 

@@ -132,8 +132,8 @@ def test_the_docs_name_no_config_key_the_configs_lack():
     assert not bad, f"the command lines of README.md and docs/ set keys their job lacks: {bad}"
 
 
-#: variables one module of this package sets for its own child processes (issue "The house, third
-#: pass", item 3, removes them): not settings, so not in the table
+#: what this package tells its own child processes at their start (the forkserver, spawned local
+#: workers), never set in the user's process: not settings, so not in the table (named below it)
 _HAND_OFFS = {"ESPNET3_FLOWS_QUIET", "ESPNET3_FLOWS_MAIN_STATUS", "ESPNET3_FLOWS_FORKSERVER_MAIN"}
 
 
@@ -146,3 +146,4 @@ def test_every_environment_variable_the_package_reads_is_in_one_table():
     section = PAGE.read_text(encoding="utf-8").split("## Environment variables", 1)[1]
     documented = set(re.findall(r"^\| `(ESPNET3_FLOWS_[A-Z_]+)` \|", section, flags=re.MULTILINE))
     assert documented == used - _HAND_OFFS, (documented, used)
+    assert all(f"`{name}`" in section for name in _HAND_OFFS), "the child processes' variables are named below it"

@@ -22,9 +22,12 @@ each as one line, without its traceback, and Prefect's link to the flow run in t
 API is a server of the user's. Only the console changes: Prefect's API log handler
 still sends every record, tracebacks included, to the server, and ``--verbose`` keeps it all.
 
-Local worker processes inherit :data:`QUIET_VAR` and apply the same rules when Prefect's
-worker setup runs (:func:`apply_from_environment`). It is set only for clusters on this
-machine: jobs on a scheduler (SLURM) keep full logs in their own log files.
+A run's local worker processes apply the same rules: the run object carries what they start
+with (:func:`quiet_worker_environ`: :data:`QUIET_VAR`, read by the forkserver they are forked from,
+and Dask's own logging level, read by a spawned worker when it imports Dask), and Prefect's worker
+setup quiets each worker of a quiet run. Only for clusters on this machine: jobs on a scheduler
+(SLURM) keep full logs in their own log files. Nothing of it goes through this process's own
+environment.
 """
 
 from __future__ import annotations
@@ -147,36 +150,20 @@ def quiet_console(run_links: bool = False) -> None:
 
 @contextlib.contextmanager
 def quiet_during(run_links: bool = False) -> Iterator[None]:
-    """:func:`quiet_console` for the duration of a block (a user's script calling ``runner_flow``),
-    and the local workers started meanwhile quiet too (:func:`quiet_local_workers`); afterwards
-    every console handler has its own filters and formatter back, and the environment its own
-    :data:`QUIET_VAR`. Handlers configured during the block (Dask's, when it is imported) are
-    quieted by calling :func:`quiet_console` again inside it, and restored here as well."""
-    with _quiet_workers_during():
-        quiet_console(run_links)
-        try:
-            yield
-        finally:
-            for handler in _console_handlers():
-                for f in [f for f in handler.filters if isinstance(f, _QuietFilter)]:
-                    handler.removeFilter(f)
-                if isinstance(handler.formatter, _OneLineFormatter):
-                    handler.setFormatter(handler.formatter.inner)
-
-
-@contextlib.contextmanager
-def _quiet_workers_during() -> Iterator[None]:
-    """:func:`quiet_local_workers` for the block; afterwards the environment has its own
-    :data:`QUIET_VAR` and Dask logging level back."""
-    global _OWN_VALUES
-    before, own = {name: os.environ.get(name) for name in _WORKER_VARS}, _OWN_VALUES
-    quiet_local_workers(True)
+    """:func:`quiet_console` for the duration of a block (a user's script calling ``runner_flow``);
+    afterwards every console handler has its own filters and formatter back. Handlers configured
+    during the block (Dask's, when it is imported) are quieted by calling :func:`quiet_console`
+    again inside it, and restored here as well. (The run's local workers are quieted by what
+    they start with: :func:`quiet_worker_environ`.)"""
+    quiet_console(run_links)
     try:
         yield
     finally:
-        for name, value in before.items():
-            _put_variable(name, value)
-        _OWN_VALUES = own
+        for handler in _console_handlers():
+            for f in [f for f in handler.filters if isinstance(f, _QuietFilter)]:
+                handler.removeFilter(f)
+            if isinstance(handler.formatter, _OneLineFormatter):
+                handler.setFormatter(handler.formatter.inner)
 
 
 class _ClusterChatterFilter(logging.Filter):
@@ -194,19 +181,18 @@ def quiet_cluster_during() -> Iterator[None]:
     """Inside a user's flow, whose console is theirs (its lines, Prefect's, their logging): for the
     block, only the chatter of the Dask cluster this package starts is dropped (driver side:
     :class:`_ClusterChatterFilter` on every console handler; local workers quiet, as a command
-    line's); afterwards the handlers and the environment are as they were."""
+    line's, by what they start with); afterwards the handlers are as they were."""
     import distributed  # noqa: F401 - Dask adds its console handler on import: it is filtered too
 
     added = [(handler, _ClusterChatterFilter()) for handler in _console_handlers()
              if not any(isinstance(f, _ClusterChatterFilter) for f in handler.filters)]
-    with _quiet_workers_during():
+    for handler, f in added:
+        handler.addFilter(f)
+    try:
+        yield
+    finally:
         for handler, f in added:
-            handler.addFilter(f)
-        try:
-            yield
-        finally:
-            for handler, f in added:
-                handler.removeFilter(f)
+            handler.removeFilter(f)
 
 
 def plain_console(verbose: bool = False) -> None:
@@ -246,60 +232,32 @@ def quiet_completed_shards() -> None:
 
 #: Dask's logging level for ``distributed`` in a new process (its config from the environment):
 #: a spawned worker logs its start banner when it imports Dask, before any setup of ours runs
-_DASK_LOG_VAR = "DASK_LOGGING__DISTRIBUTED"
+DASK_LOG_VAR = "DASK_LOGGING__DISTRIBUTED"
 
 
-#: what :func:`quiet_local_workers` sets in this process's environment
-_WORKER_VARS = (QUIET_VAR, _DASK_LOG_VAR)
-#: their values before :func:`quiet_local_workers` first changed them (None: not changed since
-#: :func:`restore_worker_environment`)
-_OWN_VALUES: dict[str, str | None] | None = None
+def quiet_worker_environ(quiet: bool = True) -> dict[str, str]:
+    """The variables a run's local worker processes start with to be quiet (none when not
+    ``quiet``): :data:`QUIET_VAR`, which the forkserver's last preload reads
+    (:func:`apply_from_environment`: every worker forked from it starts quiet), and Dask's
+    ``distributed`` logging at ``warning`` for spawned workers, unless the user set a level.
+
+    They go to the workers' processes only, as they start (the forkserver's start, the cluster's
+    ``env``); this process's environment is never changed."""
+    if not quiet:
+        return {}
+    return {QUIET_VAR: "1", **({} if DASK_LOG_VAR in os.environ else {DASK_LOG_VAR: "warning"})}
 
 
-def _put_variable(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-
-
-def quiet_local_workers(quiet: bool = True) -> None:
-    """Make worker processes started from now on by this process quiet (or not): forked ones
-    read :data:`QUIET_VAR`; spawned ones (``start_method: spawn``, ``trim_worker_memory``, every
-    patch off) also get Dask's ``distributed`` logging at ``warning`` unless the user set it.
-    :func:`restore_worker_environment` undoes it."""
-    global _OWN_VALUES
-    if _OWN_VALUES is None:
-        _OWN_VALUES = {name: os.environ.get(name) for name in _WORKER_VARS}
-    if quiet:
-        os.environ[QUIET_VAR] = "1"
-        if _OWN_VALUES[_DASK_LOG_VAR] is None:
-            os.environ[_DASK_LOG_VAR] = "warning"
-    else:
-        os.environ.pop(QUIET_VAR, None)
-        _put_variable(_DASK_LOG_VAR, _OWN_VALUES[_DASK_LOG_VAR])
-
-
-def restore_worker_environment() -> None:
-    """Put back the environment :func:`quiet_local_workers` changed, as it was before (at the end
-    of a run: a process that goes on, a notebook's or a Prefect worker's, and every process it
-    starts later, keep their own logging)."""
-    global _OWN_VALUES
-    if _OWN_VALUES is not None:
-        for name, value in _OWN_VALUES.items():
-            _put_variable(name, value)
-        _OWN_VALUES = None
-
-
-def quiet_workers_of(backend: Any, verbose: bool) -> None:
-    """A command line's rule: its workers are quiet unless ``verbose`` when they print to its
-    terminal (``backend`` runs them in process or on this machine); batch-scheduler jobs keep
-    their full logs in their own files."""
-    quiet_local_workers(not verbose and backend.output_here)
+def quiet_workers_of(backend: Any, verbose: bool) -> dict[str, str]:
+    """A command line's rule, as what its local workers start with (:func:`quiet_worker_environ`):
+    quiet unless ``verbose`` when they print to its terminal (``backend`` runs them in process or
+    on this machine); batch-scheduler jobs keep their full logs in their own files."""
+    return quiet_worker_environ(not verbose and backend.output_here)
 
 
 def apply_from_environment() -> None:
-    """In a worker process: be quiet if the process that started it asked for it."""
+    """In the forkserver of a run's local workers: be quiet if the run started it so
+    (:func:`quiet_worker_environ`)."""
     if os.environ.get(QUIET_VAR, "").startswith("1"):
         quiet_console()
 

@@ -182,21 +182,22 @@ def _plan(early: EarlyRun) -> None:
     from espnet3_flows.orchestration.job_run import plan_job
     from espnet3_flows.orchestration.jobs import preflight
 
-    quiet_workers_of(early.cfg.parallel.backend, early.verbose)  # before the forkserver starts
     try:
         preflight(early.job, early.cfg)
         early.planned = plan_job(early.job, early.cfg)
+        early.planned.worker_environ = quiet_workers_of(early.cfg.parallel.backend, early.verbose)
     except Exception as exc:  # noqa: BLE001 - raised by main() where it plans
         early.error = exc
 
 
 def _start_workers(early: EarlyRun) -> None:
     """Start the forkserver for a plan whose pending shards run on local forked workers, with the
-    early server's URL in its environment (as the workers will see it); nothing is imported here."""
+    early server's URL and the run's worker variables in its environment (as the workers will see
+    them); nothing is imported here."""
     from espnet3_flows.orchestration.task_runner import prestart_workers
 
     run = early.planned
     if run.pending_shards:
-        url = early.server.api_url if early.server is not None else None
+        url = {"PREFECT_API_URL": early.server.api_url} if early.server is not None else {}
         prestart_workers(run.parallel, run.worker_modules, run.pending_shards, here=False,
-                         environ={"PREFECT_API_URL": url} if url else None)
+                         environ={**run.worker_environ, **url})

@@ -23,8 +23,7 @@ from espnet3_flows.config import describe_keys, split_cli_args
 from espnet3_flows.deadlines import is_outage
 from espnet3_flows.errors import clip_lines
 from espnet3_flows.credentials import mask_secrets
-from espnet3_flows.orchestration.console import (print_summary, print_unchanged, quiet_console, quiet_workers_of,
-                                                 restore_worker_environment)
+from espnet3_flows.orchestration.console import print_summary, print_unchanged, quiet_console, quiet_workers_of
 from espnet3_flows.orchestration.deploy_steps import api_lost, is_api_lost
 from espnet3_flows.orchestration.dry_run import dry_run
 from espnet3_flows.orchestration.early_start import CONSOLE_FLAGS, EarlyRun
@@ -45,8 +44,9 @@ def main(job: str, argv: Sequence[str] | None = None, early: EarlyRun | None = N
     stopped afterwards. The flow scripts read the config, launch that server, plan the run and
     start its local workers' forkserver before their own imports
     (:func:`~.early_start.start_early`) and hand that ``early`` run over; the run goes on from
-    there. This process's environment is as it was before once it returns (a caller that goes on,
-    and every process it starts later, keep their own logging).
+    there. This process's environment is not changed for the run's local workers (they are told
+    at their start): a caller that goes on, and every process it starts later, keep their own
+    logging.
 
     Args:
         job: A registered job's name.
@@ -55,10 +55,7 @@ def main(job: str, argv: Sequence[str] | None = None, early: EarlyRun | None = N
     """
     if early is not None and (early.job != job or (argv is not None and early.argv != tuple(argv))):
         raise ValueError(f"the early run of {early.job} {' '.join(early.argv)!r} is not this command line's")
-    try:
-        return _main(job, argv, early)
-    finally:
-        restore_worker_environment()  # quieted for this run's local workers (here or by start_early)
+    return _main(job, argv, early)
 
 
 def _main(job: str, argv: Sequence[str] | None, early: EarlyRun | None) -> int:
@@ -83,10 +80,10 @@ def _main(job: str, argv: Sequence[str] | None, early: EarlyRun | None) -> int:
             return 0
         if dry:
             return dry_run(job, cfg)
-        quiet_workers_of(cfg.parallel.backend, verbose)  # workers on this machine: the same quiet rules there
+        quiet_workers = quiet_workers_of(cfg.parallel.backend, verbose)  # workers on this machine: the same rules
     except Exception as exc:  # noqa: BLE001 - a config, manifest or storage error: one line
         return _report(exc, verbose)
-    return _run(job, cfg, early, verbose, run_links)
+    return _run(job, cfg, early, verbose, run_links, quiet_workers)
 
 
 def _resolve(job: str, args: Sequence[str], dry_run: bool) -> Any:
@@ -98,9 +95,11 @@ def _resolve(job: str, args: Sequence[str], dry_run: bool) -> Any:
         return resolve_config(job, path, {}, overrides)
 
 
-def _run(job: str, cfg: Any, early: EarlyRun | None, verbose: bool, run_links: bool) -> int:
+def _run(job: str, cfg: Any, early: EarlyRun | None, verbose: bool, run_links: bool,
+         quiet_workers: dict[str, str]) -> int:
     """Plan (or take the early plan) while the private API server starts, run the flow, print
-    the summary; the exit status."""
+    the summary; the exit status. ``quiet_workers``: what the run's local workers start with
+    (:func:`~.console.quiet_workers_of`)."""
     planned: list[PlannedFlow] = []
 
     def plan_now() -> bool:  # overlaps the private API server's start
@@ -113,9 +112,10 @@ def _run(job: str, cfg: Any, early: EarlyRun | None, verbose: bool, run_links: b
                 raise early.error
             planned.append(early.planned)
         run = planned[0]
+        run.worker_environ = quiet_workers
         needed = run.unchanged_summaries is None
         if needed and run.pending_shards:
-            prestart_workers(cfg.parallel, run.worker_modules, run.pending_shards)
+            prestart_workers(cfg.parallel, run.worker_modules, run.pending_shards, environ=quiet_workers)
         if early is None:
             mark("planned")
         return needed

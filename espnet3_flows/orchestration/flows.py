@@ -151,15 +151,17 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
                       "items": p.plan.num_items, "shards": run.total_shards})
         return _run_flow(run, title, shown, show_progress)
 
+    quiet_workers = console.quiet_worker_environ(not verbose and cfg.backend.output_here)
     if _in_flow():  # a subflow of the user's flow: their console (less our cluster's chatter), their server
         with contextlib.nullcontext() if verbose else console.quiet_cluster_during(), runner.output_scope():
-            return flow_of(_plan_runner_flow(runner, indices, cfg, title, retries, retry_delay_seconds))
+            return flow_of(_plan_runner_flow(runner, indices, cfg, title, retries, retry_delay_seconds,
+                                             quiet_workers))
     # a configured server outlives the run: its UI links are worth printing; a private one's are dead
     run_links = bool(os.environ.get("PREFECT_API_URL") or _configured_api_url())
     with contextlib.nullcontext() if verbose else console.quiet_during(run_links), runner.output_scope():
         # planned first, before any server: items in memory plan in milliseconds (a job's manifest
         # is what the command line overlaps with the server's start)
-        run = _plan_runner_flow(runner, indices, cfg, title, retries, retry_delay_seconds)
+        run = _plan_runner_flow(runner, indices, cfg, title, retries, retry_delay_seconds, quiet_workers)
         if not run.pending_shards:  # every shard done earlier: no server, cluster or flow; merged here
             log.info("%s: nothing to compute: all %d shard(s) were done earlier (planned in %.2f s)", title,
                      run.total_shards, run.plan_seconds)
@@ -170,7 +172,7 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
             console.quiet_console(run_links)
 
         def start_workers() -> bool:  # while a private API server starts (its URL is in the environment)
-            prestart_workers(cfg, run.worker_modules, run.pending_shards)
+            prestart_workers(cfg, run.worker_modules, run.pending_shards, environ=run.worker_environ)
             check_main_imported()  # an unguarded script ends here, while the server starts, not once it is up
             return True
 
@@ -179,11 +181,12 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
 
 
 def _plan_runner_flow(runner: Any, indices: Sequence[Any] | None, cfg: ParallelConfig, title: str, retries: int,
-                      retry_delay_seconds: float) -> PlannedFlow:
+                      retry_delay_seconds: float, worker_environ: dict[str, str]) -> PlannedFlow:
     """:func:`runner_flow`'s plan: the runner's shards cut for ``cfg``'s workers, and which are done."""
     t0 = time.perf_counter()
     p = plan_runner(runner, indices, workers=worker_slots(cfg))
     return PlannedFlow(title, [p], cfg, retries, retry_delay_seconds, worker_modules=runner_modules(runner),
+                       worker_environ=worker_environ,
                        plan_seconds=time.perf_counter() - t0, started=t0)
 
 
@@ -207,16 +210,17 @@ def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool
     _export_api_url()
     if run.pending_shards and not run.parallel.runs_here(run.pending_shards):
         untokenized_task_keys()  # imports prefect_dask (and distributed): only for a run on a cluster
-        prestart_workers(run.parallel, run.worker_modules)
+        prestart_workers(run.parallel, run.worker_modules, environ=run.worker_environ)
         warn_if_dask_client_open(run.parallel)
         warn_if_api_unreachable(run.parallel)
         # workers that do not inherit this process's environment (ssh, kube) are given the API's URL
         api_url = {"PREFECT_API_URL": os.environ["PREFECT_API_URL"]} if os.environ.get("PREFECT_API_URL") else {}
-        task_runner = make_task_runner(with_worker_env(run.parallel, api_url))  # its cluster starts inside the flow
+        # (and local ones what the run's console asks of them)
+        task_runner = make_task_runner(with_worker_env(run.parallel, {**run.worker_environ, **api_url}))
         check_main_imported()  # a script that starts a run when imported fails here, not inside the flow
     else:  # shards that run here (serial, or few enough), or only merges: in this process
         if run.pending_shards:
-            prestart_workers(run.parallel, run.worker_modules, run.pending_shards)
+            prestart_workers(run.parallel, run.worker_modules, run.pending_shards, environ=run.worker_environ)
         task_runner = ThreadPoolTaskRunner(max_workers=1)
     sub = shard_flow.with_options(task_runner=task_runner, name=name)
     with running(run), run_log():  # inside a flow (a deployment's, yours), the job's lines go to its log
@@ -272,6 +276,7 @@ class PrefectExecutor:
         if self.client is not None:
             run.parallel.backend.prepare(self.client, run.parallel)
         self.leaves_running = run.parallel.backend.leaves_running
+        self.quiet_workers = console.QUIET_VAR in run.worker_environ
         self.ready: float | None = None
         # Prefect's exponential backoff (first, 2x, 4x, ...) jittered by up to 50 %, so shards that
         # failed together (a store outage) do not all retry at the same instant
@@ -292,7 +297,8 @@ class PrefectExecutor:
             from espnet3_flows.parallel.dask_plugins import install_runners, installed_plugins
 
             if PrefectWorkerSetup.name not in installed_plugins(self.client):
-                self.client.register_plugin(PrefectWorkerSetup())  # present workers now, later ones as they join
+                # present workers now, later ones as they join
+                self.client.register_plugin(PrefectWorkerSetup(quiet=self.quiet_workers))
             keys = install_runners(self.client, runners)
         self.ready = time.perf_counter()
         mark("workers_ready")

@@ -36,6 +36,8 @@ class PlannedFlow:
         worker_modules: Modules forked local workers preload.
         plan_seconds: How long planning took.
         started: When planning started (``time.perf_counter()``).
+        worker_environ: Variables the run's local worker processes start with (its console's
+            rule: :func:`~.console.quiet_worker_environ`); empty by default.
     """
 
     title: str
@@ -48,6 +50,7 @@ class PlannedFlow:
     worker_modules: tuple[str, ...] = ()
     plan_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+    worker_environ: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_shards(self) -> int:

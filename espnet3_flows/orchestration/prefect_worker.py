@@ -20,12 +20,21 @@ class PrefectWorkerSetup(WorkerPlugin):
     """On each Dask worker: Prefect's clients share TLS contexts, and Prefect's task engine is
     imported before the first shard task arrives. When the worker closes, the logs and events
     (task-run states) its tasks queued are sent: a forked worker exits without the interpreter
-    shutdown that would otherwise send them."""
+    shutdown that would otherwise send them.
+
+    Args:
+        quiet: Quiet each worker's console as a command line's (:func:`.console.quiet_console`):
+            for a run whose workers print to its terminal.
+    """
 
     name = "espnet3-prefect-worker-setup"
 
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+
     def setup(self, worker: Any) -> None:  # Dask hook
-        console.apply_from_environment()
+        if self.quiet:
+            console.quiet_console()
         console.quiet_completed_shards()
         share_tls_contexts()
         cache_settings_hydration()

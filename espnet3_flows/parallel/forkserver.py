@@ -21,6 +21,7 @@ run when imported ends the run before any cluster, in one line naming the fix (:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.forkserver
@@ -47,11 +48,19 @@ _LOG = logging.getLogger(__name__)
 #: How Dask's nannies start a worker process, read each time one starts (a restart too)
 MP_METHOD_KEY = "distributed.worker.multiprocessing-method"
 
-#: The environment the running forkserver was started with (``None``: not started by us).
-_SERVER_ENVIRON: dict[str, str] | None = None
-_SERVER_MODULES: tuple[str, ...] = ()
-#: Whether the running server of ours imports the driver's main module (:mod:`.forkserver_main`)
-_SERVER_MAIN = False
+@dataclasses.dataclass(frozen=True)
+class _Started:
+    """What this process's forkserver was started with."""
+
+    environ: dict[str, str]  # its environment (every worker forked from it inherits it)
+    modules: tuple[str, ...]  # what it preloads
+    imports_main: bool  # whether it imports the driver's main module (:mod:`.forkserver_main`)
+
+
+#: The forkserver this process started (``None``: none, or one started by someone else). Python
+#: keeps one forkserver per process (``multiprocessing.forkserver``); this is what it was started
+#: with, kept beside it for as long as it runs, and read only by the functions of this module.
+_STARTED: _Started | None = None
 
 
 @contextlib.contextmanager
@@ -117,17 +126,17 @@ def start_forkserver(modules: Sequence[str] = (), environ: dict[str, str] | None
         UnguardedMainError: when called while a worker or the forkserver imports this script
             (:mod:`.main_guard`).
     """
-    global _SERVER_ENVIRON, _SERVER_MODULES, _SERVER_MAIN
+    global _STARTED
     main_guard.refuse_while_importing_main("Dask workers")
     if _server_alive():
-        return _SERVER_ENVIRON is not None
+        return _STARTED is not None
     preload = list(dict.fromkeys(["distributed", *modules]))
     main = main_module_ref()
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         [*([MAIN_PRELOAD] if main else []), *preload, READY_PRELOAD])
     main_guard.reset_status()
     with without_inherited_trim_threshold():
-        _SERVER_ENVIRON, _SERVER_MODULES, _SERVER_MAIN = {**os.environ, **(environ or {})}, tuple(preload), bool(main)
+        _STARTED = _Started({**os.environ, **(environ or {})}, tuple(preload), bool(main))
         with environment_set({**(environ or {}), **({MAIN_VAR: main, **main_guard.status_variables()} if main else {})}):
             multiprocessing.forkserver.ensure_running()
     _LOG.debug("forkserver started (preloading %s)", ", ".join(preload))
@@ -158,7 +167,7 @@ def check_main_imported(timeout: float = 60.0) -> None:
     Raises:
         UnguardedMainError: naming the script and the fix (:mod:`.main_guard`).
     """
-    if not (_SERVER_MAIN and _SERVER_ENVIRON is not None):
+    if _STARTED is None or not _STARTED.imports_main:
         return
     deadline = time.monotonic() + timeout
     while not main_guard.read_status() and time.monotonic() < deadline and _server_alive():
@@ -206,31 +215,33 @@ def keep_dask_preload() -> None:
 def stop_forkserver() -> None:
     """Stop the forkserver (the next forked worker starts a new one): for benchmarks that
     measure a cold start, and tests."""
-    global _SERVER_ENVIRON, _SERVER_MODULES, _SERVER_MAIN
+    global _STARTED
     stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
     if stop is not None and getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None:
         stop()
-    _SERVER_ENVIRON, _SERVER_MODULES, _SERVER_MAIN = None, (), False
+    _STARTED = None
 
 
 def preloaded_modules() -> tuple[str, ...]:
     """Modules the running forkserver was started with (empty when none of ours runs)."""
-    return _SERVER_MODULES if _server_alive() else ()
+    return _STARTED.modules if _STARTED is not None and _server_alive() else ()
 
 
-def worker_environment() -> dict[str, str] | None:
-    """Variables a forked worker needs to see this process's environment as a spawned one would:
-    those added or changed since the forkserver started. ``None`` when a variable was removed
-    since (a forked worker would still have it)."""
-    if _SERVER_ENVIRON is None:
+def worker_environment(given: dict[str, str] | None = None) -> dict[str, str] | None:
+    """Variables a forked worker needs to see this process's environment and ``given`` (what the
+    run's workers are started with) as a spawned one would: those added or changed since the
+    forkserver started. ``None`` when a variable was removed since (a forked worker would still
+    have it)."""
+    if _STARTED is None:
         return None
-    now = os.environ
-    removed = [k for k in _SERVER_ENVIRON if k not in now]
+    started = _STARTED.environ
+    now = {**os.environ, **(given or {})}
+    removed = [k for k in started if k not in now]
     if removed:
         _LOG.info("environment variables removed since the forkserver started (%s): spawning workers",
                   ", ".join(sorted(removed)))
         return None
-    return {k: v for k, v in now.items() if _SERVER_ENVIRON.get(k) != v}
+    return {k: v for k, v in now.items() if started.get(k) != v}
 
 
 def local_worker_start(cluster_kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -239,17 +250,28 @@ def local_worker_start(cluster_kwargs: dict[str, Any]) -> tuple[str, dict[str, A
     keyword arguments that go with it: ``spawn`` where the forkserver cannot start or the
     environment lost a variable it started with.
 
-    Forked workers get the driver's changed variables as the nanny's ``env`` (the user's own
-    ``parallel.options.env`` entries win). Starts the forkserver (``distributed`` preloaded)
+    Forked workers get the driver's changed variables as the nanny's ``env``, with the entries
+    of ``cluster_kwargs``' own ``env`` (``parallel.options.env``, and what the run adds) on top. Starts the forkserver (``distributed`` preloaded)
     if nothing started it yet.
     """
     if not start_forkserver():
         return "spawn", cluster_kwargs
     keep_dask_preload()
-    environ = worker_environment()
+    given = dict(cluster_kwargs.get("env") or {})
+    environ = worker_environment(given)
     if environ is None:
         return "spawn", cluster_kwargs
-    return "forkserver", {**cluster_kwargs, "env": {**environ, **(cluster_kwargs.get("env") or {})}}
+    return "forkserver", {**cluster_kwargs, "env": {**environ, **given}}
+
+
+@contextlib.contextmanager
+def spawned_with(environ: dict[str, str] | None) -> Iterator[None]:
+    """For the block that spawns local workers: ``environ`` (their nannies' ``env``) in this
+    process's environment while they start, so that a spawned worker sees it from its
+    interpreter's start (Dask's own logging level is read when it imports Dask, before the nanny
+    applies its ``env``); put back after the block."""
+    with environment_set(dict(environ or {})):
+        yield
 
 
 @contextlib.contextmanager

@@ -153,29 +153,34 @@ def test_with_a_configured_server_the_run_link_is_printed(tmp_path, demo_corpus,
 
 _CALLS_MAIN = """
 import json, os, sys
-from espnet3_flows.orchestration import console
+from espnet3_flows.orchestration import entry
 from espnet3_flows.orchestration.entry import main
 
-seen = []
-quiet = console.quiet_local_workers
+VARS = ("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED")
+asked, during = [], []
+rule = entry.quiet_workers_of
 
-def quiet_and_see(on=True):  # what the run's local workers would inherit
-    quiet(on)
-    seen.append({k: os.environ.get(k) for k in ("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED")})
+def rule_and_see(backend, verbose):  # what the run's local workers are told at their start
+    told = rule(backend, verbose)
+    asked.append(told)
+    during.append({k: os.environ.get(k) for k in VARS})
+    return told
 
-console.quiet_local_workers = quiet_and_see
+entry.quiet_workers_of = rule_and_see
+before = {k: os.environ.get(k) for k in VARS}
 status = main("collect_stats", sys.argv[1:])
-after = {k: os.environ.get(k) for k in ("ESPNET3_FLOWS_QUIET", "DASK_LOGGING__DISTRIBUTED")}
-print(json.dumps({"status": status, "seen": seen, "after": after}))
+after = {k: os.environ.get(k) for k in VARS}
+print(json.dumps({"status": status, "asked": asked, "before": before, "during": during, "after": after}))
 """
 
 
 @pytest.mark.parametrize("own_level", [None, "error"])
 def test_main_called_in_process_leaves_the_environment_as_it_was(tmp_path, demo_corpus, own_level, session_api_url):
     """``main()`` from a process that goes on (a notebook, a Prefect worker, a test session): the
-    quiet logging it asked of its local workers is put back after the run, failed or not, so what
-    that process starts later (an ``env=ssh`` scheduler, which inherits Dask's logging config and is
-    only found by its INFO line) logs as before. A user's own Dask logging level is never touched."""
+    quiet logging it asks of its local workers is what they are told at their start, never this
+    process's environment, so what that process starts later (an ``env=ssh`` scheduler, which
+    inherits Dask's logging config and is only found by its INFO line) logs as before. A user's own
+    Dask logging level is never overridden."""
     manifest = tmp_path / "train.tsv"
     manifest.write_text("\n".join(_good_lines(demo_corpus)) + "\n")
     (tmp_path / "a-file").write_text("x")  # output_dir: found unwritable once the run is planned
@@ -189,5 +194,6 @@ def test_main_called_in_process_leaves_the_environment_as_it_was(tmp_path, demo_
     assert "error:" in proc.stderr and proc.stdout.strip(), proc.stdout + proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["status"] == 2  # an output location that cannot be written: an error in the config
-    assert result["seen"] == [{"ESPNET3_FLOWS_QUIET": "1", "DASK_LOGGING__DISTRIBUTED": own_level or "warning"}]
-    assert result["after"] == {"ESPNET3_FLOWS_QUIET": None, "DASK_LOGGING__DISTRIBUTED": own_level}
+    assert result["asked"] == [{"ESPNET3_FLOWS_QUIET": "1", **({} if own_level else {"DASK_LOGGING__DISTRIBUTED": "warning"})}]
+    own = {"ESPNET3_FLOWS_QUIET": None, "DASK_LOGGING__DISTRIBUTED": own_level}
+    assert result["before"] == own and result["during"] == [own] and result["after"] == own

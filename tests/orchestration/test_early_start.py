@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from espnet3_flows.orchestration.console import restore_worker_environment
 from espnet3_flows.orchestration.early_start import start_early
 from espnet3_flows.parallel.forkserver import preloaded_modules, stop_forkserver
 
@@ -20,7 +19,6 @@ def no_forkserver(monkeypatch):
     stop_forkserver()
     yield
     stop_forkserver()
-    restore_worker_environment()  # main() would, after the run it takes over
 
 
 @pytest.fixture(scope="module")

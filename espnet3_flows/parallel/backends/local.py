@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from collections.abc import Iterator
 
 from espnet3_flows.parallel.backends.base import Backend, ClusterSpec
+from espnet3_flows.parallel.backends.cluster_setup import set_option
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_settings import ParallelSettings
+    from espnet3_flows.parallel.parallel_settings import ParallelSettings, Settings
 
 #: Seconds a shard waits with no worker at all on a ``local``/``local_gpu`` cluster before it
 #: fails (Dask's ``distributed.scheduler.no-workers-timeout``, which wins when set): their nannies
@@ -35,6 +36,22 @@ class OnThisMachine(Backend):
 
     def started(self, cluster: Any, spec: ClusterSpec) -> None:
         keep_restarted_workers(cluster)
+
+    def with_worker_env(self, cfg: Settings, variables: dict[str, str]) -> Settings:
+        """``cfg`` with ``variables`` in its nannies' ``env`` (``options.env``; the user's own
+        entries win): the run's workers are told at their start, not through this process's
+        environment."""
+        return set_option(cfg, "env", variables) if variables else cfg
+
+    @contextlib.contextmanager
+    def starting(self, spec: ClusterSpec, cfg: ParallelSettings) -> Iterator[dict[str, Any]]:
+        from espnet3_flows.parallel.forkserver import spawned_with
+
+        with super().starting(spec, cfg) as kwargs, spawned_with(kwargs.get("env")):
+            yield kwargs
+
+    def shown_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in kwargs.items() if k != "env"}  # what the workers are told at their start
 
 
 class LocalProcesses(OnThisMachine):
@@ -63,18 +80,17 @@ class LocalProcesses(OnThisMachine):
 
     @contextlib.contextmanager
     def starting(self, spec: ClusterSpec, cfg: ParallelSettings) -> Iterator[dict[str, Any]]:
-        from espnet3_flows.parallel.forkserver import local_worker_start, main_import_checked, worker_start_method
+        from espnet3_flows.parallel.forkserver import (local_worker_start, main_import_checked, spawned_with,
+                                                       worker_start_method)
 
         method, kwargs = local_worker_start(spec.kwargs) if self.forks_workers(cfg) else ("spawn", spec.kwargs)
         if method == "forkserver" and "worker_class" not in kwargs:  # a user's worker_class restarts as Dask says
             from espnet3_flows.parallel.forking_nanny import ForkingNanny
 
             kwargs = {**kwargs, "worker_class": ForkingNanny}  # a dead worker's restart is forked too
-        with worker_start_method(method), main_import_checked(method):
+        spawned = kwargs.get("env") if method == "spawn" else None
+        with worker_start_method(method), main_import_checked(method), spawned_with(spawned):
             yield kwargs
-
-    def shown_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in kwargs.items() if k != "env"}  # the forked workers' copy of this environment
 
 
 def keep_restarted_workers(cluster: Any) -> None:
