@@ -3,7 +3,8 @@
 nothing at all when it is unset. ``benchmarks/bench_startup.py`` reads them to break a run into
 imports, server, cluster, first shard, merge and teardown.
 
-The events, in the order a run passes them: ``planned`` (before the CLI's heavy imports, and the
+The events, in the order a run passes them: ``server_launched`` (the private API server, once the
+config is read), ``planned`` (before the CLI's heavy imports, and the
 shards' libraries being imported where they will run:
 :mod:`espnet3_flows.orchestration.early_start`), ``main`` (the CLI's imports done),
 ``server_ready``, ``flow_started``, ``workers_ready``, ``first_shard``, ``shards_merged``,

@@ -73,9 +73,10 @@ def test_one_shard_runs_in_the_driver_with_the_same_outputs_as_on_a_cluster(tmp_
     assert inline.returncode == 0, inline.stderr[-3000:]
     assert "Creating a new Dask cluster" not in inline.stderr  # one shard: no cluster started
     assert "Starting temporary server" not in inline.stderr  # the private server, not Prefect's own
-    assert _events(tmp_path / "inline.jsonl") == ["planned", "main", "server_ready", "flow_started", "workers_ready",
-                                                  "first_shard", "shards_merged", "flow_returned", "server_stopped",
-                                                  "summary_printed"]
+    # the config read first, then the private server launched, before the plan and the imports
+    assert _events(tmp_path / "inline.jsonl") == ["server_launched", "planned", "main", "server_ready", "flow_started",
+                                                  "workers_ready", "first_shard", "shards_merged", "flow_returned",
+                                                  "server_stopped", "summary_printed"]
     cluster = _cli(home, f"manifests.train={four_utterances}", f"output_dir={tmp_path / 'cluster'}", "--verbose",
                    "parallel.inline_shards=0", "parallel.n_workers=1", api_url=session_api_url)  # the reference
     assert cluster.returncode == 0, cluster.stderr[-3000:]
@@ -97,7 +98,7 @@ def test_serial_uses_the_private_server_and_a_rerun_starts_none(tmp_path, four_u
     assert again.returncode == 0 and "nothing to compute" in again.stdout, again.stderr[-3000:]
     assert "train: 4 utterances" in again.stdout and "cached 1" in again.stdout and not again.stderr
     # finished right after planning: main() (and Prefect, Dask, torch with it) never imported
-    assert _events(tmp_path / "again.jsonl") == ["planned", "summary_printed"]
+    assert _events(tmp_path / "again.jsonl") == ["server_launched", "planned", "summary_printed"]
     bad = _cli(home, *args, "shard_sise=3")  # a config error: the early server is stopped too
     assert bad.returncode == 2 and "shard_sise" in bad.stderr
     assert not _wait_no_servers(home)
@@ -199,3 +200,17 @@ def test_dry_run_says_when_the_shards_run_in_the_driver(tmp_path, four_utterance
     four = _cli(home, *args, "shard_size=2")  # 4 shards: a cluster
     assert four.returncode == 0 and "run in this process" not in four.stdout, four.stdout
     assert not _servers_of(home)  # a dry run starts no server, not even early
+
+
+def test_every_instant_of_a_run_names_what_ctrl_c_interrupted():
+    """The one ``interrupted:`` line says what the run was doing by the last timeline event it
+    reached: every event the driver marks has its phase there (the forkserver's is another process's)."""
+    import re
+
+    from espnet3_flows.orchestration.interrupt import _PHASES
+
+    root = Path(__file__).resolve().parents[2] / "espnet3_flows"
+    marked = {name for path in root.rglob("*.py")
+              for name in re.findall(r"\bmark\(\"([a-z_]+)\"\)", path.read_text(encoding="utf-8"))}
+    assert "server_launched" in marked and "planned" in marked
+    assert marked - {"forkserver_ready"} <= set(_PHASES), marked - set(_PHASES)
