@@ -46,7 +46,7 @@ class ConfigDocsError(ValueError):
 def table_schema(name: str) -> type:
     """The config class of the table called ``name``."""
     if name == "engine":
-        from espnet3_flows.utterance_job import EngineConfig
+        from espnet3_flows.job_config import EngineConfig
 
         return EngineConfig
     if name == "parallel":
@@ -93,7 +93,7 @@ def _leaves(schema: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.F
 
 def _shared_engine_keys(schema: type, docs: dict[str, str], defaults: dict[str, Any]) -> list[str]:
     """The engine's keys that ``schema`` has unchanged (same default, same description)."""
-    from espnet3_flows.utterance_job import EngineConfig
+    from espnet3_flows.job_config import EngineConfig
 
     if schema is EngineConfig or not issubclass(schema, EngineConfig):
         return []

@@ -105,7 +105,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry", ("__main__", "flows", "config_docs")),
     ("orchestration", ("orchestration",)),
     ("jobs", ("stats", "xvector", "features", "batching", "job_registry")),
-    ("the jobs' engine", ("frontend_job", "utterance_job", "split_outputs")),
+    ("the jobs' engine", ("frontend_job", "utterance_job", "split_outputs", "job_config")),
     ("frontends", ("frontends",)),
     ("inputs", ("inputs",)),
     ("parallel", ("parallel",)),

@@ -8,50 +8,17 @@ each split's ``feats.scp``, ``feats_shape`` and ``cuts.jsonl.gz`` (see
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from collections.abc import Mapping
 
 from espnet3_flows.inputs.audio_config import AudioConfig
-from espnet3_flows.config import ConfigError
+from espnet3_flows.features.config import ExtractFeaturesConfig
 from espnet3_flows.features.outputs import FeatureShardWriter, publish_split, shard_ark_rel
 from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_env
-from espnet3_flows.frontends.config import FrontendConfig
 from espnet3_flows.frontends.frontend import extract_features
 from espnet3_flows.frontends.wave_frontends import hop_samples
-from espnet3_flows.utterance_job import EngineConfig, InputsConfig, ShardDataset
-
-
-@dataclass
-class ExtractFeaturesConfig(EngineConfig, InputsConfig):
-    """Configuration of extract-features (``python flows/extract_features.py`` takes these keys):
-    the input keys (:class:`~espnet3_flows.utterance_job.InputsConfig`), the engine's
-    (:class:`~espnet3_flows.utterance_job.EngineConfig`) and these.
-
-    Attributes:
-        output_dir: Where outputs go (path or fsspec URL). Per split: ``feats.scp``,
-            ``feats_shape``, ``cuts.jsonl.gz``, ``feats/feats.<shard>.ark``, ``skipped.tsv``,
-            ``summary.json``.
-        frontend: Feature extraction, as for collect-stats (see
-            :class:`~espnet3_flows.frontends.config.FrontendConfig`): ``fbank``, ``espnet2`` or
-            ``model`` (``none`` computes no features and is refused). The cuts' ``frame_shift``
-            is ``frontend.frame_shift`` for ``fbank``, ``hop_length / fs`` for the ESPnet2
-            ``default`` frontend, and the hop the built frontend's module states for the other
-            ESPnet2 frontends (``s3prl``, ``fused``, ...) and for a ``model`` with a
-            ``hop_length`` (or a ``frontend`` with one); else ``frontend.frame_shift`` (set it to
-            the model's hop, e.g. ``0.02`` for HuBERT): see
-            :func:`~espnet3_flows.features.outputs.frame_shift_seconds`.
-    """
-
-    output_dir: str = "exp/features"
-    frontend: FrontendConfig = field(default_factory=FrontendConfig)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.frontend.kind.computes_features:
-            raise ConfigError(f"frontend.type={self.frontend.type} computes no features; extract-features needs a type "
-                              "that does (fbank, espnet2, model or a plugin's)")
+from espnet3_flows.utterance_job import ShardDataset
 
 
 #: The env of ``forward``: ``frontend``, ``audio`` and ``storage_options``, once per worker

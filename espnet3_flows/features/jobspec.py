@@ -7,8 +7,8 @@ JOB = JobSpec(
     title="extract-features",
     description="Extract features per utterance (fbank, an ESPnet2 frontend or a model) into Kaldi ark/scp "
                 "and a lhotse CutSet.",
-    schema="espnet3_flows.features.job:ExtractFeaturesConfig",
+    schema="espnet3_flows.features.config:ExtractFeaturesConfig",
     runners="espnet3_flows.features.job:feature_runners",
     worker_modules=("numpy", "torch", "soundfile", "lhotse", "kaldiio"),
-    demo="espnet3_flows.inputs.demo:demo_manifest_settings",
+    demo="espnet3_flows.job_config:demo_manifest_settings",
 )

@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Mapping, Sequence
-
-import numpy as np
 
 from espnet3_flows.config import to_plain
 from espnet3_flows.frontends.config import Frontend, FrontendConfig, FrontendType
 from espnet3_flows.frontends.wave_frontends import PerUtterance, check_cuda
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Version of the fbank computation, hashed into collect-stats shards: features that differ even
 #: in float32 rounding are recomputed rather than merged with older shards. These identifiers are

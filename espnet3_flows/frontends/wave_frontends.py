@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
-
 from espnet3_flows.frontends.pinned import PinnedStaging
 from espnet3_flows.frontends.precision import check_precision, precision_scope
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from espnet3_flows.frontends.config import FrontendConfig
 
 #: Version of how model and ESPnet2 frontends are run (one utterance per call unless batched)
@@ -39,6 +39,8 @@ def hop_samples(frontend: Any) -> int | None:
     ``hop_length`` of ESPnet2's frontends (an ``s3prl`` upstream's downsampling rate among them),
     ``FusedFrontends``' common hop (``gcd``), or the ``hop_length`` of a model's own ``frontend``
     (an ESPnet model's); ``None`` for any other."""
+    import numpy as np  # (not at import: the frontend types' declarations import this module)
+
     module = getattr(frontend, "module", None)
     for owner in (module, getattr(module, "frontend", None)):
         hop = getattr(owner, "hop_length", None) or getattr(owner, "gcd", None)
@@ -95,6 +97,7 @@ class TorchFrontend:
         return groups
 
     def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
+        import numpy as np
         import torch
 
         out: list[np.ndarray] = [np.empty(0)] * len(waves)

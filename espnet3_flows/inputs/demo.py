@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from pathlib import Path
-from typing import Any
 from collections.abc import Iterator
 
 import numpy as np
 import soundfile as sf
 
 from espnet3_flows.config import ConfigError
+from espnet3_flows.inputs.settings import DEMO_UTTERANCES
 from espnet3_flows.storage import Storage, replace_atomically
 
 
@@ -34,8 +34,6 @@ def synth_utterance(rng: np.random.Generator, seconds: float, sr: int, f0: float
     return (0.5 * signal).astype(np.float32)
 
 
-#: Utterances of the generated demo corpus (both jobs' demos use the same files).
-DEMO_UTTERANCES = 300
 #: The demo corpus's splits and their shares
 DEMO_SPLITS = {"train": 0.8, "valid": 0.1, "test": 0.1}
 _GENERATE = contextvars.ContextVar("espnet3_flows_demo_generate", default=True)
@@ -137,11 +135,3 @@ def demo_manifests(output_dir: str, n_utts: int) -> dict[str, str]:
     if not demo_generated():
         return {split: str(root / f"{split}.tsv") for split in DEMO_SPLITS}
     return {k: str(v) for k, v in make_demo_corpus(root, n_utts=n_utts).items()}
-
-
-def demo_manifest_settings(cfg: Any) -> dict[str, Any] | None:
-    """For a job config whose ``manifests`` is empty: the generated demo corpus's manifests (as
-    config settings); ``None`` when the config names its inputs."""
-    if cfg.manifests:
-        return None
-    return {"manifests": demo_manifests(cfg.output_dir, cfg.demo_utterances)}

@@ -32,11 +32,8 @@ from collections.abc import Mapping, Sequence
 import fsspec
 
 from espnet3_flows.deadlines import with_deadlines
+from espnet3_flows.inputs.settings import FINGERPRINT_MODES
 
-#: ``fingerprint`` option values: ``stat`` reads each file's size and mtime (or ETag); ``strict``
-#: its ctime and inode number too; ``manifest`` trusts the manifest: a shard's hash covers its lines
-#: (ids, paths), not the files.
-FINGERPRINT_MODES = ("stat", "strict", "manifest")
 MISSING = "missing"
 _CHUNK = 256
 _PROBE = 64

@@ -255,7 +255,7 @@ def usage(job: str) -> str:
              "    manifests.train=data/train.tsv manifests.dev=data/dev output_dir=exp/mine", "",
              "keys (default): the first sentence of each; docs/configuration.md has the whole text:"]
 
-    from espnet3_flows.utterance_job import EngineConfig
+    from espnet3_flows.job_config import EngineConfig
 
     engine = {f.name for f in dataclasses.fields(EngineConfig)}
     # the job's own keys first, the engine's (every job's) after them

@@ -11,7 +11,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from espnet3_flows.config import ConfigError, load_config, merge_config, to_plain
 from espnet3_flows.job_registry import JobSpec, get_job
-from espnet3_flows.storage import Storage
 
 __all__ = ["JobSpec", "check_output_dir", "get_job", "merged_data", "preflight", "resolve_config"]
 
@@ -64,6 +63,8 @@ def _lookup(d: Any, dotted: str) -> Any:
 
 def check_output_dir(output_dir: str, storage_options: dict[str, Any]) -> None:
     """Fail before any work when the output location cannot be written."""
+    from espnet3_flows.storage import Storage  # (fsspec: not before a command line's config is read)
+
     Storage(output_dir, storage_options).check_writable()
 
 

@@ -6,47 +6,42 @@ ESPnet3's module names work here with ``espnet3`` replaced by ``espnet3_flows``:
 ``espnet3_flows.parallel.parallel.get_client``, ``espnet3_flows.parallel.inference_provider.InferenceProvider``;
 what differs on purpose is listed in ``docs/espnet3-conformance.md``.
 
-The Dask plugins (``EnvSetupPlugin``, ``WorkerEnvPlugin``, ``plugin_for``) are imported on first
-use: a run in this process never imports ``distributed``.
+Every name below is imported on first use (importing a submodule imports no other): a run in this
+process never imports ``distributed`` for the Dask plugins (``EnvSetupPlugin``, ``WorkerEnvPlugin``,
+``plugin_for``), and a command line reads its config without fsspec or numpy.
 """
+
+from __future__ import annotations
 
 from typing import Any
 
-from espnet3_flows.errors import BadItemError, ItemError, ItemFailure, ShardFailure, UnguardedMainError
-from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner, concatenate_shard_files
-from espnet3_flows.parallel.cluster import cluster_spec, make_cluster
-from espnet3_flows.parallel.parallel_config import ParallelConfig
-from espnet3_flows.parallel.env_provider import EnvironmentProvider, InferenceProvider, ProviderError
-from espnet3_flows.parallel.parallel import (
-    GpuClusterError,
-    build_client,
-    build_local_gpu_cluster,
-    get_client,
-    get_parallel_config,
-    parallel_for,
-    parallel_map,
-    set_parallel,
-    visible_gpu_count,
-)
-from espnet3_flows.parallel.results import RunOutcome, ShardResult, ShardStatus
-from espnet3_flows.parallel.worker_env import get_env
+from espnet3_flows.lazy_exports import lazy_getattr
 
-__all__ = [
-    "BadItemError", "BaseRunner", "DictReturnWorkerPlugin", "EnvSetupPlugin", "EnvironmentProvider", "GpuClusterError",
-    "InferenceProvider", "ItemError", "ItemFailure", "ParallelConfig", "ProviderError", "RunOutcome", "ShardFailure",
-    "ShardResult", "ShardStatus", "WHOLE_SHARD", "WorkerEnvPlugin", "build_client", "build_local_gpu_cluster",
-    "cluster_spec", "concatenate_shard_files", "get_client", "get_env", "get_parallel_config", "make_cluster",
-    "parallel_for", "parallel_map", "plugin_for", "set_parallel", "visible_gpu_count", "UnguardedMainError",
-]
+#: The public names, imported on first use (importing a submodule, or reading a job's config,
+#: imports no fsspec, numpy or Dask): name -> its module
+_EXPORTS = {
+    **dict.fromkeys(("BadItemError", "ItemError", "ItemFailure", "ShardFailure", "UnguardedMainError"),
+                    "espnet3_flows.errors"),
+    **dict.fromkeys(("WHOLE_SHARD", "BaseRunner", "concatenate_shard_files"), "espnet3_flows.parallel.base_runner"),
+    **dict.fromkeys(("cluster_spec", "make_cluster"), "espnet3_flows.parallel.cluster"),
+    "ParallelConfig": "espnet3_flows.parallel.parallel_config",
+    **dict.fromkeys(("EnvironmentProvider", "InferenceProvider", "ProviderError"), "espnet3_flows.parallel.env_provider"),
+    **dict.fromkeys(("GpuClusterError", "build_client", "build_local_gpu_cluster", "get_client", "get_parallel_config",
+                     "parallel_for", "parallel_map", "set_parallel", "visible_gpu_count"),
+                    "espnet3_flows.parallel.parallel"),
+    **dict.fromkeys(("RunOutcome", "ShardResult", "ShardStatus"), "espnet3_flows.parallel.results"),
+    "get_env": "espnet3_flows.parallel.worker_env",
+    **dict.fromkeys(("EnvSetupPlugin", "WorkerEnvPlugin", "plugin_for"), "espnet3_flows.parallel.dask_plugins"),
+}
+
+__all__ = sorted([*_EXPORTS, "DictReturnWorkerPlugin"])
+
+_lazy = lazy_getattr(__name__, _EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("EnvSetupPlugin", "WorkerEnvPlugin", "plugin_for"):
-        from espnet3_flows.parallel import dask_plugins
-
-        return getattr(dask_plugins, name)
-    if name == "DictReturnWorkerPlugin":
+    if name == "DictReturnWorkerPlugin":  # ESPnet3's older name
         from espnet3_flows.parallel import dask_plugins
 
         return dask_plugins.WorkerEnvPlugin
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _lazy(name)

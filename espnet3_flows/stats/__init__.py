@@ -11,7 +11,7 @@ _EXPORTS = {
     "StatsAccumulator": "espnet3_flows.stats.accumulator",
     "FrontendConfig": "espnet3_flows.frontends.config",
     "build_frontend": "espnet3_flows.frontends.frontend",
-    "CollectStatsConfig": "espnet3_flows.stats.job",
+    "CollectStatsConfig": "espnet3_flows.stats.config",
     "CollectStatsRunner": "espnet3_flows.stats.job",
 }
 

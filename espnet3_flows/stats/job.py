@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from collections.abc import Mapping
@@ -12,53 +11,14 @@ from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_env
-from espnet3_flows.frontends.config import FrontendConfig
 from espnet3_flows.frontends.frontend import extract_features
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.tokens import TokenConfig
-from espnet3_flows.utterance_job import EngineConfig, InputsConfig, ShardDataset
+from espnet3_flows.utterance_job import ShardDataset
 
+from espnet3_flows.stats.config import CollectStatsConfig
 from espnet3_flows.stats.outputs import StatsShardWriter, publish_split
-
-#: ``collected_feats_format``: Kaldi ark/scp, or one ``.npy`` per utterance as ESPnet2 writes them
-COLLECTED_FEATS_FORMATS = ("ark", "npy")
-
-
-@dataclass
-class CollectStatsConfig(EngineConfig, InputsConfig):
-    """Configuration of collect-stats (``python flows/collect_stats.py`` takes these keys): the
-    input keys (:class:`~espnet3_flows.utterance_job.InputsConfig`), the engine's
-    (:class:`~espnet3_flows.utterance_job.EngineConfig`) and these.
-
-    Attributes:
-        output_dir: Where outputs go (path or fsspec URL such as ``s3://bucket/stats``).
-        frontend: Feature extraction (see :class:`FrontendConfig`).
-        write_collected_feats: Also write the features (``collect_feats/feats.scp``).
-        collected_feats_format: ``ark`` (Kaldi ark/scp, one ark per shard) or ``npy`` (one
-            ``collect_feats/data_feats/<utt>.npy`` per utterance and an scp of their paths, as
-            ESPnet2's ``collect_stats --write_collected_feats true`` writes them and its
-            ``NpyScpReader`` reads them).
-        collect_stats_kwargs: Extra keyword arguments for ``model.collect_feats``.
-        tokens: Token counts of the transcripts for ESPnet2's ``text_shape`` (see
-            :class:`~espnet3_flows.stats.tokens.TokenConfig`); read from ``frontend.espnet_config``
-            when that names a model with a ``token_type``.
-    """
-
-    output_dir: str = "exp/collect_stats"
-    frontend: FrontendConfig = field(default_factory=FrontendConfig)
-    write_collected_feats: bool = False
-    collected_feats_format: str = field(default="ark", metadata={"choices": COLLECTED_FEATS_FORMATS})
-    collect_stats_kwargs: dict[str, Any] = field(default_factory=dict)
-    tokens: TokenConfig = field(default_factory=TokenConfig)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()  # checks collected_feats_format against its choices too
-        if self.frontend.espnet_config and not self.tokens.token_type:
-            from espnet3_flows.frontends.espnet2_frontend import load_espnet_config
-
-            self.tokens.fill_from_espnet_config(load_espnet_config(self.frontend.espnet_config))
-
 
 def build_env(cfg: CollectStatsConfig) -> dict[str, Any]:
     """The env of collect-stats' ``forward``: ``frontend``, ``audio``, ``storage_options``,

@@ -45,7 +45,7 @@ class XVectorToolkit:
     #: ``resampler`` when none is given
     default_resampler: ClassVar[str] = "poly"
     #: whether a config naming no manifest and no model runs the generated demo (a random-weight
-    #: model of this toolkit on generated audio: :data:`~espnet3_flows.xvector.job.DEMO_WARNING`)
+    #: model of this toolkit on generated audio: :data:`~espnet3_flows.xvector.job_config.DEMO_WARNING`)
     has_demo: ClassVar[bool] = False
     #: whether its ``pretrained_model`` is data only (weights loaded with ``weights_only=True``,
     #: a config read with ``yaml.safe_load`` that picks registered classes): a deployment's form

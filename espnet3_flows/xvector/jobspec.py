@@ -7,9 +7,9 @@ JOB = JobSpec(
     title="extract-xvectors",
     description="Extract a speaker embedding per utterance (speechbrain, ESPnet-SPK, RawNet3), with ESPnet2 ark/scp and "
                 "speaker means.",
-    schema="espnet3_flows.xvector.job:XVectorJobConfig",
+    schema="espnet3_flows.xvector.job_config:XVectorJobConfig",
     runners="espnet3_flows.xvector.job:xvector_runners",
     worker_modules=("numpy", "torch", "soundfile"),
     preflight="espnet3_flows.xvector.job:preflight",
-    demo="espnet3_flows.xvector.job:demo_settings",
+    demo="espnet3_flows.xvector.job_config:demo_settings",
 )

@@ -106,3 +106,22 @@ def test_what_forked_workers_preload_for_a_runner_and_a_frontend(tmp_path):
     assert frontend_modules(from_model) == ("espnet2.asr.frontend.s3prl",)
     model = {"_target_": "tests.parallel.espnet3_runners.FbankModel"}
     assert frontend_modules(FrontendConfig(type="model", model=model)) == ("tests.parallel.espnet3_runners",)
+
+
+@pytest.mark.parametrize("job", ["collect_stats", "extract_features"])
+def test_a_command_line_reads_its_config_before_the_libraries_of_its_run(job, tmp_path):
+    """The config is read before the private server is launched: that read imports none of
+    the run's libraries (numpy, fsspec, torch, Prefect, Dask), so the server starts as early as it can."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from espnet3_flows.config import split_cli_args\n"
+            "from espnet3_flows.orchestration.jobs import resolve_config\n"
+            f"path, overrides = split_cli_args(['manifests.train={tmp_path / 'train.tsv'}', 'output_dir={tmp_path}'])\n"
+            f"cfg = resolve_config({job!r}, path, {{}}, overrides)\n"
+            "print(sorted(m for m in ('numpy', 'fsspec', 'torch', 'prefect', 'distributed') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
