@@ -49,6 +49,8 @@ def merged_data(job: str, config_file: str | None, params: dict[str, Any], overr
 
 def _changed(schema: type, params: dict[str, Any]) -> dict[str, Any]:
     """The typed parameters that differ from their defaults (a form sends every key)."""
+    if not params:  # a command line's (its schema's defaults are not built for nothing)
+        return {}
     defaults = OmegaConf.to_container(OmegaConf.structured(schema))
     return {k: v for k, v in params.items() if _lookup(defaults, k) != v}
 
