@@ -10,17 +10,62 @@ switches that keep Prefect's shippers quiet once its API server is lost
 (:func:`espnet3_flows.orchestration.prefect_compat.quiet_shipper_failures`, put back when the
 watched run ends).
 ``ESPNET3_FLOWS_PATCHES=off`` in the environment turns every one of them off, to tell whether one
-is behind a problem; ``tests/test_patch_targets.py`` fails when an upgrade removed what one patches.
+is behind a problem; ``ESPNET3_FLOWS_PATCHES=-name[,-name ...]`` turns off the named ones only (the
+names of :data:`PATCHES`), to tell which, or to measure what one buys (``benchmarks/README.md``).
+``tests/test_patch_targets.py`` fails when an upgrade removed what one patches.
 """
 
 from __future__ import annotations
 
 import os
 
-#: ``off`` (or ``0``, ``false``, ``no``) in this variable: no library's internals are changed
+#: ``off`` (or ``0``, ``false``, ``no``) in this variable: no library's internals are changed;
+#: ``-name`` entries (comma-separated): those of :data:`PATCHES` are not installed
 VAR = "ESPNET3_FLOWS_PATCHES"
+_OFF = ("off", "0", "false", "no")
+_ON = ("on", "1", "true", "yes")
+
+#: Every patch by name: what ``-name`` turns off, and the function that installs it (or decides it)
+PATCHES = {
+    "share_tls_contexts": "espnet3_flows.orchestration.prefect_compat:share_tls_contexts",
+    "untokenized_task_keys": "espnet3_flows.orchestration.prefect_compat:untokenized_task_keys",
+    "prompt_heartbeat_stop": "espnet3_flows.orchestration.prefect_compat:prompt_heartbeat_stop",
+    "forked_children_exit_cleanly": "espnet3_flows.orchestration.prefect_compat:forked_children_exit_cleanly",
+    "quiet_shipper_failures": "espnet3_flows.orchestration.prefect_compat:quiet_shipper_failures",
+    "quiet_failed_run_exit": "espnet3_flows.orchestration.prefect_compat:quiet_failed_run_exit",
+    "drop_undeliverable_api_work": "espnet3_flows.orchestration.prefect_compat:drop_undeliverable_api_work",
+    "cache_settings_serialization": "espnet3_flows.orchestration.prefect_context_cache:cache_settings_serialization",
+    "cache_settings_hydration": "espnet3_flows.orchestration.prefect_context_cache:cache_settings_hydration",
+    "cache_flow_context_serialization": "espnet3_flows.orchestration.prefect_context_cache:cache_flow_context_serialization",
+    "exit_now": "espnet3_flows.orchestration.entry:exit_now",
+    "keep_dask_preload": "espnet3_flows.parallel.forkserver:keep_dask_preload",
+    "forks_workers": "espnet3_flows.parallel.backends.local:LocalProcesses.forks_workers",
+    "keep_restarted_workers": "espnet3_flows.parallel.backends.local:keep_restarted_workers",
+}
 
 
-def patches_enabled() -> bool:
-    """Whether this package may change other libraries' internals (:data:`VAR` is not ``off``)."""
-    return os.environ.get(VAR, "").strip().lower() not in ("off", "0", "false", "no")
+def patches_enabled(name: str | None = None) -> bool:
+    """Whether this package may change other libraries' internals (:data:`VAR` is not ``off``)
+    and, for ``name`` (one of :data:`PATCHES`), whether that patch is not turned off alone.
+
+    Raises:
+        ValueError: when :data:`VAR` names a patch that does not exist (a typo would otherwise
+            measure nothing).
+    """
+    value = os.environ.get(VAR, "").strip()
+    if value.lower() in _OFF:
+        return False
+    if not value:
+        return True
+    off = turned_off(value)
+    return name is None or name not in off
+
+
+def turned_off(value: str) -> set[str]:
+    """The patches a value of :data:`VAR` turns off one by one (its ``-name`` entries)."""
+    entries = [e.strip() for e in value.split(",") if e.strip() and e.strip().lower() not in _ON]
+    wrong = [e for e in entries if not e.startswith("-") or e[1:] not in PATCHES]
+    if wrong:
+        raise ValueError(f"{VAR}={value!r}: {', '.join(map(repr, wrong))} is not off or -<patch>; the patches: "
+                         f"{', '.join(PATCHES)}")
+    return {e[1:] for e in entries}

@@ -83,3 +83,48 @@ def test_exit_now_runs_the_exit_handlers_either_way(switch):
                           env={**__import__("os").environ, patches.VAR: switch})
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["before", "handlers ran"]
+
+
+def test_every_named_patch_is_a_function_that_asks_for_its_name():
+    """``-name`` turns off one patch: every name of ``PATCHES`` is a function of the module it
+    names, and that module asks the switch for that name (a renamed patch fails here)."""
+    import importlib
+    import inspect
+
+    for name, where in patches.PATCHES.items():
+        module, _, qualname = where.partition(":")
+        target = importlib.import_module(module)
+        for part in qualname.split("."):
+            target = getattr(target, part)
+        assert callable(target) and qualname.endswith(name), (name, where)
+        assert f'"{name}"' in inspect.getsource(target), f"{where} never asks for {name!r}"
+
+
+@pytest.mark.parametrize("value, off", [("-share_tls_contexts", {"share_tls_contexts"}),
+                                         ("on,-exit_now, -forks_workers", {"exit_now", "forks_workers"})])
+def test_minus_a_name_turns_that_patch_off_alone(monkeypatch, value, off):
+    monkeypatch.setenv(patches.VAR, value)
+    assert patches.patches_enabled()  # the others stay
+    assert {name for name in patches.PATCHES if not patches.patches_enabled(name)} == off
+
+
+@pytest.mark.parametrize("value", ["-share_tls_context", "share_tls_contexts", "-"])
+def test_a_switch_that_names_no_patch_is_an_error(monkeypatch, value):
+    monkeypatch.setenv(patches.VAR, value)
+    with pytest.raises(ValueError, match="the patches: share_tls_contexts"):
+        patches.patches_enabled("exit_now")
+
+
+def test_one_prefect_patch_off_leaves_the_others_installed():
+    """In a fresh process: ``-prompt_heartbeat_stop`` leaves Prefect's heartbeats as they are and
+    installs the TLS and fork-exit patches all the same."""
+    code = ("import os\n"
+            "os.environ['ESPNET3_FLOWS_PATCHES'] = '-prompt_heartbeat_stop'\n"
+            "import prefect.flow_engine as flow_engine\n"
+            "from espnet3_flows.orchestration import prefect_compat as c\n"
+            "before = flow_engine._send_heartbeats\n"
+            "print(c.prompt_heartbeat_stop(), flow_engine._send_heartbeats is before, c.share_tls_contexts(),"
+            " c.forked_children_exit_cleanly())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True", "True", "True"]

@@ -181,7 +181,7 @@ def exit_now(status: int) -> NoReturn:
 
     if _API_LOST.is_set():
         _end_anyway_after(LOST_API_EXIT_SECONDS, status)
-    if not patches_enabled():  # the interpreter's own exit, teardown included
+    if not patches_enabled("exit_now"):  # the interpreter's own exit, teardown included
         sys.exit(status)
     # what the interpreter does first at exit: thread pools told to stop, other threads joined
     shutdown = getattr(threading, "_shutdown", None)

@@ -65,12 +65,13 @@ _LOG = logging.getLogger(__name__)
 _WARNED: list[str] = []
 
 
-def prefect_verified() -> bool:
-    """Whether the patches may be installed: the installed Prefect is one they were verified
-    against (warns once if not) and :data:`PATCHES_VAR` does not turn them off."""
+def prefect_verified(patch: str | None = None) -> bool:
+    """Whether the patches (or the one named ``patch``, of :data:`~espnet3_flows.patches.PATCHES`)
+    may be installed: the installed Prefect is one they were verified against (warns once if not)
+    and :data:`PATCHES_VAR` does not turn them off."""
     import prefect
 
-    if not patches.patches_enabled():
+    if not patches.patches_enabled(patch):
         return False
     if prefect.__version__ in VERIFIED_PREFECT:
         return True
@@ -82,12 +83,12 @@ def prefect_verified() -> bool:
     return False
 
 
-def unpatched_target(owner: Any, name: str, verified: bool = True) -> tuple[bool, Any]:
-    """What a patch wraps: ``(True, original)`` for ``owner``'s own ``name`` (in its ``__dict__``);
-    ``(True, None)`` when our wrapper is there already; ``(False, None)`` when it cannot be
-    installed: Prefect (or ``verified``, a further version check) is not a verified version, or
-    ``owner`` has no such attribute."""
-    if not verified or not prefect_verified():
+def unpatched_target(owner: Any, name: str, patch: str, verified: bool = True) -> tuple[bool, Any]:
+    """What the patch named ``patch`` wraps: ``(True, original)`` for ``owner``'s own ``name`` (in
+    its ``__dict__``); ``(True, None)`` when our wrapper is there already; ``(False, None)`` when it
+    cannot be installed: it is turned off, Prefect (or ``verified``, a further version check) is
+    not a verified version, or ``owner`` has no such attribute."""
+    if not verified or not prefect_verified(patch):
         return False, None
     original = vars(owner).get(name)
     if original is None:
@@ -141,7 +142,7 @@ def share_tls_contexts() -> bool:
     """
     import importlib
 
-    if not prefect_verified():
+    if not prefect_verified("share_tls_contexts"):
         return False
     module = importlib.import_module(_TARGET)
     current = getattr(module, "ssl", None)
@@ -184,8 +185,8 @@ def untokenized_task_keys() -> bool:
     from prefect.tasks import Task
     from prefect_dask.client import PrefectDaskClient
 
-    ok, original = unpatched_target(PrefectDaskClient, "submit",
-                              getattr(prefect_dask, "__version__", None) in VERIFIED_PREFECT_DASK)
+    ok, original = unpatched_target(PrefectDaskClient, "submit", "untokenized_task_keys",
+                                    getattr(prefect_dask, "__version__", None) in VERIFIED_PREFECT_DASK)
     if original is None:
         return ok
 
@@ -216,7 +217,7 @@ def prompt_heartbeat_stop() -> bool:
 
     import prefect.flow_engine as flow_engine
 
-    ok, original = unpatched_target(flow_engine, "_send_heartbeats")
+    ok, original = unpatched_target(flow_engine, "_send_heartbeats", "prompt_heartbeat_stop")
     if original is None:
         return ok
     least = getattr(flow_engine, "MINIMUM_HEARTBEAT_INTERVAL", 30)
@@ -274,7 +275,7 @@ def forked_children_exit_cleanly() -> bool:
     """
     from prefect._internal.concurrency.services import _QueueServiceBase
 
-    ok, original = unpatched_target(_QueueServiceBase, "drain")
+    ok, original = unpatched_target(_QueueServiceBase, "drain", "forked_children_exit_cleanly")
     if original is None:
         return ok
 
@@ -308,7 +309,7 @@ def quiet_shipper_failures() -> Callable[[], None]:
     Returns:
         What puts both back as they were (a command line that exits next need not call it).
     """
-    if not patches.patches_enabled():
+    if not patches.patches_enabled("quiet_shipper_failures"):
         return lambda: None
     raised, loggers = logging.raiseExceptions, [logging.getLogger(name) for name in SHIPPER_LOGGERS]
     disabled = [logger.disabled for logger in loggers]
@@ -347,7 +348,7 @@ def quiet_failed_run_exit() -> bool:
     message the ``error:`` line) from being logged once more by the flow-run process as an
     "unexpected exception" with ~40 lines of traceback; any other exception keeps its record
     (idempotent). Nothing changes with the patches off or another Prefect (returns False then)."""
-    if not prefect_verified():
+    if not prefect_verified("quiet_failed_run_exit"):
         return False
     logger = logging.getLogger("prefect.flow_runs")
     if not any(isinstance(f, _FailedRunExitFilter) for f in logger.filters):
@@ -366,7 +367,7 @@ def drop_undeliverable_api_work() -> int:
     lost by dropping it; the item a worker is handling now still finishes its own attempt, and
     that failure is no longer printed after the run's error line.
     """
-    if not prefect_verified():
+    if not prefect_verified("drop_undeliverable_api_work"):
         return 0
     from prefect._internal.concurrency.services import _QueueServiceBase
 

@@ -39,16 +39,16 @@ def cache_settings_serialization() -> bool:
     """
     from prefect.context import SettingsContext
 
-    return _memoize_serialize(SettingsContext,
+    return _memoize_serialize(SettingsContext, "cache_settings_serialization",
                               lambda self, secrets: (self, self.profile, self.settings, secrets), copy.deepcopy)
 
 
-def _memoize_serialize(cls: type, key_of: Callable[[Any, bool], tuple[Any, ...]],
+def _memoize_serialize(cls: type, patch: str, key_of: Callable[[Any, bool], tuple[Any, ...]],
                        copy_of: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
     """Make ``cls.serialize`` return a copy (``copy_of``) of its last result while ``key_of(self,
     include_secrets)`` holds the same objects (compared by identity); idempotent. ``False`` when
     Prefect is not a verified version or ``cls`` has no ``serialize`` of its own."""
-    ok, original = unpatched_target(cls, "serialize")
+    ok, original = unpatched_target(cls, "serialize", patch)
     if original is None:
         return ok
     lock = threading.Lock()
@@ -93,7 +93,7 @@ def cache_settings_hydration() -> bool:
     """
     import prefect.task_engine as task_engine
 
-    ok, original = unpatched_target(task_engine, "hydrated_context")
+    ok, original = unpatched_target(task_engine, "hydrated_context", "cache_settings_hydration")
     if original is None:
         return ok
     cache = _HydrationCache(original)
@@ -207,4 +207,4 @@ def cache_flow_context_serialization() -> bool:
         return (self, include_secrets, getattr(run, "state_type", None), getattr(run, "state_name", None),
                 *(getattr(self, f, None) for f in fields))
 
-    return _memoize_serialize(EngineContext, key_of, dict)
+    return _memoize_serialize(EngineContext, "cache_flow_context_serialization", key_of, dict)

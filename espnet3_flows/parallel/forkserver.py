@@ -208,7 +208,7 @@ def keep_dask_preload() -> None:
 
     from espnet3_flows.patches import patches_enabled
 
-    if patches_enabled() and getattr(distributed.utils, "_forkserver_preload_set", True) is False:
+    if patches_enabled("keep_dask_preload") and getattr(distributed.utils, "_forkserver_preload_set", True) is False:
         distributed.utils._forkserver_preload_set = True
 
 

@@ -32,3 +32,9 @@ def test_a_base_that_is_no_checkout_is_refused(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.side_by_side", "--base", str(tmp_path), "--only", "startup"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "is not a checkout with benchmarks/" in proc.stderr
+
+
+def test_a_base_setting_is_name_equals_value(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.side_by_side", "--base", str(REPO), "--only", "startup",
+                           "--base-env", "ESPNET3_FLOWS_PATCHES"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--base-env takes NAME=VALUE" in proc.stderr

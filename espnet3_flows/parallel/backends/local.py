@@ -72,7 +72,7 @@ class LocalProcesses(OnThisMachine):
         from espnet3_flows.patches import patches_enabled
 
         return (cfg.start_method == "forkserver" and not cfg.trim_worker_memory
-                and patches_enabled())  # (it runs on multiprocessing's and Dask's internals: off, workers spawn)
+                and patches_enabled("forks_workers"))  # (it runs on multiprocessing's and Dask's internals: off, workers spawn)
 
     def runs_here(self, cfg: ParallelSettings, pending_shards: int) -> bool:
         # its workers would be processes of this machine with nothing this process lacks
@@ -110,7 +110,7 @@ def keep_restarted_workers(cluster: Any) -> None:
     from espnet3_flows.patches import patches_enabled
 
     patched = "_update_worker_status"  # SpecCluster's own (the timer), over the base Cluster's
-    if (isinstance(cluster, SpecCluster) and patches_enabled() and patched in vars(SpecCluster)
+    if (isinstance(cluster, SpecCluster) and patches_enabled("keep_restarted_workers") and patched in vars(SpecCluster)
             and patched in vars(Cluster)):
         # the base Cluster's bookkeeping of the scheduler's worker list, without SpecCluster's timer
         cluster._update_worker_status = super(SpecCluster, cluster)._update_worker_status
