@@ -127,6 +127,44 @@ def test_flow_run_context_validated_once_per_thread_with_fresh_collections(prefe
 
 
 @pytest.mark.patch
+def test_the_cached_flow_run_context_has_every_field_as_prefect_builds_it(prefect_harness):
+    """``hydrated_context``'s cache rebuilds Prefect's ``FlowRunContext`` from a template: every
+    field of the model, Prefect's current ones and any a later version adds, must come out as
+    Prefect's own ``hydrated_context`` makes it. What was shipped is equal; what the model
+    makes per context (a default factory: run results, dynamic keys, the start time, ...) is a
+    new object for each task; the API client is the thread's one. A field set some other way fails
+    here, so a new Prefect needs a look before its version is added to VERIFIED_PREFECT."""
+    import prefect.task_engine as task_engine
+    from prefect import flow
+    from prefect.context import FlowRunContext, serialize_context
+
+    assert prefect_context_cache.cache_settings_hydration()
+    original = task_engine.hydrated_context.__wrapped__
+
+    @flow
+    def ship(n: int) -> dict:
+        return serialize_context()
+
+    serialized = ship(5)
+    model = FlowRunContext.model_fields
+
+    def fields(hydrate) -> dict:
+        with hydrate(serialized):
+            ctx = FlowRunContext.get()
+            return {name: getattr(ctx, name) for name in model}
+
+    prefects, ours, again = fields(original), fields(task_engine.hydrated_context), fields(task_engine.hydrated_context)
+    shipped = set(serialized["flow_run_context"])
+    for name in model:
+        if name == "client":
+            assert type(ours[name]) is type(prefects[name]) and ours[name] is again[name], name  # the thread's client
+        elif model[name].default_factory is not None and name not in shipped:
+            assert type(ours[name]) is type(prefects[name]) and ours[name] is not again[name], name  # new per task
+        else:
+            assert ours[name] == prefects[name], f"{name}: {ours[name]!r} != Prefect's {prefects[name]!r}"
+
+
+@pytest.mark.patch
 def test_heartbeats_still_sent_and_their_thread_ends_with_the_run(prefect_harness, monkeypatch):
     """The replacement sends the first heartbeat at once, like Prefect's, and the flow run does
     not wait for a one-second sleep to end."""
