@@ -151,7 +151,7 @@ def runner_flow(runner: Any, indices: Sequence[Any] | None = None, *, parallel: 
                       "items": p.plan.num_items, "shards": run.total_shards})
         return _run_flow(run, title, shown, show_progress)
 
-    quiet_workers = console.quiet_worker_environ(not verbose and cfg.backend.output_here)
+    quiet_workers = console.quiet_workers_of(cfg.backend, verbose)
     if _in_flow():  # a subflow of the user's flow: their console (less our cluster's chatter), their server
         with contextlib.nullcontext() if verbose else console.quiet_cluster_during(), runner.output_scope():
             return flow_of(_plan_runner_flow(runner, indices, cfg, title, retries, retry_delay_seconds,
