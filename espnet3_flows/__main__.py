@@ -59,7 +59,7 @@ def __getattr__(name: str) -> Callable[[], int]:
     def script() -> int:
         from espnet3_flows.orchestration.early_start import start_early
 
-        early = start_early(name, sys.argv[1:])  # the server, the plan and the workers start while the job's imports run
+        early = start_early(name, sys.argv[1:])  # server, plan and workers start while the job's imports run
         from espnet3_flows.orchestration.entry import exit_now
         from espnet3_flows.orchestration.entry import main as run
 

@@ -33,7 +33,8 @@ _RUN: dict[str, str] = {}
 _pressed = threading.Event()
 
 #: What a run was doing, by the last timeline event it reached (``espnet3_flows.timeline``)
-_PHASES = {"": "starting", "server_launched": "starting", "planned": "starting", "main": "starting", "server_ready": "starting its workers",
+_PHASES = {"": "starting", "server_launched": "starting", "planned": "starting", "main": "starting",
+           "server_ready": "starting its workers",
            "flow_started": "computing shards", "workers_ready": "computing shards",
            "first_shard": "computing shards", "shards_merged": "finishing", "flow_returned": "finishing",
            "server_stopped": "finishing", "summary_printed": "finishing"}

@@ -137,7 +137,8 @@ def start_forkserver(modules: Sequence[str] = (), environ: dict[str, str] | None
     main_guard.reset_status()
     with without_inherited_trim_threshold():
         _STARTED = _Started({**os.environ, **(environ or {})}, tuple(preload), bool(main))
-        with environment_set({**(environ or {}), **({MAIN_VAR: main, **main_guard.status_variables()} if main else {})}):
+        told = {MAIN_VAR: main, **main_guard.status_variables()} if main else {}
+        with environment_set({**(environ or {}), **told}):
             multiprocessing.forkserver.ensure_running()
     _LOG.debug("forkserver started (preloading %s)", ", ".join(preload))
     return True
@@ -251,8 +252,8 @@ def local_worker_start(cluster_kwargs: dict[str, Any]) -> tuple[str, dict[str, A
     environment lost a variable it started with.
 
     Forked workers get the driver's changed variables as the nanny's ``env``, with the entries
-    of ``cluster_kwargs``' own ``env`` (``parallel.options.env``, and what the run adds) on top. Starts the forkserver (``distributed`` preloaded)
-    if nothing started it yet.
+    of ``cluster_kwargs``' own ``env`` (``parallel.options.env``, and what the run adds) on top.
+    Starts the forkserver (``distributed`` preloaded) if nothing started it yet.
     """
     if not start_forkserver():
         return "spawn", cluster_kwargs

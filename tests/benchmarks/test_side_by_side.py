@@ -29,8 +29,8 @@ def test_rows_of_one_label_give_their_median():
 
 
 def test_a_base_that_is_no_checkout_is_refused(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.side_by_side", "--base", str(tmp_path), "--only", "startup"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.side_by_side", "--base", str(tmp_path),
+                           "--only", "startup"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "is not a checkout with benchmarks/" in proc.stderr
 
 

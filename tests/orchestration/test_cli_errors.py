@@ -194,6 +194,7 @@ def test_main_called_in_process_leaves_the_environment_as_it_was(tmp_path, demo_
     assert "error:" in proc.stderr and proc.stdout.strip(), proc.stdout + proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["status"] == 2  # an output location that cannot be written: an error in the config
-    assert result["asked"] == [{"ESPNET3_FLOWS_QUIET": "1", **({} if own_level else {"DASK_LOGGING__DISTRIBUTED": "warning"})}]
+    told = {"ESPNET3_FLOWS_QUIET": "1", **({} if own_level else {"DASK_LOGGING__DISTRIBUTED": "warning"})}
+    assert result["asked"] == [told]
     own = {"ESPNET3_FLOWS_QUIET": None, "DASK_LOGGING__DISTRIBUTED": own_level}
     assert result["before"] == own and result["during"] == [own] and result["after"] == own

@@ -72,7 +72,7 @@ class LocalProcesses(OnThisMachine):
         from espnet3_flows.patches import patches_enabled
 
         return (cfg.start_method == "forkserver" and not cfg.trim_worker_memory
-                and patches_enabled("forks_workers"))  # (it runs on multiprocessing's and Dask's internals: off, workers spawn)
+                and patches_enabled("forks_workers"))  # (on multiprocessing's and Dask's internals: off, spawned)
 
     def runs_here(self, cfg: ParallelSettings, pending_shards: int) -> bool:
         # its workers would be processes of this machine with nothing this process lacks
