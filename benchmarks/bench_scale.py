@@ -219,6 +219,10 @@ def _notes(sizes: list[int], quick: bool, fixed_wall: float | None, found: list[
         process_tree.cli_runs_note(NAME, quick) + " 'Worker at mark' is the largest worker peak when the "
         f"{MARK}th shard's done record appeared (fewer at small sizes: see worker_mark); the target compares the "
         "peak at the end with it.",
+        "CPU s: user + system seconds of every process the run started (exact: they are waited for here, orphans "
+        "adopted through prctl's subreaper) plus the shared Prefect server's own CPU meanwhile (none with an "
+        "inherited PREFECT_API_URL). CPU per Prefect task run: the cold flow's median less the cold engine's, "
+        "over the shards the flow computed: what a task run per shard costs the driver, workers and server.",
         "Shards computed: the run's summary.json (shards_computed), else the done records it wrote. Shards "
         "receiving a new item: from the plan the insertion run published (shards/manifest.json).",
         *found,
@@ -247,10 +251,39 @@ def _median_wall(rows: list[dict[str, Any]], shards: int, run_label: str) -> flo
     return float(statistics.median(walls))
 
 
+def run_cpu_s(row: dict[str, Any]) -> float | None:
+    """A run's CPU seconds: its process tree's and the Prefect server's meanwhile (``None`` unless
+    both were measured)."""
+    tree, server = row.get("cpu_s"), row.get("server_cpu_s")
+    return None if tree is None or server is None else tree + server
+
+
+def cpu_per_task_ms(rows: list[dict[str, Any]], shards: int) -> float | str:
+    """CPU per Prefect task run (ms): the median CPU (tree + server) of the cold flow runs at
+    ``shards`` less that of the cold engine runs, over the shards the flow computed; or why not."""
+    cpu: dict[str, list[float]] = {"engine cold": [], "flow cold": []}
+    computed = []
+    for r in rows:
+        if r.get("shards") == shards and r.get("run") in cpu and r.get("ok"):
+            if (value := run_cpu_s(r)) is None:
+                return "not measured (no private server, or no prctl)"
+            cpu[r["run"]].append(value)
+            if r["run"] == "flow cold":
+                computed.append(r.get("shards_computed") or 0)
+    if not cpu["engine cold"] or not cpu["flow cold"] or not min(computed, default=0):
+        return "a cold run failed"
+    extra = statistics.median(cpu["flow cold"]) - statistics.median(cpu["engine cold"])
+    return round(1000 * extra / statistics.median(computed), 2)
+
+
 def make_targets(rows: list[dict[str, Any]], sizes: list[int], fixed_wall: float | None) -> list[dict[str, Any]]:
     """The issue's targets, per size where it names none."""
     t: list[dict[str, Any]] = []
     for n in sizes:
+        per_task = cpu_per_task_ms(rows, n)
+        t.append(common.target(f"{n:,} shards: CPU per Prefect task run, ms (driver + workers + server; cold flow "
+                               "less cold engine, medians, over the shards computed)", "≤ 10", per_task,
+                               isinstance(per_task, float) and per_task <= 10))
         engine, cold = _find(rows, n, "engine cold"), _find(rows, n, "flow cold")
         noop, app, ins = (_find(rows, n, k) for k in FLOW_RUNS[1:])
         bad = run_failed(cold) or run_failed(engine)
@@ -318,7 +351,7 @@ def table(result: dict[str, Any]) -> str:
     lines = []
     for r in result["rows"]:
         if r.get("skipped"):
-            lines.append([r["shards"], r["utterances"], r["run"], *["–"] * 7, process_tree.run_status(r)])
+            lines.append([r["shards"], r["utterances"], r["run"], *["–"] * 8, process_tree.run_status(r)])
             continue
         if r.get("rep"):
             r = {**r, "run": f"{r['run']} #{r['rep']}"}
@@ -327,12 +360,13 @@ def table(result: dict[str, Any]) -> str:
         computed = fmt(r.get("shards_computed"))
         if r.get("shards_receiving_new") is not None:
             computed += f" (receiving {r['shards_receiving_new']})"
-        lines.append([r["shards"], r["utterances"], r["run"], f"{r['wall_s']:.1f}", ratio, computed,
+        cpu = run_cpu_s(r)
+        lines.append([r["shards"], r["utterances"], r["run"], f"{r['wall_s']:.1f}", fmt(cpu, 1), ratio, computed,
                       *(fmt(r.get(k), 0) for k in ("shards_cached", "driver_peak_mb", "worker_peak_mb",
                                                    "worker_peak_at_mark_mb")), process_tree.run_status(r)])
-    return common.markdown_table(["shards", "utterances", "run", "wall s", "/ cold flow", "shards computed",
+    return common.markdown_table(["shards", "utterances", "run", "wall s", "CPU s", "/ cold flow", "shards computed",
                                   "cached", "driver peak MB", "worker peak MB", "worker peak at mark MB", "status"],
-                                 lines, "rrlrrrrrrrl")
+                                 lines, "rrlrrrrrrrrl")
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:

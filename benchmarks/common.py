@@ -220,23 +220,30 @@ def dask_malloc_trim(enabled: bool) -> Iterator[None]:
 
 
 # ---- Prefect ------------------------------------------------------------------------------
-PREFECT: dict[str, Any] = {"start_seconds": None, "url": None}
+#: The Prefect API of this benchmark process: its start time, URL and, for a private server, the
+#: server's process id (whose CPU :func:`benchmarks.process_tree.run_monitored` counts)
+PREFECT: dict[str, Any] = {"start_seconds": None, "url": None, "pid": None}
 
 
 @contextlib.contextmanager
 def prefect_session() -> Iterator[str | None]:
     """A Prefect API for flows and their Dask workers: ``PREFECT_API_URL`` if set, else a private
     local server started once (re-entering inside a session reuses it). Records its start time."""
-    from espnet3_flows.orchestration.local_server import prefect_api
+    from espnet3_flows.orchestration.local_server import LocalPrefectServer, prefect_api
 
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
     t0 = time.perf_counter()
-    with prefect_api(needs_server=True) as url:
-        PREFECT.update(start_seconds=time.perf_counter() - t0, url=url)
+    server = LocalPrefectServer()
+    with prefect_api(needs_server=True, server=server) as url:
+        PREFECT.update(start_seconds=time.perf_counter() - t0, url=url,
+                       pid=server.process.pid if server.process is not None else None)
         print(f"[bench] Prefect API server ready in {PREFECT['start_seconds']:.1f} s ({url})")
-        yield url
+        try:
+            yield url
+        finally:
+            PREFECT["pid"] = None
 
 
 @contextlib.contextmanager

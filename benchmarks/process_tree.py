@@ -19,12 +19,21 @@ from ``/proc/<pid>/status`` every ``interval`` seconds for every process of the 
   forkserver preloaded) once per process;
 - **tree**: the sampled sum over the whole tree (driver, workers, forkserver, a private Prefect
   server): the measure of the memory guard.
+
+The CPU figures are exact, not sampled: **tree CPU** is the user + system time of every process
+the run started, once they have all exited (``getrusage(RUSAGE_CHILDREN)`` across the run, with
+this process made the children's subreaper so that a process its parent left behind, a
+forkserver and the workers it forked, is adopted and waited for here instead of by init); **server
+CPU** is the growth of a long-running Prefect server's own user + system time over the run
+(:func:`run_monitored`'s ``server_pid``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -216,15 +225,66 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def adopt_orphans() -> bool:
+    """Make this process the subreaper of its descendants (Linux ``prctl``): a process whose parent
+    exits is re-parented here, so waiting for it adds its CPU time to ``RUSAGE_CHILDREN``. Returns
+    whether that holds (``False`` where ``prctl`` is missing: orphans' CPU is then not counted)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_exited_children(keep: Sequence[int] = ()) -> int:
+    """Wait for every exited child of this process but those in ``keep`` (children owned by a
+    ``Popen`` elsewhere); returns how many. Adopted orphans become such children when they exit."""
+    import psutil
+
+    reaped = 0
+    for child in psutil.Process().children():
+        if child.pid in keep:
+            continue
+        with contextlib.suppress(psutil.Error, ChildProcessError):
+            if child.status() == psutil.STATUS_ZOMBIE and os.waitpid(child.pid, os.WNOHANG)[0]:
+                reaped += 1
+    return reaped
+
+
+def children_cpu_s() -> float:
+    """User + system seconds of this process's waited-for children (and theirs), so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu_s(pid: int | None) -> float | None:
+    """A live process's own user + system seconds (``None`` without one)."""
+    import psutil
+
+    if pid is None:
+        return None
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
+
+
 def run_monitored(cmd: Sequence[str], log_path: Path, *, cwd: Path | None = None, env: dict[str, str] | None = None,
                   timeout_s: float | None = None, mem_limit: int | None = None, interval: float = 0.2,
-                  progress: Callable[[], int] | None = None, mark: int | None = None) -> dict[str, Any]:
+                  progress: Callable[[], int] | None = None, mark: int | None = None,
+                  server_pid: int | None = None) -> dict[str, Any]:
     """Run ``cmd`` (its stdout and stderr to ``log_path``), sampling its process tree; never raises
     for a failed run.
 
     Returns ``rc`` (the exit code; negative: killed by that signal), ``killed`` (``None``,
     ``"timeout"`` or ``"memory"``), ``wall_s``, ``orphans_killed`` (processes of the run still
-    alive :data:`ORPHAN_GRACE_S` after it exited) and :meth:`TreeSampler.summary`.
+    alive :data:`ORPHAN_GRACE_S` after it exited), ``cpu_s`` (the tree's CPU, see the module's
+    docstring; ``None`` where orphans cannot be adopted), ``server_cpu_s`` (the CPU the process
+    ``server_pid`` used meanwhile, ``None`` without one) and :meth:`TreeSampler.summary`.
     ``mem_limit`` defaults to :data:`MEM_LIMIT_BYTES` (0: none).
     """
     # imported here: a child that reads its own memory with proc_memory stays as light as before
@@ -243,6 +303,12 @@ def run_monitored(cmd: Sequence[str], log_path: Path, *, cwd: Path | None = None
                 killed.append("memory")
         threading.Thread(target=proc.stop, daemon=True).start()
 
+    adopted = adopt_orphans()
+    import psutil
+
+    owned = [c.pid for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE]
+    reap_exited_children(owned)  # what earlier commands left: not this run's
+    cpu0, server0 = children_cpu_s(), process_cpu_s(server_pid)
     t0 = time.perf_counter()
     proc.start()
     with TreeSampler(proc.pid, interval=interval, progress=progress, mark=mark, mem_limit=limit or None,
@@ -263,8 +329,14 @@ def run_monitored(cmd: Sequence[str], log_path: Path, *, cwd: Path | None = None
         time.sleep(0.2)
     if left:
         proc.stop(((signal.SIGTERM, 5.0),))
+    server1 = process_cpu_s(server_pid)
+    deadline = time.monotonic() + ORPHAN_GRACE_S  # the adopted ones that exited, or were just stopped
+    while reap_exited_children(owned) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cpu = children_cpu_s() - cpu0
     return {"rc": rc, "killed": killed[0] if killed else None, "wall_s": wall, "log": str(log_path),
-            "orphans_killed": len(left), **sampler.summary()}
+            "orphans_killed": len(left), "cpu_s": cpu if adopted else None,
+            "server_cpu_s": None if server0 is None or server1 is None else server1 - server0, **sampler.summary()}
 
 
 def run_checked(cmd: Sequence[str], log_path: Path, **kwargs: Any) -> dict[str, Any]:
@@ -306,7 +378,7 @@ def measured_run(bench: str, label: str, cmd: list[str], out: Path, quick: bool,
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"[bench] {bench}: {label} ...", flush=True)
     res = run_monitored(cmd, log, timeout_s=run_timeout_s(quick), mark=mark,
-                        progress=lambda: len(common.done_results(out, since)))
+                        progress=lambda: len(common.done_results(out, since)), server_pid=common.PREFECT["pid"])
     summary = common.fresh_summary(out, since) or {}
     new_done = len(common.done_results(out, since))
     at_mark = res["at_mark"] or {}
@@ -324,11 +396,16 @@ def measured_run(bench: str, label: str, cmd: list[str], out: Path, quick: bool,
         "worker_rss_at_mark_mb": mb(at_mark.get("worker_rss")),
         "worker_rss_end_mb": mb(res["worker_last_rss"]),
         "mark_reached_s": round(at_mark["t"], 2) if at_mark else None, "series": res["series"],
+        "cpu_s": _rounded(res["cpu_s"]), "server_cpu_s": _rounded(res["server_cpu_s"]),
     }
     state = "ok" if row["ok"] else f"FAILED rc={res['rc']} killed={res['killed']} (log {log})"
     print(f"[bench] {bench}: {label}: {row['wall_s']:.1f} s, computed {row['shards_computed']}, "
           f"driver {row['driver_peak_mb']} MB, worker {row['worker_peak_mb']} MB, {state}", flush=True)
     return row
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
 
 
 def cli_runs_note(bench: str, quick: bool) -> str:

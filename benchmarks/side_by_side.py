@@ -34,8 +34,9 @@ HERE = Path(__file__).resolve().parent.parent
 
 def row_values(result: dict[str, Any]) -> dict[str, float]:
     """A benchmark result's rows as label → seconds: the row's ``wall_s`` or ``call_s`` (its median
-    where it is a spread), labelled by its ``shards`` (if any) and its ``case`` or ``run``; rows
-    with the same label (a benchmark's own repetitions) give their median."""
+    where it is a spread), labelled by its ``shards`` (if any) and its ``case`` or ``run``, and, for
+    a row with CPU figures (``cpu_s`` and ``server_cpu_s``: ``scale``'s), their sum as
+    ``<label>, CPU``; rows with the same label (a benchmark's own repetitions) give their median."""
     values: dict[str, list[float]] = {}
     for row in result.get("rows", []):
         name = row.get("case") or row.get("run")
@@ -48,6 +49,8 @@ def row_values(result: dict[str, Any]) -> dict[str, float]:
             continue
         label = f"{row['shards']} shards, {name}" if isinstance(row.get("shards"), int) else str(name)
         values.setdefault(label, []).append(float(seconds))
+        if isinstance(row.get("cpu_s"), (int, float)) and isinstance(row.get("server_cpu_s"), (int, float)):
+            values.setdefault(f"{label}, CPU", []).append(float(row["cpu_s"] + row["server_cpu_s"]))
     return {label: statistics.median(v) for label, v in values.items()}
 
 

@@ -24,8 +24,10 @@ def test_the_committed_results_of_the_compared_benchmarks_give_rows():
 def test_rows_of_one_label_give_their_median():
     result = {"rows": [{"case": "a", "wall_s": {"median": 2.0}}, {"run": "b", "shards": 10, "wall_s": 1.0},
                        {"run": "b", "shards": 10, "wall_s": 3.0}, {"run": "b", "shards": 10, "wall_s": 9.0},
-                       {"case": "no figure"}, {"case": "failed", "wall_s": None}]}
-    assert row_values(result) == {"a": 2.0, "10 shards, b": 3.0}
+                       {"case": "no figure"}, {"case": "failed", "wall_s": None},
+                       {"run": "c", "wall_s": 5.0, "cpu_s": 7.0, "server_cpu_s": 1.5},
+                       {"run": "d", "wall_s": 5.0, "cpu_s": 7.0, "server_cpu_s": None}]}
+    assert row_values(result) == {"a": 2.0, "10 shards, b": 3.0, "c": 5.0, "c, CPU": 8.5, "d": 5.0}
 
 
 def test_a_base_that_is_no_checkout_is_refused(tmp_path):
