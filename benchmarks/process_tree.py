@@ -25,7 +25,8 @@ the run started, once they have all exited (``getrusage(RUSAGE_CHILDREN)`` acros
 this process made the children's subreaper so that a process its parent left behind, a
 forkserver and the workers it forked, is adopted and waited for here instead of by init); **server
 CPU** is the growth of a long-running Prefect server's own user + system time over the run
-(:func:`run_monitored`'s ``server_pid``).
+(:func:`run_monitored`'s ``server_pid``); **driver CPU** is the started process's own user +
+system time at its last sample (sampled: up to one interval short).
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ class TreeSampler:
         self.at_mark: dict[str, Any] | None = None
         self.limit_hit = False
         self.series: list[list[float]] = []  # [t, driver RSS, largest worker RSS, workers' RSS summed]
+        self.driver_cpu = 0.0  # the started process's own user + system seconds, at its last sample
         self._t0 = time.perf_counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="tree-sampler")
@@ -172,6 +174,10 @@ class TreeSampler:
                 if kind in (None, "other"):  # between fork and exec a child still shows its parent's command line
                     kind = self.kind[proc.pid] = self._classify(proc)
                 rss = mem.get("VmRSS", 0)
+                if proc.pid == self.root.pid:
+                    with contextlib.suppress(psutil.Error):
+                        times = proc.cpu_times()
+                        self.driver_cpu = max(self.driver_cpu, times.user + times.system)
                 self.peak[proc.pid] = max(self.peak.get(proc.pid, 0), mem.get("VmHWM", 0), rss)
                 self.last_rss[proc.pid] = rss
                 sums["tree"] += rss
@@ -215,7 +221,8 @@ class TreeSampler:
                 "forkserver_peak": self._largest(self.peak, "forkserver"),
                 "workers_sum_peak": self.sum_peak["workers"],
                 "workers_and_forkserver_sum_peak": self.sum_peak["workers_and_forkserver"],
-                "tree_sum_peak": self.sum_peak["tree"], "at_mark": self.at_mark, "series": self.series}
+                "tree_sum_peak": self.sum_peak["tree"], "at_mark": self.at_mark, "series": self.series,
+                "driver_cpu_s": self.driver_cpu}
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -397,6 +404,7 @@ def measured_run(bench: str, label: str, cmd: list[str], out: Path, quick: bool,
         "worker_rss_end_mb": mb(res["worker_last_rss"]),
         "mark_reached_s": round(at_mark["t"], 2) if at_mark else None, "series": res["series"],
         "cpu_s": _rounded(res["cpu_s"]), "server_cpu_s": _rounded(res["server_cpu_s"]),
+        "driver_cpu_s": _rounded(res["driver_cpu_s"]),
     }
     state = "ok" if row["ok"] else f"FAILED rc={res['rc']} killed={res['killed']} (log {log})"
     print(f"[bench] {bench}: {label}: {row['wall_s']:.1f} s, computed {row['shards_computed']}, "

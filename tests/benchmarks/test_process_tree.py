@@ -19,11 +19,13 @@ def test_the_cpu_of_a_child_left_behind_by_its_parent_is_counted(tmp_path):
     res = process_tree.run_monitored([sys.executable, "-c", ORPHANING], tmp_path / "run.log")
     assert res["rc"] == 0 and res["orphans_killed"] == 0
     assert res["cpu_s"] is not None and res["cpu_s"] >= 0.6, res["cpu_s"]
+    assert 0 <= res["driver_cpu_s"] < 0.6  # the parent's own time only (sampled), not its child's
     assert res["server_cpu_s"] is None  # no server named
 
 
 def test_a_named_server_process_is_counted_apart(tmp_path):
-    res = process_tree.run_monitored([sys.executable, "-c", "pass"], tmp_path / "run.log", server_pid=process_tree.os.getpid())
+    res = process_tree.run_monitored([sys.executable, "-c", "pass"], tmp_path / "run.log",
+                                     server_pid=process_tree.os.getpid())
     assert res["server_cpu_s"] is not None and res["server_cpu_s"] >= 0
 
 
