@@ -47,8 +47,8 @@ FLOW_WARM = "flow (Prefect + LocalCluster 2×1), repeat run in the same process 
 CLUSTER = "engine, LocalCluster 2×1"
 TRIM_ON = " [MALLOC_TRIM_THRESHOLD_=65536: Dask's default]"
 TRIM_OFF = " [MALLOC_TRIM_THRESHOLD_ unset: as the product's clusters]"
-FLOW_TRIM = " [parallel.trim_worker_memory=true]"
-FLOW_SPAWN = " [parallel.start_method=spawn]"
+FLOW_TRIM = " [parallel.options.trim_worker_memory=true]"
+FLOW_SPAWN = " [parallel.options.start_method=spawn]"
 KERNEL_FAST = "kernel (1 process), the job's FastFbank"
 KERNEL2_FAST = "kernel, 2 processes (measured), the job's FastFbank"
 N_LARGE = 16000
@@ -157,7 +157,7 @@ def engine_config(manifest: Path, output_dir: Path, shard_size: int, env: str = 
     from espnet3_flows.stats.job import CollectStatsConfig
 
     return CollectStatsConfig(manifests={"train": str(manifest)}, output_dir=str(output_dir), shard_size=shard_size,
-                              parallel=ParallelConfig(env=env, n_workers=common.WORKERS, inline_shards=0))
+                              parallel=ParallelConfig(env=env, n_workers=common.WORKERS, options={"inline_shards": 0}))
 
 
 def engine_run(manifest: Path, n: int, shard_size: int, client: Any = None, output_dir: Path | None = None) -> dict[str, Any]:
@@ -206,7 +206,9 @@ def start_cluster(trim: bool) -> tuple[Any, Any, float]:
 def flow_config(manifest: Path, output_dir: Path, shard_size: int, parallel: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plain config of a flow run on a local 2-worker cluster (also for a single shard: what is
     measured is the cluster); ``parallel`` adds ``parallel.*`` keys."""
-    parallel = {"env": "local", "n_workers": common.WORKERS, "inline_shards": 0, **(parallel or {})}
+    extra = dict(parallel or {})
+    options = {"inline_shards": 0, **extra.pop("options", {})}
+    parallel = {"env": "local", "n_workers": common.WORKERS, "options": options, **extra}
     return {"manifests": {"train": str(manifest)}, "output_dir": str(output_dir), "shard_size": shard_size,
             "parallel": parallel}
 
@@ -216,7 +218,7 @@ def flow_run(manifest: Path, shard_size: int, output_dir: Path | None = None, pa
     """One ``run_job`` call; a fresh (cold) output directory unless one is given.
 
     Args:
-        parallel: Extra ``parallel.*`` keys (e.g. ``{"start_method": "spawn"}``).
+        parallel: Extra ``parallel.*`` keys (e.g. ``{"options": {"start_method": "spawn"}}``).
         warm_process: Run as a second run in this process would: the workers' forkserver is
             already running with its modules imported. Otherwise it is stopped first, so the
             run pays its start as a fresh process (``python flows/collect_stats.py``) does.
@@ -355,8 +357,8 @@ class _Methods:
                    self.flow]
         if not quick:
             methods += [functools.partial(self.lhotse, False), functools.partial(self.cluster, True),
-                        functools.partial(self.flow, FLOW_TRIM, {"trim_worker_memory": True}),
-                        functools.partial(self.flow, FLOW_SPAWN, {"start_method": "spawn"}), self.flow_warm,
+                        functools.partial(self.flow, FLOW_TRIM, {"options": {"trim_worker_memory": True}}),
+                        functools.partial(self.flow, FLOW_SPAWN, {"options": {"start_method": "spawn"}}), self.flow_warm,
                         self.flow_large]
         return methods
 

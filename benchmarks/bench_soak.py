@@ -63,7 +63,7 @@ def night_sizes(first: int, nights: int) -> list[int]:
 def _prefect_yaml(work: Path, address: str, model: Path) -> str:
     import yaml
 
-    parallel = {"env": "address", "address": address}
+    parallel = {"env": "address", "options": {"address": address}}
     extra = {"extract_xvectors": {"xvector": {"pretrained_model": str(model)}}}
     return yaml.safe_dump({
         "name": "soak", "prefect-version": "3.8.8",

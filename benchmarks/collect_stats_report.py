@@ -130,7 +130,7 @@ def notes(by: dict[str, dict[str, Any]], n: int, audio: float, reps: int, shard_
         "MALLOC_TRIM_THRESHOLD_: Dask's nannies export MALLOC_TRIM_THRESHOLD_=65536 to every worker by default "
         "(distributed.nanny.pre-spawn-environ). Setting it disables glibc's dynamic mmap threshold, so each array "
         "over 128 KiB (a 2–6 s waveform, its features) is a fresh mmap that is page-faulted and unmapped again. "
-        "The product's own clusters now start workers without it (parallel.trim_worker_memory=false, the "
+        "The product's own clusters now start workers without it (parallel.options.trim_worker_memory=false, the "
         "default); a plain LocalCluster passed as client= keeps Dask's default. Both are shown.",
         "The machine is shared with other engineers' test runs, so 2 × kernel (one process timed alone) is an "
         "optimistic ceiling; the measured 2-process kernel shows what two cores gave during this run.",
@@ -147,7 +147,7 @@ def notes(by: dict[str, dict[str, Any]], n: int, audio: float, reps: int, shard_
                      + ", ".join(f"{label} {value / two_fast:.2f}" for label, value in vs_two_proc) + ".")
     spawned = by.get(FLOW + FLOW_SPAWN)
     if spawned:
-        notes.append(f"Workers forked from the preloaded forkserver (parallel.start_method=forkserver, the default) "
+        notes.append(f"Workers forked from the preloaded forkserver (parallel.options.start_method=forkserver, the default) "
                      f"vs spawned (start_method=spawn), cold, same run: fixed cost "
                      f"{flow['fixed_s']['median']:.2f} s vs {spawned['fixed_s']['median']:.2f} s, end-to-end "
                      f"{flow_e2e / spawned['utt_per_s']['median']:.2f}x the spawn throughput.")

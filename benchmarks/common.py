@@ -208,14 +208,13 @@ def preserved_environ() -> Iterator[None]:
 def dask_malloc_trim(enabled: bool) -> Iterator[None]:
     """Dask workers started in the block get ``MALLOC_TRIM_THRESHOLD_=65536`` (Dask's own default,
     ``enabled=True``) or no such variable (``enabled=False``), as the product's clusters do with
-    ``parallel.trim_worker_memory`` (its ``worker_settings``): a plain ``LocalCluster`` measured
-    beside the product's."""
+    ``parallel.options.trim_worker_memory`` (its ``worker_settings``): a plain ``LocalCluster``
+    measured beside the product's."""
     import distributed  # noqa: F401 - loads its config defaults first, or leaving the block would drop them
 
     from espnet3_flows.parallel.backends.cluster_setup import worker_settings
-    from espnet3_flows.parallel.parallel_config import ParallelConfig
 
-    with preserved_environ(), worker_settings(ParallelConfig(env="local", trim_worker_memory=enabled)):
+    with preserved_environ(), worker_settings(enabled):
         yield
 
 

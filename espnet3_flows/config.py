@@ -190,6 +190,11 @@ def rename_aliases(layer: DictConfig, aliases: Mapping[str, str]) -> DictConfig:
         return layer
     data = OmegaConf.to_container(layer, resolve=False)
     assert isinstance(data, dict)
+    return OmegaConf.create(renamed_keys(data, aliases))
+
+
+def renamed_keys(data: dict[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
+    """:func:`rename_aliases` on plain nested dicts: ``data`` changed in place and returned."""
     missing = object()
     for alias, key in aliases.items():
         *parents, leaf = alias.split(".")
@@ -208,7 +213,7 @@ def rename_aliases(layer: DictConfig, aliases: Mapping[str, str]) -> DictConfig:
             raise ConfigError(f"{key} and {alias} are the same key ({alias} is its alias) but were given different "
                               f"values, {given!r} and {value!r}: give one of them")
         target[kleaf] = value
-    return OmegaConf.create(data)
+    return data
 
 
 def to_plain(obj: Any) -> Any:

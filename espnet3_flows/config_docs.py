@@ -8,7 +8,9 @@ from :mod:`espnet3_flows.job_registry`), ``engine`` (the keys every job has,
 :class:`~espnet3_flows.utterance_job.EngineConfig`) or ``parallel``
 (:class:`~espnet3_flows.parallel.parallel_config.ParallelConfig`), optionally followed by
 ``collapse=SECTION[,SECTION]``: sections shown as one row (a section documented in another table);
-or ``backends``: the built-in ``parallel.env`` values, from their declarations.
+or ``backends``: the built-in ``parallel.env`` values, from their declarations; or
+``env-options``: the ``parallel.options`` the built-in envs read themselves (their own options
+dataclasses, :mod:`espnet3_flows.parallel.backends.own_options`).
 A job's table lists its own keys; the engine's keys it shares unchanged are one row pointing at
 the engine's table. ``tests/test_config_docs.py`` fails when the page differs from this::
 
@@ -112,6 +114,8 @@ def config_table(name: str, collapse: Sequence[str] = ()) -> str:
 
     if name == "backends":
         return backends_table()
+    if name == "env-options":
+        return env_options_table()
     schema = table_schema(name)
     docs, defaults = describe_keys(schema), _defaults(schema)
     unknown = [c for c in collapse if c not in defaults or not isinstance(defaults[c], dict)]
@@ -164,6 +168,32 @@ def backends_table() -> str:
     lines = ["| `parallel.env` | what | cluster | `n_workers` counts | needs | extra |", "| --- | --- | --- | --- | --- | --- |"]
     lines += ["| " + " | ".join(markdown(cell) for cell in row) + " |" for row in backend_rows(builtin)]
     return "\n".join(lines) + "\n"
+
+
+def env_options_table() -> str:
+    """The table of the ``parallel.options`` keys the built-in envs read themselves, each with its
+    default, the envs that have it and its meaning (from its options dataclass)."""
+    from espnet3_flows.parallel.backends import BACKENDS
+
+    envs: dict[str, list[str]] = {}
+    found: dict[str, tuple[dataclasses.Field, str]] = {}
+    for env, placement in BACKENDS.items().items():
+        if not BACKENDS.is_builtin(env) or placement.own_options is None:
+            continue
+        docs = describe_keys(placement.own_options)
+        for f in dataclasses.fields(placement.own_options):
+            envs.setdefault(f.name, []).append(env)
+            if not docs.get(f.name):
+                raise ConfigDocsError(f"{placement.own_options.__name__}: option {f.name!r} has no description")
+            found.setdefault(f.name, (f, docs[f.name]))
+    rows = ["| key | default | envs | meaning |", "|---|---|---|---|"]
+    for key, (f, doc) in found.items():
+        text = markdown(doc)
+        if f.metadata.get("choices"):
+            text += f" One of {', '.join(_value(c) for c in f.metadata['choices'])}."
+        rows.append(f"| `parallel.options.{key}` | {_value(f.default)} | {', '.join(f'`{e}`' for e in envs[key])} | "
+                    f"{text} |")
+    return "\n".join(rows) + "\n"
 
 
 def _parse(spec: str) -> tuple[str, list[str]]:

@@ -6,14 +6,18 @@ the run starts (:mod:`espnet3_flows.orchestration.early_start`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from collections.abc import Mapping
 
 from espnet3_flows.code_keys import CODE
 from espnet3_flows.config import ConfigError, check_choices
 from espnet3_flows.errors import ON_ERROR_POLICIES
 from espnet3_flows.inputs.settings import DEMO_UTTERANCES, FINGERPRINT_MODES
-from espnet3_flows.parallel.parallel_config import ParallelConfig
+from espnet3_flows.parallel.parallel_config import MOVED_KEYS, ParallelConfig
+
+#: The ``parallel`` keys' old spellings (:data:`~espnet3_flows.parallel.parallel_config.MOVED_KEYS`)
+#: from a job config's root: every job's schema reads them
+PARALLEL_ALIASES = {f"parallel.{old}": f"parallel.{new}" for old, new in MOVED_KEYS.items()}
 
 _SPLIT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
@@ -113,6 +117,9 @@ class EngineConfig:
             not ``cpu``: one GPU consumes audio faster than one core decodes it) and 1 elsewhere
             (the workers are the CPU parallelism). Results never depend on it.
     """
+
+    #: old spellings read as their keys (see :func:`espnet3_flows.config.rename_aliases`)
+    CONFIG_ALIASES: ClassVar[dict[str, str]] = PARALLEL_ALIASES
 
     storage_options: dict[str, Any] = field(default_factory=dict)
     shard_size: int = 1000

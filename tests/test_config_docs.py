@@ -30,7 +30,7 @@ def test_the_tables_are_what_the_docstrings_make():
 def test_every_packaged_job_engine_parallel_and_the_envs_have_a_table():
     names = config_docs.table_names(PAGE.read_text())
     packaged = [n for n, spec in available_jobs().items() if spec.schema.startswith("espnet3_flows.")]
-    assert sorted(names) == sorted([*packaged, "engine", "parallel", "backends"])
+    assert sorted(names) == sorted([*packaged, "engine", "parallel", "backends", "env-options"])
 
 
 @pytest.mark.parametrize("job", sorted(available_jobs()))
@@ -78,8 +78,8 @@ def test_check_exits_1_and_names_the_command(tmp_path, capsys):
 
 
 def _keys() -> tuple[set[str], set[str], set[str]]:
-    """Every job's keys, the keys whose value is a mapping (any key below them is the user's),
-    and the sections (dataclass-valued keys)."""
+    """Every job's keys (their old spellings, ``CONFIG_ALIASES``, included), the keys whose value
+    is a mapping (any key below them is the user's), and the sections (dataclass-valued keys)."""
     keys, mappings, sections = set(), set(), set()
 
     def walk(schema: type, prefix: str) -> None:
@@ -95,6 +95,7 @@ def _keys() -> tuple[set[str], set[str], set[str]]:
 
     for spec in available_jobs().values():
         walk(spec.config_class, "")
+        keys.update(getattr(spec.config_class, "CONFIG_ALIASES", {}))
     return keys, mappings, sections
 
 

@@ -133,7 +133,7 @@ def deployment_trust() -> DeploymentTrust | None:
 def refuse_code_from_form(job: str, config_file: str | None, values: dict[str, Any],
                           overrides: Sequence[str] | None) -> None:
     """In a deployment's run, refuse the run's parameters when they name code (a ``_target_``,
-    ``parallel.cluster_class``, a worker's environment...: :mod:`espnet3_flows.code_keys`) that the
+    an ``parallel.env`` that is a cluster class, a worker's environment...: :mod:`espnet3_flows.code_keys`) that the
     deployment's own parameters do not hold and its ``trust_code`` pull step does not open:
     whoever can fill in a deployment's form must not run code on its workers. Checked on the
     merged sources before the config is validated (validation imports what they name)."""

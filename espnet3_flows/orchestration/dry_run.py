@@ -45,7 +45,7 @@ def _print_plan(job: str, cfg: Any, run: PlannedFlow) -> None:
     print(f"  cluster: {describe_parallel(cfg.parallel)}")
     if run.pending_shards and cfg.parallel.runs_here(run.pending_shards) and cfg.parallel.backend.owns_cluster:
         print(f"  (none started: {run.pending_shards} shard(s) to compute run in this process, "
-              f"parallel.inline_shards={cfg.parallel.inline_shards})")
+              f"parallel.options.inline_shards={cfg.parallel.backend.options_of(cfg.parallel).inline_shards})")
 
 
 def _print_inputs(split: PlannedRunner, storage_options: Any) -> int:

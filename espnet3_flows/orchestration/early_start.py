@@ -8,7 +8,7 @@ imports (Dask, Prefect's task engine, torch and the job's frontend: ~3.7 s of on
 forkserver started ~1.3 s into the run; planned first (config, manifests, ``done`` records: no
 Prefect needed), it starts ~0.4 s in, and its imports overlap the CLI's and the server's start.
 The plan says whether any worker will be needed: a run whose shards all run in the driver
-(``parallel.inline_shards``) starts no forkserver, and a run that has nothing to compute or merge
+(``parallel.options.inline_shards``) starts no forkserver, and a run that has nothing to compute or merge
 (a rerun) is finished right here: its summary printed and the process ended (``SystemExit``, status
 0) before Prefect, Dask or torch is imported (~0.5 s on that machine instead of ~1.4 s).
 

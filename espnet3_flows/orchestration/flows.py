@@ -40,7 +40,7 @@ from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad
 from espnet3_flows.orchestration.task_runner import make_task_runner, prestart_workers
 from espnet3_flows.timeline import mark
 from espnet3_flows.parallel.backends import worker_slots
-from espnet3_flows.parallel.cluster import with_worker_env
+from espnet3_flows.parallel.cluster import with_worker_environ
 from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.forkserver import check_main_imported
 from espnet3_flows.parallel.main_guard import refuse_while_importing_main
@@ -216,7 +216,7 @@ def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool
         # workers that do not inherit this process's environment (ssh, kube) are given the API's URL
         api_url = {"PREFECT_API_URL": os.environ["PREFECT_API_URL"]} if os.environ.get("PREFECT_API_URL") else {}
         # (and local ones what the run's console asks of them)
-        task_runner = make_task_runner(with_worker_env(run.parallel, {**run.worker_environ, **api_url}))
+        task_runner = make_task_runner(with_worker_environ(run.parallel, {**run.worker_environ, **api_url}))
         check_main_imported()  # a script that starts a run when imported fails here, not inside the flow
     else:  # shards that run here (serial, or few enough), or only merges: in this process
         if run.pending_shards:

@@ -11,15 +11,16 @@ the file, the parameters and the overrides are merged.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import typing
 from typing import Any
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from espnet3_flows.config import describe_keys
+from espnet3_flows.config import describe_keys, renamed_keys
 
 #: Config keys that never become flow parameters (credentials: see ``docs/credentials.md``)
 SECRET_KEYS = frozenset({"storage_options"})
@@ -80,13 +81,23 @@ def _fields(section: type, prefix: str, hidden: frozenset[str]) -> list[FormFiel
 @functools.cache
 def section_model(section: type, prefix: str = "", hidden: frozenset[str] = frozenset()) -> type[BaseModel]:
     """A pydantic model with the fields of the dataclass ``section`` (types, defaults and
-    descriptions; nested dataclasses as nested models), without the dotted keys in ``hidden``."""
+    descriptions; nested dataclasses as nested models), without the dotted keys in ``hidden``. A
+    section's ``CONFIG_ALIASES`` (old spellings, e.g. ``parallel.inline_shards``) are read as
+    their keys, so a deployment's parameters saved before a key moved still validate."""
     fields = {f.name: (f.annotation, Field(default_factory=f.annotation, description=f.doc or None))
               if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)
               else (f.annotation, Field(default=f.default, description=f.doc or None))
               for f in _fields(section, prefix, hidden)}
+    aliases = dict(getattr(section, "CONFIG_ALIASES", {}) if prefix else {})  # a root's aliases: its config's
+    validators = {"old_spellings": model_validator(mode="before")(functools.partial(_old_spellings, aliases=aliases))
+                  } if aliases else {}
     return create_model(f"{section.__name__}Form", __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
-                        __doc__=(section.__doc__ or "").strip().split("\n\n")[0], **fields)
+                        __doc__=(section.__doc__ or "").strip().split("\n\n")[0], __validators__=validators,
+                        **fields)
+
+
+def _old_spellings(cls: type, data: Any, aliases: Mapping[str, str]) -> Any:
+    return renamed_keys(copy.deepcopy(data), aliases) if isinstance(data, dict) else data
 
 
 def form_fields(schema: type) -> list[FormField]:
@@ -108,7 +119,8 @@ def dotted_values(schema: type, values: Mapping[str, Any], prefix: str = "") -> 
         if isinstance(value, BaseModel):
             value = value.model_dump()
         kind = hints[f.name]
-        if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):
+        if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):  # its old spellings read as their keys
+            value = renamed_keys(copy.deepcopy(dict(value)), getattr(kind, "CONFIG_ALIASES", {}))
             out.update(dotted_values(kind, value, f"{prefix}{f.name}."))
         else:
             out[prefix + f.name] = value

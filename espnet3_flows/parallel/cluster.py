@@ -40,8 +40,8 @@ def describe_parallel(cfg: ParallelSettings) -> str:
     return backend_of(cfg).describe(cfg)
 
 
-def with_worker_env(cfg: Settings, variables: dict[str, str]) -> Settings:
-    """``cfg`` with ``variables`` in its workers' environment, for backends whose workers do not
-    inherit this process's (``ssh``: ``options.worker_options.env``, ``kube``: ``options.env``);
-    the user's own entries win. Unchanged for the others."""
-    return backend_of(cfg).with_worker_env(cfg, variables)
+def with_worker_environ(cfg: Settings, variables: dict[str, str]) -> Settings:
+    """``cfg`` with ``variables`` in its workers' OS environment, for backends whose workers do
+    not inherit this process's (``ssh``: ``options.worker_options.env``, ``kube``: ``options.env``,
+    local nannies: ``options.env``); the user's own entries win. Unchanged for the others."""
+    return backend_of(cfg).with_worker_environ(cfg, variables)

@@ -21,12 +21,6 @@ class ParallelSettings(Protocol):
     options: dict[str, Any]
     adapt: dict[str, Any]
     allowed_failures: int
-    trim_worker_memory: bool
-    start_method: str
-    address: str
-    scheduler_file: str
-    cluster_class: str
-    inline_shards: int
     allow_overwrite_lock: bool
 
 

@@ -35,7 +35,7 @@ class XVectorJobConfig(EngineConfig, SplitsConfig):
 
     #: ESPnet3's x-vector recipe names (see :func:`espnet3_flows.config.rename_aliases`)
     CONFIG_ALIASES: ClassVar[dict[str, str]] = {"xvector.manifest_paths": "manifests",
-                                                "xvector.save_path": "output_dir"}
+                                                "xvector.save_path": "output_dir", **EngineConfig.CONFIG_ALIASES}
 
     output_dir: str = "exp/xvectors"
     shard_size: int = 128

@@ -210,6 +210,8 @@ def test_dask_scheduler_address_override_resolves_from_the_worker_environment(mo
     from espnet3_flows.parallel.parallel_config import ParallelConfig
 
     monkeypatch.setenv("DASK_SCHEDULER_ADDRESS", "tcp://dask-scheduler:8786")
-    assert "parallel.address=${oc.env:DASK_SCHEDULER_ADDRESS}" in COMPOSE.read_text()
-    cfg = load_config(ParallelConfig, overrides=["env=address", "address=${oc.env:DASK_SCHEDULER_ADDRESS}"])
-    assert cfg.address == "tcp://dask-scheduler:8786"
+    assert "parallel.options.address=${oc.env:DASK_SCHEDULER_ADDRESS}" in COMPOSE.read_text()
+    cfg = load_config(ParallelConfig, overrides=["env=address", "options.address=${oc.env:DASK_SCHEDULER_ADDRESS}"])
+    assert cfg.placement_options.address == "tcp://dask-scheduler:8786"
+    old = load_config(ParallelConfig, overrides=["env=address", "address=${oc.env:DASK_SCHEDULER_ADDRESS}"])
+    assert old.placement_options.address == "tcp://dask-scheduler:8786"  # the spelling before it moved

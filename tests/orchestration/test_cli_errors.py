@@ -110,7 +110,7 @@ def test_a_config_error_starts_no_server(tmp_path, demo_corpus, name):
 def test_verbose_keeps_the_traceback_and_the_logs(tmp_path, demo_corpus, session_api_url):
     args, expected = _case("missing-audio", tmp_path, demo_corpus)
     # on a cluster (one shard would run in the driver): Dask's log lines are shown too
-    code, lines, text = _cli(tmp_path, *args, "--verbose", "parallel.inline_shards=0", api_url=session_api_url)
+    code, lines, text = _cli(tmp_path, *args, "--verbose", "parallel.options.inline_shards=0", api_url=session_api_url)
     assert code == 1
     assert "Traceback" in text and "distributed.scheduler" in text and "Finished in state Failed" in text
     assert sum(line.startswith("error:") for line in lines) == 1
@@ -127,7 +127,7 @@ def test_good_run_is_short_and_says_where_outputs_are(tmp_path, demo_corpus, sta
     # several shards: a real LocalCluster whose workers print to this terminal too; spawned ones
     # (as with trim_worker_memory, or every patch off) log Dask's start banner before any setup
     args = [f"manifests.train={manifest}", f"output_dir={tmp_path / 'out'}", "parallel.env=local",
-            "parallel.n_workers=2", "shard_size=8", f"parallel.start_method={start_method}"]
+            "parallel.n_workers=2", "shard_size=8", f"parallel.options.start_method={start_method}"]
     code, lines, text = _cli(tmp_path, *args, api_url=api_url)
     assert code == 0, text
     computed = re.search(r"shards computed (\d+) / cached 0", text)

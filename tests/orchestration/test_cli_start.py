@@ -78,7 +78,7 @@ def test_one_shard_runs_in_the_driver_with_the_same_outputs_as_on_a_cluster(tmp_
                                                   "workers_ready", "first_shard", "shards_merged", "flow_returned",
                                                   "server_stopped", "summary_printed"]
     cluster = _cli(home, f"manifests.train={four_utterances}", f"output_dir={tmp_path / 'cluster'}", "--verbose",
-                   "parallel.inline_shards=0", "parallel.n_workers=1", api_url=session_api_url)  # the reference
+                   "parallel.options.inline_shards=0", "parallel.n_workers=1", api_url=session_api_url)  # the reference
     assert cluster.returncode == 0, cluster.stderr[-3000:]
     assert "Creating a new Dask cluster" in cluster.stderr
     a, b = np.load(tmp_path / "inline/train/feats_stats.npz"), np.load(tmp_path / "cluster/train/feats_stats.npz")
@@ -196,7 +196,7 @@ def test_dry_run_says_when_the_shards_run_in_the_driver(tmp_path, four_utterance
     home = tmp_path / "prefect-home"
     args = [f"manifests.train={four_utterances}", f"output_dir={tmp_path / 'out'}", "--dry-run"]
     one = _cli(home, *args)
-    assert one.returncode == 0 and "shard(s) to compute run in this process, parallel.inline_shards=1" in one.stdout
+    assert one.returncode == 0 and "shard(s) to compute run in this process, parallel.options.inline_shards=1" in one.stdout
     four = _cli(home, *args, "shard_size=2")  # 4 shards: a cluster
     assert four.returncode == 0 and "run in this process" not in four.stdout, four.stdout
     assert not _servers_of(home)  # a dry run starts no server, not even early

@@ -77,10 +77,10 @@ def test_every_key_with_fixed_values_is_a_drop_down_of_exactly_them(job):
     choices = _keys_with_choices(get_job(job).config_class)
     for key, values in choices.items():
         assert form[key].get("enum") == list(values), f"{job}: {key} is no drop-down of {values}"
-    engine = {"on_error", "fingerprint", "parallel.env", "parallel.start_method"}
+    engine = {"on_error", "fingerprint", "parallel.env"}
     own = {"collect_stats": {"frontend.type", "frontend.name", "collected_feats_format", "tokens.token_type"},
            "extract_features": {"frontend.type", "frontend.name"}, "extract_xvectors": {"xvector.toolkit"}}[job]
-    assert engine | own <= set(choices)  # start_method, collected_feats_format, token_type: once free text
+    assert engine | own <= set(choices)  # collected_feats_format, token_type: once free text
     if job == "collect_stats":
         assert form["tokens.token_type"]["enum"][:2] == ["", "none"] and "default" in form["frontend.name"]["enum"]
 

@@ -19,12 +19,13 @@ import psutil
 import pytest
 import yaml
 
-from espnet3_flows.config import ConfigError
+from espnet3_flows.config import ConfigError, load_config
+from espnet3_flows.job_config import EngineConfig
 from espnet3_flows.parallel import backends
 from espnet3_flows.parallel.backends import BUILTIN_ENVS, Backend, ScaledBackend, get_backend, register_backend
 from espnet3_flows.parallel.backends.jobqueue import BatchJobs
 from espnet3_flows.parallel.backends.cluster_setup import check_workers_import
-from espnet3_flows.parallel.cluster import cluster_spec, make_cluster, with_worker_env
+from espnet3_flows.parallel.cluster import cluster_spec, make_cluster, with_worker_environ
 from espnet3_flows.parallel.parallel_config import ParallelConfig
 from espnet3_flows.parallel.parallel_settings import ParallelSettings
 from espnet3_flows.parallel.parallel import get_client, parallel_map
@@ -56,7 +57,7 @@ def test_every_builtin_env_is_one_declaration_and_an_unknown_one_names_them():
     assert [e for e in BUILTIN_ENVS if not isinstance(get_backend(e), Backend)] == ["serial", "address"]
     for env in ("serial", "address"):
         with pytest.raises(ConfigError, match=f"parallel.env={env}: no cluster to build"):
-            cluster_spec(ParallelConfig(env=env, address="tcp://127.0.0.1:1" if env == "address" else ""))
+            cluster_spec(ParallelConfig(env=env, options={"address": "tcp://127.0.0.1:1"} if env == "address" else {}))
     with pytest.raises(ConfigError, match="unknown cluster backend 'kubernetes'") as err:
         ParallelConfig(env="kubernetes")
     assert all(e in str(err.value) for e in BUILTIN_ENVS)
@@ -68,9 +69,10 @@ def test_the_settings_placements_read_are_the_config_fields():
     import dataclasses
     import typing
 
-    fields = {f.name: f.type for f in dataclasses.fields(ParallelConfig)}
-    assert typing.get_type_hints(ParallelSettings) == typing.get_type_hints(ParallelConfig)
-    assert list(ParallelSettings.__annotations__) == list(fields)
+    fields = [f.name for f in dataclasses.fields(ParallelConfig)]
+    config_hints = typing.get_type_hints(ParallelConfig)
+    assert typing.get_type_hints(ParallelSettings) == {name: config_hints[name] for name in fields}
+    assert list(ParallelSettings.__annotations__) == fields
 
 
 def test_every_placement_gives_its_own_client_and_task_runner(tmp_path):
@@ -85,7 +87,7 @@ def test_every_placement_gives_its_own_client_and_task_runner(tmp_path):
 
     info = tmp_path / "scheduler.json"
     info.write_text(json.dumps({"address": "tcp://10.0.0.5:8786"}))
-    running = ParallelConfig(env="address", scheduler_file=str(info))
+    running = ParallelConfig(env="address", options={"scheduler_file": str(info)})
     assert running.backend.dask_runner_options(running) == {"address": "tcp://10.0.0.5:8786"}
     info.write_text(json.dumps({"address": "tcp://10.0.0.6:8786"}))  # the scheduler restarted elsewhere
     assert running.backend.scheduler_address(running) == "tcp://10.0.0.6:8786"
@@ -187,13 +189,16 @@ def test_a_new_backend_is_one_registration(tmp_path):
 def test_cluster_class_runs_a_factory_defined_here(tmp_path, prefect_harness):
     from espnet3_flows.orchestration import runner_flow
 
-    cfg = {"cluster_class": "tests.parallel.test_backends.tiny_cluster", "n_workers": 2, "options": {"threads": 1}}
+    cfg = {"env": "tests.parallel.test_backends.tiny_cluster", "n_workers": 2, "options": {"threads": 1}}
     engine = ScaleSumRunner(ArrayProvider({"n": N}), output_dir=str(tmp_path / "engine"), shard_size=4)
     assert engine.run(range(N), parallel=cfg, progress=False).merged == EXPECTED
+    old = {"cluster_class": "tests.parallel.test_backends.tiny_cluster", "n_workers": 2, "options": {"threads": 1}}
     flow = ScaleSumRunner(ArrayProvider({"n": N}), output_dir=str(tmp_path / "flow"), shard_size=4)
-    assert runner_flow(flow, range(N), parallel=cfg, progress=False) == EXPECTED
-    with pytest.raises(ConfigError, match="leave parallel.env unset"):
-        ParallelConfig(env="slurm", cluster_class="tests.parallel.test_backends.tiny_cluster")
+    assert runner_flow(flow, range(N), parallel=old, progress=False) == EXPECTED  # its old spelling
+    with pytest.raises(ConfigError, match="parallel.env and parallel.cluster_class are the same key"):
+        load_config(EngineConfig, base={"parallel": {"env": "slurm", "cluster_class": old["cluster_class"]}})
+    with pytest.raises(ConfigError, match="parallel.env=no_such_site.Cluster needs no_such_site, which is not installed"):
+        ParallelConfig(env="no_such_site.Cluster")
 
 
 def _dask_config() -> dict:
@@ -246,6 +251,26 @@ def test_a_worker_without_the_project_is_named():
         assert address in str(err.value) and "remote_python" in str(err.value)
 
 
+class _OldHookBackend(Backend):
+    """A plugin written before the hook was renamed: it overrides ``with_worker_env``."""
+
+    def with_worker_env(self, cfg, variables):
+        import dataclasses
+
+        return dataclasses.replace(cfg, n_workers=len(variables))  # what it was told, where the test can see it
+
+
+def test_a_plugin_overriding_the_hook_s_earlier_name_is_still_asked():
+    old = _OldHookBackend("old_hook", "tests.parallel.test_backends.tiny_cluster")
+    register_backend(old)
+    try:
+        cfg = ParallelConfig(env="old_hook")
+        assert with_worker_environ(cfg, {"A": "1", "B": "2"}).n_workers == 2
+        assert with_worker_environ(ParallelConfig(env="slurm"), {"A": "1"}) == ParallelConfig(env="slurm")
+    finally:
+        backends.BACKENDS.unregister("old_hook")
+
+
 # ---- kube: what can be checked without a Kubernetes API -------------------------------------
 def test_kube_resource_carries_our_image_command_env_and_resources():
     from espnet3_flows.parallel.kube import WORKER_COMMAND, kube_cluster_spec
@@ -253,7 +278,7 @@ def test_kube_resource_carries_our_image_command_env_and_resources():
     resources = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "6Gi"}}
     cfg = ParallelConfig(env="kube", n_workers=3, options={"image": "registry.lab/espnet3-flows:0.1.0",
                                                            "resources": resources, "env": {"AWS_REGION": "eu"}})
-    spec = cluster_spec(with_worker_env(cfg, {"PREFECT_API_URL": "http://prefect.lab/api"}))
+    spec = cluster_spec(with_worker_environ(cfg, {"PREFECT_API_URL": "http://prefect.lab/api"}))
     kwargs = {k: spec.kwargs[k] for k in ("image", "n_workers", "resources", "env")}
     resource = kube_cluster_spec(**kwargs)  # dask-kubernetes' own make_cluster_spec
     assert resource["kind"] == "DaskCluster" and resource["spec"]["worker"]["replicas"] == 3

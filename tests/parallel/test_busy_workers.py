@@ -64,7 +64,7 @@ def test_a_small_split_that_grows_a_little_keeps_its_shards():
     ({"env": "slurm", "n_workers": 8, "options": {"cores": 1, "memory": "2GB"}}, 8),
     ({"env": "slurm", "n_workers": 2, "options": {"cores": 4, "processes": 2, "memory": "2GB"}}, 4),
     ({"env": "slurm", "adapt": {"minimum": 1, "maximum": 12}, "options": {"cores": 1, "memory": "2GB"}}, 12),
-    ({"env": "address", "address": "tcp://127.0.0.1:8786"}, 1),
+    ({"env": "address", "options": {"address": "tcp://127.0.0.1:8786"}}, 1),
 ])
 def test_worker_slots_read_from_the_config(parallel, slots):
     assert worker_slots(ParallelConfig(**parallel)) == slots

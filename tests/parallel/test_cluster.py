@@ -96,7 +96,7 @@ def _trim_env(_: int) -> str | None:
 @pytest.mark.dask
 @pytest.mark.parametrize("trim", [False, True])
 def test_worker_malloc_trim_setting(trim):
-    cfg = ParallelConfig(env="local", n_workers=1, trim_worker_memory=trim)
+    cfg = ParallelConfig(env="local", n_workers=1, options={"trim_worker_memory": trim})
     with get_client(config=cfg) as client:
         seen = client.submit(_trim_env, 0, pure=False).result()
     assert seen == ("65536" if trim else None)

@@ -137,35 +137,46 @@ def external_cluster(tmp_path_factory, prefect_harness):
 # ---- (a) configuration ----------------------------------------------------------------------
 
 def test_address_needs_exactly_one_of_address_and_scheduler_file():
-    with pytest.raises(ConfigError, match=r"parallel.env=address needs exactly one of parallel.address .*parallel.scheduler_file"):
+    needs = r"parallel.env=address needs exactly one of parallel.options.address .*parallel.options.scheduler_file"
+    with pytest.raises(ConfigError, match=needs):
         ParallelConfig(env="address")
     with pytest.raises(ConfigError, match="both are set"):
-        ParallelConfig(env="address", address="tcp://h:8786", scheduler_file="/tmp/s.json")
-    assert ParallelConfig(env="address", address="tcp://h:8786").address == "tcp://h:8786"
-    assert ParallelConfig(env="address", scheduler_file="/not/yet/written.json").scheduler_file  # read at run time
+        ParallelConfig(env="address", options={"address": "tcp://h:8786", "scheduler_file": "/tmp/s.json"})
+    given = ParallelConfig(env="address", options={"address": "tcp://h:8786"}).placement_options
+    assert given.address == "tcp://h:8786"
+    later = ParallelConfig(env="address", options={"scheduler_file": "/not/yet/written.json"}).placement_options
+    assert later.scheduler_file  # read at run time
     with pytest.raises(ConfigError, match=r"did you mean 'address'"):
-        ParallelConfig(env="adress", address="tcp://h:8786")
+        ParallelConfig(env="adress", options={"address": "tcp://h:8786"})
 
 
-@pytest.mark.parametrize("key, value", [("n_workers", 2), ("options", {"memory_limit": "2GB"}),
-                                        ("adapt", {"maximum": 4}), ("trim_worker_memory", True)])
+@pytest.mark.parametrize("key, value", [("n_workers", 2), ("options.memory_limit", "2GB"),
+                                        ("adapt", {"maximum": 4}), ("options.trim_worker_memory", True)])
 def test_address_rejects_settings_of_clusters_it_does_not_start(key, value):
+    given = {"options": {"address": "tcp://h:8786"}}
+    if key.startswith("options."):
+        given["options"][key.split(".")[1]] = value
+    else:
+        given[key] = value
     with pytest.raises(ConfigError, match=rf"parallel.{key} cannot be set with parallel.env=address"):
-        ParallelConfig(env="address", address="tcp://h:8786", **{key: value})
+        ParallelConfig(env="address", **given)
 
 
 @pytest.mark.parametrize("env", ["serial", "local", "slurm"])
 @pytest.mark.parametrize("key", ["address", "scheduler_file"])
 def test_other_envs_reject_a_scheduler(env, key):
-    with pytest.raises(ConfigError, match=rf"parallel.{key} .*only with parallel.env=address \(parallel.env is '{env}'\)"):
-        ParallelConfig(env=env, **{key: "tcp://h:8786"})
+    only = rf"parallel.options.{key} .*only with parallel.env=address \(parallel.env is '{env}'\)"
+    with pytest.raises(ConfigError, match=only):
+        ParallelConfig(env=env, options={key: "tcp://h:8786"})
+    with pytest.raises(ConfigError, match=rf"parallel.options.{key} .*only with parallel.env=address"):
+        load_config(ParallelConfig, overrides=[f"env={env}", f"{key}=tcp://h:8786"])  # its old spelling
 
 
 def test_address_is_checked_and_has_no_cluster_class():
-    with pytest.raises(ConfigError, match=r"parallel.address: 'foo://h:1' is not a Dask scheduler address"):
-        ParallelConfig(env="address", address="foo://h:1")
-    cfg = load_config(ParallelConfig, overrides=["env=address", "address=tcp://10.0.0.5:8786"])
-    assert scheduler_address(cfg) == "tcp://10.0.0.5:8786"
+    with pytest.raises(ConfigError, match=r"parallel.options.address: 'foo://h:1' is not a Dask scheduler address"):
+        ParallelConfig(env="address", options={"address": "foo://h:1"})
+    cfg = load_config(ParallelConfig, overrides=["env=address", "address=tcp://10.0.0.5:8786"])  # the old spelling
+    assert scheduler_address(cfg) == "tcp://10.0.0.5:8786" and cfg.options == {"address": "tcp://10.0.0.5:8786"}
     with pytest.raises(ConfigError, match="no cluster to build"):
         cluster_spec(cfg)
     with pytest.raises(ConfigError, match="no cluster to build"):
@@ -176,9 +187,9 @@ def test_address_is_checked_and_has_no_cluster_class():
 
 def test_scheduler_file_errors_are_clear(tmp_path):
     def cfg(path: Path) -> ParallelConfig:
-        return ParallelConfig(env="address", scheduler_file=str(path))
+        return ParallelConfig(env="address", options={"scheduler_file": str(path)})
 
-    with pytest.raises(ConfigError, match=r"parallel.scheduler_file: cannot read .*missing.json.*dask scheduler --scheduler-file"):
+    with pytest.raises(ConfigError, match=r"parallel.options.scheduler_file: cannot read .*missing.json.*dask scheduler --scheduler-file"):
         scheduler_address(cfg(tmp_path / "missing.json"))
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError, match=r"bad.json is not JSON"):
@@ -196,16 +207,16 @@ def test_task_runner_connects_to_the_address_and_starts_nothing(tmp_path, monkey
     from espnet3_flows.orchestration import task_runner
 
     monkeypatch.setattr(task_runner, "start_forkserver", lambda *a, **k: pytest.fail("forkserver started"))
-    runner = task_runner.make_task_runner(ParallelConfig(env="address", address="tcp://10.0.0.5:8786"))
+    runner = task_runner.make_task_runner(ParallelConfig(env="address", options={"address": "tcp://10.0.0.5:8786"}))
     assert isinstance(runner, DaskTaskRunner)
     assert runner.address == "tcp://10.0.0.5:8786" and runner.cluster_class is None and not runner.adapt_kwargs
-    task_runner.prestart_workers(ParallelConfig(env="address", address="tcp://10.0.0.5:8786"), ["numpy"])
+    task_runner.prestart_workers(ParallelConfig(env="address", options={"address": "tcp://10.0.0.5:8786"}), ["numpy"])
 
     info = tmp_path / "scheduler.json"
-    with pytest.raises(ConfigError, match="parallel.scheduler_file: cannot read"):
-        task_runner.make_task_runner(ParallelConfig(env="address", scheduler_file=str(info)))
+    with pytest.raises(ConfigError, match="parallel.options.scheduler_file: cannot read"):
+        task_runner.make_task_runner(ParallelConfig(env="address", options={"scheduler_file": str(info)}))
     info.write_text(json.dumps({"address": "tcp://10.0.0.6:8786"}))
-    runner = task_runner.make_task_runner(ParallelConfig(env="address", scheduler_file=str(info)))
+    runner = task_runner.make_task_runner(ParallelConfig(env="address", options={"scheduler_file": str(info)}))
     assert runner.address == "tcp://10.0.0.6:8786"
 
 
@@ -214,7 +225,7 @@ def test_get_client_names_an_unreachable_scheduler():
 
     answers = r"parallel.env=address: no Dask scheduler answers at tcp://127.0.0.1:\d+"
     with dask.config.set({"distributed.comm.timeouts.connect": "2s"}), pytest.raises(OSError, match=answers), \
-            get_client(config=ParallelConfig(env="address", address=f"tcp://127.0.0.1:{free_port()}")):
+            get_client(config=ParallelConfig(env="address", options={"address": f"tcp://127.0.0.1:{free_port()}"})):
         pass
 
 
@@ -228,7 +239,7 @@ def _shard_keys(outcome) -> set[str]:
 def test_engine_runs_twice_on_the_running_cluster_and_leaves_it_running(external_cluster, tmp_path):
     print(f"scheduler + {len(external_cluster.workers)} workers started in {external_cluster.startup_seconds:.1f} s")
     before = external_cluster.snapshot()
-    cfg = ParallelConfig(env="address", address=external_cluster.address)
+    cfg = ParallelConfig(env="address", options={"address": external_cluster.address})
     for run in (1, 2):  # a fresh output each time: a rerun into the same one needs no cluster
         t0 = time.perf_counter()
         runner = ScaleSumRunner(ArrayProvider({"n": 40}), output_dir=str(tmp_path / f"run{run}"), shard_size=5)
@@ -250,7 +261,7 @@ def test_engine_runs_twice_on_the_running_cluster_and_leaves_it_running(external
 @pytest.mark.dask
 def test_get_client_closes_only_its_client(external_cluster):
     before = external_cluster.snapshot()
-    with get_client(plugin_for(ArrayProvider({"n": 3})), ParallelConfig(env="address", address=external_cluster.address)) as client:
+    with get_client(plugin_for(ArrayProvider({"n": 3})), ParallelConfig(env="address", options={"address": external_cluster.address})) as client:
         assert client.scheduler.address == external_cluster.address
         assert all(external_cluster.env_tokens().values())  # the plugin built the env on every worker
     assert client.status == "closed"

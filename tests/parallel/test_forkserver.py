@@ -111,11 +111,11 @@ def _forks(cfg: ParallelConfig) -> bool:
 @pytest.mark.patch
 def test_which_configs_fork():
     assert _forks(ParallelConfig(env="local"))
-    assert not _forks(ParallelConfig(env="local", start_method="spawn"))
-    assert not _forks(ParallelConfig(env="local", trim_worker_memory=True))  # glibc reads it at exec
+    assert not _forks(ParallelConfig(env="local", options={"start_method": "spawn"}))
+    assert not _forks(ParallelConfig(env="local", options={"trim_worker_memory": True}))  # glibc reads it at exec
     assert not _forks(ParallelConfig(env="slurm")) and not _forks(ParallelConfig(env="serial"))
     with pytest.raises(ConfigError, match="start_method"):
-        ParallelConfig(start_method="fork")
+        ParallelConfig(options={"start_method": "fork"})
 
 
 SCRIPT = '''

@@ -1,4 +1,4 @@
-"""``parallel.inline_shards``: a ``local`` run with few shards to compute runs them in this process
+"""``parallel.options.inline_shards``: a ``local`` run with few shards to compute runs them in this process
 instead of starting a cluster; more shards, ``inline_shards: 0`` or another backend start one."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def test_one_shard_runs_here_more_start_the_cluster(tmp_path):
     assert _pids(tmp_path, "one", 4, env="local", n_workers=1) == {float(os.getpid())}
     on_cluster = _pids(tmp_path, "four", 20, env="local", n_workers=1)  # 4 shards
     assert len(on_cluster) == 1 and float(os.getpid()) not in on_cluster
-    assert float(os.getpid()) not in _pids(tmp_path, "off", 4, env="local", n_workers=1, inline_shards=0)
-    assert _pids(tmp_path, "more", 20, env="local", n_workers=1, inline_shards=4) == {float(os.getpid())}
+    assert float(os.getpid()) not in _pids(tmp_path, "off", 4, env="local", n_workers=1, options={"inline_shards": 0})
+    assert _pids(tmp_path, "more", 20, env="local", n_workers=1, options={"inline_shards": 4}) == {float(os.getpid())}
 
 
 def test_which_configs_run_here():
@@ -32,6 +32,6 @@ def test_which_configs_run_here():
     local = ParallelConfig(env="local")
     assert local.runs_here(1) and not local.runs_here(2) and not local.runs_here(0)  # nothing pending: no run
     assert not ParallelConfig(env="slurm").runs_here(1)  # a batch scheduler was asked for: its jobs run it
-    assert not ParallelConfig(env="address", address="tcp://10.0.0.5:8786").runs_here(1)
+    assert not ParallelConfig(env="address", options={"address": "tcp://10.0.0.5:8786"}).runs_here(1)
     with pytest.raises(ConfigError, match="inline_shards must be >= 0"):
-        ParallelConfig(env="local", inline_shards=-1)
+        ParallelConfig(env="local", options={"inline_shards": -1})

@@ -42,7 +42,7 @@ RUNS = {
     "runner_run": ('runner = Double(Numbers({"n": 40}), output_dir="exp/double", shard_size=4)\n'
                    'print(sum(runner.run(range(40), parallel={"env": "local", "n_workers": 2}).merged))',
                    "a run", "1560"),
-    "spawned_workers": ('set_parallel({"env": "local", "n_workers": 2, "start_method": "spawn"})\n'
+    "spawned_workers": ('set_parallel({"env": "local", "n_workers": 2, "options": {"start_method": "spawn"}})\n'
                         'runner = Double(Numbers({"n": 40}), output_dir="exp/double", shard_size=4)\n'
                         'print(sum(runner(range(40))))', "a run", "1560"),
     "parallel_map": ('set_parallel({"env": "local", "n_workers": 2})\n'

@@ -9,9 +9,10 @@ counts its worker slots; ``docs/configuration.md``'s table of envs is made from 
 A new built-in backend is a :class:`Backend` (or subclass) in a module of this package and one
 line of :data:`BUILTIN_BACKENDS`; another package adds one through the entry-point group
 ``espnet3_flows.backends`` (``name = "package.module:BACKEND"``: :mod:`espnet3_flows.registry`),
-and a program one of its own with :func:`register_backend`. ``parallel.cluster_class:
-pkg.module.Factory`` runs any other Dask cluster class or factory a site has (as prefect-dask's
-``cluster_class``), called with ``n_workers`` and ``parallel.options``.
+and a program one of its own with :func:`register_backend`. ``parallel.env: pkg.module.Factory``
+(an import path instead of a name; also read as ``parallel.cluster_class``) runs any other Dask
+cluster class or factory a site has (as prefect-dask's ``cluster_class``), called with
+``n_workers`` and ``parallel.options``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from collections.abc import Mapping
 
-from espnet3_flows.parallel.backends.base import Backend, ClusterSpec, Placement, ScaledBackend
+from espnet3_flows.parallel.backends.base import Backend, ClusterSpec, Placement
+from espnet3_flows.parallel.backends.scaled import ScaledBackend
 from espnet3_flows.parallel.backends.named_objects import extra_hint, import_object
 from espnet3_flows.parallel.backends.local_gpu import visible_gpu_count
 from espnet3_flows.registry import Registry, instance_of
@@ -28,8 +30,8 @@ if TYPE_CHECKING:
     from espnet3_flows.parallel.parallel_settings import ParallelSettings
 
 __all__ = ["BACKENDS", "BUILTIN_ENVS", "Backend", "ClusterSpec", "Placement", "ScaledBackend", "backend_names",
-           "backend_of", "backend_rows", "extra_hint", "get_backend", "import_object", "register_backend",
-           "visible_gpu_count", "worker_slots"]
+           "backend_of", "backend_rows", "extra_hint", "get_backend", "import_object", "is_cluster_class",
+           "register_backend", "visible_gpu_count", "worker_slots"]
 
 
 #: The built-in envs, as an entry point names one, in the order the UI's drop-down and the docs
@@ -57,10 +59,17 @@ def get_backend(name: str) -> Placement:
     return BACKENDS.get(name)
 
 
+def is_cluster_class(env: str) -> bool:
+    """Whether a ``parallel.env`` value is an import path (``pkg.module.Factory`` or
+    ``pkg.module:Factory``) of a cluster class or factory rather than an env's name."""
+    return "." in env or ":" in env
+
+
 def backend_of(cfg: ParallelSettings) -> Placement:
-    """Where a config's shards run: ``parallel.cluster_class`` when set, else ``parallel.env``'s."""
-    if cfg.cluster_class:
-        return Backend("cluster_class", cfg.cluster_class)
+    """Where a config's shards run: ``parallel.env``'s placement, or for an import path that is
+    no env's name a :class:`Backend` of that cluster class or factory."""
+    if is_cluster_class(cfg.env) and cfg.env not in BACKENDS:
+        return Backend(cfg.env, cfg.env)
     return get_backend(cfg.env)
 
 

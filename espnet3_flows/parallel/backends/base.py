@@ -25,6 +25,7 @@ from collections.abc import Iterator
 
 from espnet3_flows.config import ConfigError, did_you_mean
 from espnet3_flows.parallel.backends.named_objects import keywords_of, module_of, extra_hint, import_object
+from espnet3_flows.parallel.backends.own_options import own_option_names, read_own_options
 
 if TYPE_CHECKING:
     from espnet3_flows.parallel.parallel_settings import ParallelSettings, Settings
@@ -48,6 +49,9 @@ class Placement:
     uses_workers: ClassVar[bool] = True
     #: Whether its workers' output is this terminal (a process of this machine, or this one)
     output_here: ClassVar[bool] = False
+    #: The dataclass of its own typed options, read from ``parallel.options`` and not passed to a
+    #: cluster (:mod:`~.own_options`); ``None``: it has none
+    own_options: ClassVar[type | None] = None
 
     def __init__(self, name: str, *, doc: str = "") -> None:
         self.name, self.doc = name, doc
@@ -57,11 +61,23 @@ class Placement:
 
     def check_config(self, cfg: ParallelSettings) -> None:
         """Raise :class:`ConfigError` for a ``parallel`` section this env cannot run (called
-        when the config is read). By default: a running scheduler's keys are refused."""
-        if cfg.address or cfg.scheduler_file:
-            key = "address" if cfg.address else "scheduler_file"
-            raise ConfigError(f"parallel.{key} names a running scheduler, used only with parallel.env=address "
-                              f"(parallel.env is {cfg.env!r})")
+        when the config is read). By default: its own options are read (:meth:`options_of`), and
+        a running scheduler's keys are refused."""
+        self.options_of(cfg)
+        for key in ("address", "scheduler_file"):
+            if cfg.options.get(key) and key not in own_option_names(self.own_options):
+                raise ConfigError(f"parallel.options.{key} names a running scheduler, used only with "
+                                  f"parallel.env=address (parallel.env is {cfg.env!r})")
+
+    def options_of(self, cfg: ParallelSettings) -> Any:
+        """Its own options (an instance of :attr:`own_options`, typed and checked) as ``cfg``'s
+        ``parallel.options`` sets them; ``None`` for a placement without any."""
+        return None if self.own_options is None else read_own_options(self.own_options, cfg.options, self.name)
+
+    def cluster_options(self, cfg: ParallelSettings) -> dict[str, Any]:
+        """``cfg``'s ``parallel.options`` less its own: what its cluster is called with."""
+        own = own_option_names(self.own_options)
+        return {k: v for k, v in cfg.options.items() if k not in own}
 
     def check_installed(self) -> None:
         """A :class:`ConfigError` naming the extra when a package the env needs is missing."""
@@ -84,9 +100,17 @@ class Placement:
         """Whether a run with ``pending_shards`` shards to compute runs them in this process."""
         return False
 
+    def with_worker_environ(self, cfg: Settings, variables: dict[str, str]) -> Settings:
+        """``cfg`` with ``variables`` in its workers' OS environment; unchanged where the workers
+        inherit this process's environment (or were started by someone else). A plugin written
+        for the hook's earlier name, ``with_worker_env``, is still asked under that name."""
+        if type(self).with_worker_env is not Placement.with_worker_env:
+            return self.with_worker_env(cfg, variables)
+        return cfg
+
     def with_worker_env(self, cfg: Settings, variables: dict[str, str]) -> Settings:
-        """``cfg`` with ``variables`` in its workers' environment; unchanged where the workers
-        inherit this process's environment (or were started by someone else)."""
+        """The earlier name of :meth:`with_worker_environ` ("env" here is the injected dict and
+        the placement): a placement that overrides it is asked through the new name too."""
         return cfg
 
     # ---- the cluster a run uses: the engine's client, the flows' task runner -----------------
@@ -179,7 +203,7 @@ class Backend(Placement):
     def check_config(self, cfg: ParallelSettings) -> None:
         """The options are checked now, not on the cluster (which imports its class)."""
         super().check_config(cfg)
-        if cfg.options or self.required or type(self).check is not Backend.check:
+        if self.cluster_options(cfg) or self.required or type(self).check is not Backend.check:
             self.spec(cfg)
         else:
             self.check_installed()
@@ -246,7 +270,7 @@ class Backend(Placement):
         now, not on the cluster."""
         accepted = self.accepted_options(factory)
         if accepted is not None:
-            for key in cfg.options:
+            for key in self.cluster_options(cfg):
                 if key not in accepted:
                     raise ConfigError(f"parallel.options.{key}: not an option of {self.cluster}"
                                       f"{did_you_mean(key, sorted(accepted))}")
@@ -264,7 +288,7 @@ class Backend(Placement):
                 one, or a cluster package that is not installed (naming its extra).
         """
         self.check_options(cfg, self.load())
-        kwargs = dict(cfg.options)
+        kwargs = self.cluster_options(cfg)
         for key, value in self.defaults(cfg).items():
             kwargs.setdefault(key, value)
         n_workers, adapt = self.place_workers(cfg, kwargs)
@@ -292,8 +316,13 @@ class Backend(Placement):
 
         refuse_while_importing_main("a Dask cluster")
         spec = self.spec(cfg)
-        with worker_settings(cfg):
+        with worker_settings(self.trims_worker_memory(cfg)):
             return self.start(spec, cfg)
+
+    def trims_worker_memory(self, cfg: ParallelSettings) -> bool:
+        """Whether its workers keep Dask's malloc trimming (``options.trim_worker_memory`` where
+        the placement has it: :class:`~.cluster_setup.WorkerMemory`)."""
+        return bool(getattr(self.options_of(cfg), "trim_worker_memory", False))
 
     def connect(self, cfg: ParallelSettings) -> Any:
         """A client on a new cluster of ``cfg``, made ready (:meth:`prepare`); the caller closes
@@ -374,22 +403,3 @@ class Backend(Placement):
         needs = ", ".join(f"``options.{k}``" for k in self.required) or "—"
         extra = f"``[{self.extra}]``" if self.extra else "—"
         return [f"``{self.name}``", self.doc or "—", f"``{self.cluster}``", self.counts, needs, extra]
-
-
-class ScaledBackend(Backend):
-    """A backend whose cluster starts empty: ``cluster.scale(n_workers)`` (1 by default) after
-    construction, or ``cluster.adapt(**parallel.adapt)``."""
-
-    counts = "jobs, ``cluster.scale(n)`` (or ``adapt``)"
-
-    def place_workers(self, cfg: ParallelSettings, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        return cfg.n_workers or (0 if cfg.adapt else 1), dict(cfg.adapt)
-
-    def started(self, cluster: Any, spec: ClusterSpec) -> None:
-        if spec.adapt:
-            cluster.adapt(**spec.adapt)
-        else:
-            cluster.scale(spec.n_workers)
-
-    def describe_scaling(self, spec: ClusterSpec) -> str:
-        return f", adapt {spec.adapt}" if spec.adapt else f", scaled to {spec.n_workers} worker(s)"

@@ -6,29 +6,47 @@ environment; the check that every worker imports this project."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from collections.abc import Iterator
 
 from espnet3_flows.config import ConfigError
 
 if TYPE_CHECKING:
-    from espnet3_flows.parallel.parallel_settings import ParallelSettings, Settings
+    from espnet3_flows.parallel.parallel_settings import Settings
 
 #: Worker environments' setting of Dask's malloc trimming (their nannies add it when it is unset)
 _TRIM_KEY = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 
 
+@dataclass(frozen=True)
+class WorkerMemory:
+    """``parallel.options`` of a cluster whose workers this run starts (``local``, ``local_gpu``,
+    the batch schedulers).
+
+    Attributes:
+        trim_worker_memory: Keep Dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` in worker
+            processes. Off by default: setting it disables glibc's dynamic mmap threshold, so
+            every waveform or feature array over 128 KiB is a fresh mmap that is page-faulted and
+            unmapped again, several times the fbank loop's CPU time (``benchmarks/README.md``).
+            Turn it on if workers must hand memory back to the OS promptly; ``local`` workers are
+            then spawned. (Also read as ``parallel.trim_worker_memory``.)
+    """
+
+    trim_worker_memory: bool = False
+
+
 @contextlib.contextmanager
-def worker_settings(cfg: ParallelSettings) -> Iterator[None]:
-    """For the block in which a cluster of ``cfg`` starts its local workers: Dask's malloc
-    trimming for their environment as ``trim_worker_memory`` says (their nannies read it when they
-    are made), and Dask's ``MALLOC_TRIM_THRESHOLD_`` left in this process's environment by an
-    earlier nanny kept from them. Both are undone when the block ends."""
+def worker_settings(trim: bool) -> Iterator[None]:
+    """For the block in which a cluster starts its local workers: Dask's malloc trimming for
+    their environment when ``trim`` (``trim_worker_memory``; their nannies read it when they are
+    made), and Dask's ``MALLOC_TRIM_THRESHOLD_`` left in this process's environment by an earlier
+    nanny kept from them. Both are undone when the block ends."""
     import dask
 
     from espnet3_flows.parallel.forkserver import DASK_TRIM_DEFAULT, without_inherited_trim_threshold
 
-    value = int(DASK_TRIM_DEFAULT) if cfg.trim_worker_memory else None
+    value = int(DASK_TRIM_DEFAULT) if trim else None
     with dask.config.set({_TRIM_KEY: value}), without_inherited_trim_threshold():
         yield
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from espnet3_flows.parallel.backends.base import ScaledBackend
+from espnet3_flows.parallel.backends.scaled import ScaledBackend
+from espnet3_flows.parallel.backends.cluster_setup import WorkerMemory
 
 if TYPE_CHECKING:
     from espnet3_flows.parallel.parallel_settings import ParallelSettings
@@ -26,6 +27,8 @@ class BatchJobs(ScaledBackend):
     """Workers in batch jobs of a dask-jobqueue cluster class; per-job fallbacks where neither
     the options nor the site's ``jobqueue.yaml`` size a job."""
 
+    own_options = WorkerMemory
+
     def place_workers(self, cfg: ParallelSettings, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         import dask
 
@@ -34,7 +37,7 @@ class BatchJobs(ScaledBackend):
             # only for arguments not passed: a fallback is passed only where the site set none
             if dask.config.get(f"jobqueue.{self.name}.{key}", None) is None:
                 kwargs.setdefault(key, fallback)
-        if not cfg.trim_worker_memory:  # the batch jobs' nannies add no MALLOC_TRIM_THRESHOLD_
+        if not self.trims_worker_memory(cfg):  # the batch jobs' nannies add no MALLOC_TRIM_THRESHOLD_
             prologue = list(kwargs.get("job_script_prologue") or [])
             kwargs["job_script_prologue"] = [*prologue, f"export {TRIM_VAR}=None"]
         return super().place_workers(cfg, kwargs)

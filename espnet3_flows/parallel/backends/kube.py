@@ -18,7 +18,7 @@ class KubePods(Backend):
     def defaults(self, cfg: ParallelSettings) -> dict[str, Any]:
         return {"n_workers": cfg.n_workers or 1}
 
-    def with_worker_env(self, cfg: Settings, variables: dict[str, str]) -> Settings:
+    def with_worker_environ(self, cfg: Settings, variables: dict[str, str]) -> Settings:
         return set_option(cfg, "env", variables) if variables else cfg
 
 

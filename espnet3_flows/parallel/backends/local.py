@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 from collections.abc import Iterator
 
+from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel.backends.base import Backend, ClusterSpec
-from espnet3_flows.parallel.backends.cluster_setup import set_option
+from espnet3_flows.parallel.backends.cluster_setup import WorkerMemory, set_option
 
 if TYPE_CHECKING:
     from espnet3_flows.parallel.parallel_settings import ParallelSettings, Settings
@@ -19,6 +21,35 @@ if TYPE_CHECKING:
 #: fails (Dask's ``distributed.scheduler.no-workers-timeout``, which wins when set): their nannies
 #: restart a dead worker within seconds, so an empty cluster for this long has none left to come.
 LOCAL_NO_WORKERS_TIMEOUT = 60.0
+#: How ``local`` workers start (``parallel.options.start_method``)
+START_METHODS = ("forkserver", "spawn")
+
+
+@dataclass(frozen=True)
+class LocalOptions(WorkerMemory):
+    """``parallel.options`` that ``local`` reads itself (the others go to ``LocalCluster``).
+
+    Attributes:
+        start_method: How workers start: ``forkserver`` (default) forks them from one server
+            process that imports Prefect's task engine and the job's libraries (torch, lhotse,
+            ...) once, in the background while the driver starts, and is kept for later runs in
+            the same process, and a worker that died is forked again (see
+            :mod:`espnet3_flows.parallel.forkserver`); ``spawn`` starts a fresh interpreter per
+            worker (Dask's default). With ``trim_worker_memory`` workers are always spawned.
+            (Also read as ``parallel.start_method``.)
+        inline_shards: At most this many shards to compute run in this process, not on a new
+            cluster. They run one after the other, as ``serial`` runs them: a cluster's start, its
+            workers' imports and its teardown cost more than a second worker gains on a small run
+            (a dev split, a smoke test). The outputs are the same. 0: always start the cluster
+            (e.g. for a runner that may crash its process). (Also read as ``parallel.inline_shards``.)
+    """
+
+    start_method: str = field(default="forkserver", metadata={"choices": START_METHODS})
+    inline_shards: int = 1
+
+    def __post_init__(self) -> None:
+        if self.inline_shards < 0:
+            raise ConfigError(f"parallel.options.inline_shards must be >= 0, got {self.inline_shards}")
 
 
 class OnThisMachine(Backend):
@@ -28,6 +59,7 @@ class OnThisMachine(Backend):
 
     output_here = True
     no_workers_timeout: ClassVar[float | None] = LOCAL_NO_WORKERS_TIMEOUT
+    own_options: ClassVar[type | None] = WorkerMemory
 
     def worker_classes(self) -> list[type]:
         from distributed import Nanny, Worker
@@ -37,7 +69,7 @@ class OnThisMachine(Backend):
     def started(self, cluster: Any, spec: ClusterSpec) -> None:
         keep_restarted_workers(cluster)
 
-    def with_worker_env(self, cfg: Settings, variables: dict[str, str]) -> Settings:
+    def with_worker_environ(self, cfg: Settings, variables: dict[str, str]) -> Settings:
         """``cfg`` with ``variables`` in its nannies' ``env`` (``options.env``; the user's own
         entries win): the run's workers are told at their start, not through this process's
         environment."""
@@ -57,7 +89,9 @@ class OnThisMachine(Backend):
 class LocalProcesses(OnThisMachine):
     """``distributed.LocalCluster`` of worker processes (``n_workers`` 0: one per core), forked
     from the forkserver (``start_method: forkserver``) or spawned; a run with few shards to
-    compute (``parallel.inline_shards``) runs them in this process instead."""
+    compute (``parallel.options.inline_shards``) runs them in this process instead."""
+
+    own_options: ClassVar[type | None] = LocalOptions
 
     def defaults(self, cfg: ParallelSettings) -> dict[str, Any]:
         return {"n_workers": cfg.n_workers or os.cpu_count() or 1, "threads_per_worker": cfg.threads_per_worker,
@@ -71,12 +105,13 @@ class LocalProcesses(OnThisMachine):
         ``MALLOC_TRIM_THRESHOLD_`` when a process starts, so that setting needs spawned workers)."""
         from espnet3_flows.patches import patches_enabled
 
-        return (cfg.start_method == "forkserver" and not cfg.trim_worker_memory
+        options = self.options_of(cfg)
+        return (options.start_method == "forkserver" and not options.trim_worker_memory
                 and patches_enabled("forks_workers"))  # (on multiprocessing's and Dask's internals: off, spawned)
 
     def runs_here(self, cfg: ParallelSettings, pending_shards: int) -> bool:
         # its workers would be processes of this machine with nothing this process lacks
-        return 0 < pending_shards <= cfg.inline_shards
+        return 0 < pending_shards <= self.options_of(cfg).inline_shards
 
     @contextlib.contextmanager
     def starting(self, spec: ClusterSpec, cfg: ParallelSettings) -> Iterator[dict[str, Any]]:

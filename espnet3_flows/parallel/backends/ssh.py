@@ -58,7 +58,7 @@ class SSHHosts(Backend):
             kwargs["worker_options"] = {**kwargs.get("worker_options", {}), "n_workers": cfg.n_workers}
         return cfg.n_workers, {}
 
-    def with_worker_env(self, cfg: Settings, variables: dict[str, str]) -> Settings:
+    def with_worker_environ(self, cfg: Settings, variables: dict[str, str]) -> Settings:
         return set_option(cfg, "worker_options.env", variables) if variables else cfg
 
     @contextlib.contextmanager
