@@ -5,7 +5,9 @@ settings and heartbeat (:mod:`espnet3_flows.orchestration.prefect_compat`), Dask
 local worker's nanny (:func:`espnet3_flows.parallel.backends.local.keep_restarted_workers`) and its
 forkserver preload flag, local workers forked from a preloaded ``multiprocessing`` forkserver
 (:mod:`espnet3_flows.parallel.forkserver`; off: spawned workers), the CLI's exit without the
-interpreter's teardown (:func:`espnet3_flows.orchestration.entry.exit_now`), and the logging
+interpreter's teardown (:func:`espnet3_flows.orchestration.entry.exit_now`), the read of a Hugging
+Face dataset's private fingerprint (:mod:`espnet3_flows.inputs.formats.hf_fingerprint`; off: one
+made from its files), and the logging
 switches that keep Prefect's shippers quiet once its API server is lost
 (:func:`espnet3_flows.orchestration.prefect_compat.quiet_shipper_failures`, put back when the
 watched run ends).
@@ -41,6 +43,8 @@ PATCHES = {
     "keep_dask_preload": "espnet3_flows.parallel.forkserver:keep_dask_preload",
     "forks_workers": "espnet3_flows.parallel.backends.local:LocalProcesses.forks_workers",
     "keep_restarted_workers": "espnet3_flows.parallel.backends.local:keep_restarted_workers",
+    "dataset_fingerprint": "espnet3_flows.inputs.formats.hf_fingerprint:dataset_fingerprint",
+    "importing_main": "espnet3_flows.parallel.multiprocessing_private:importing_main",
 }
 
 

@@ -33,6 +33,42 @@ def test_every_patched_target_exists():
     assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)
 
 
+def test_the_multiprocessing_names_read_are_those_cpython_uses():
+    """``multiprocessing_private``'s names, in this Python's own code: ``spawn`` and ``forkserver``
+    set ``_inheriting`` around the main module's import and read it for their bootstrapping check;
+    the forkserver keeps its process id and stop where they are read; a forked worker's import of
+    the main module goes through ``spawn``'s two fixups."""
+    import inspect
+    import multiprocessing.forkserver
+    import multiprocessing.spawn
+
+    from espnet3_flows.parallel import multiprocessing_private as private
+
+    assert "process.current_process()._inheriting = True" in inspect.getsource(multiprocessing.spawn._main)
+    assert "getattr(process.current_process(), '_inheriting', False)" in inspect.getsource(
+        multiprocessing.spawn._check_not_importing_main)
+    server = multiprocessing.forkserver._forkserver
+    assert hasattr(server, "_forkserver_pid") and callable(server._stop)
+    assert private.main_fixup("path") is multiprocessing.spawn._fixup_main_from_path
+    assert private.main_fixup("name") is multiprocessing.spawn._fixup_main_from_name
+    with private.inheriting():
+        assert private.importing_main()
+    assert not private.importing_main()
+
+
+def test_the_dataset_fingerprint_read_is_what_datasets_keys_its_cache_on():
+    """``dataset_fingerprint`` reads ``Dataset._fingerprint``: in the installed ``datasets``
+    (a verified major version) a non-empty string, kept by ``save_to_disk``/``load_from_disk``
+    and new after a transform, as ``datasets``' own cache needs it to be."""
+    datasets = pytest.importorskip("datasets")
+    from espnet3_flows.inputs.formats.hf_fingerprint import VERIFIED_MAJORS
+
+    assert int(datasets.__version__.split(".")[0]) in VERIFIED_MAJORS
+    ds = datasets.Dataset.from_dict({"id": ["a", "b"]})
+    assert isinstance(ds._fingerprint, str) and ds._fingerprint
+    assert ds.map(lambda row: {"id": row["id"] + "x"})._fingerprint != ds._fingerprint
+
+
 @pytest.fixture
 def switched_off(monkeypatch):
     monkeypatch.setenv(patches.VAR, "off")

@@ -95,7 +95,9 @@ def main_module_ref() -> str | None:
 
 
 def _server_alive() -> bool:
-    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    from espnet3_flows.parallel.multiprocessing_private import forkserver_pid
+
+    pid = forkserver_pid()
     if pid is None:
         return False
     try:
@@ -217,9 +219,9 @@ def stop_forkserver() -> None:
     """Stop the forkserver (the next forked worker starts a new one): for benchmarks that
     measure a cold start, and tests."""
     global _STARTED
-    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
-    if stop is not None and getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None:
-        stop()
+    from espnet3_flows.parallel.multiprocessing_private import stop_forkserver_process
+
+    stop_forkserver_process()
     _STARTED = None
 
 

@@ -34,19 +34,17 @@ def _import_driver_main() -> None:
     ref = os.environ.pop(MAIN_VAR, None)
     if not ref:
         return
-    from multiprocessing import process, spawn
+    from espnet3_flows.parallel.multiprocessing_private import inheriting, main_fixup
 
     kind, _, target = ref.partition(":")
-    fixup = {"path": getattr(spawn, "_fixup_main_from_path", None),
-             "name": getattr(spawn, "_fixup_main_from_name", None)}.get(kind)
+    fixup = main_fixup(kind)
     main_guard.adopt_status_path()
     if fixup is None:
         main_guard.record(main_guard.FAILED)
         return
-    current = process.current_process()
-    current._inheriting = True  # type: ignore[attr-defined]  # as a spawned child imports it
     try:
-        fixup(target)
+        with inheriting():  # as a spawned child imports it
+            fixup(target)
     except UnguardedMainError:
         pass  # recorded where it was raised; the driver says it
     except BaseException:  # the workers import it themselves, as without this
@@ -55,8 +53,6 @@ def _import_driver_main() -> None:
                                             "each worker imports it", target, exc_info=True)
     else:
         main_guard.record(main_guard.IMPORTED)
-    finally:
-        del current._inheriting  # type: ignore[attr-defined]
     # (Prefect's console, which the script's imports may set up, is quieted by the orchestration
     # layer's own preload after this one: espnet3_flows.orchestration.quiet_workers)
 

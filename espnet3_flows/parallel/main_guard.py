@@ -9,7 +9,8 @@ tracebacks, in ``RuntimeError: Nanny failed to start.``
 
 Each entry point that starts workers or a run calls :func:`refuse_while_importing_main` first. In
 a process that is importing its parent's main module (multiprocessing's own ``_inheriting`` flag,
-the one behind its "bootstrapping phase" error; :mod:`.forkserver_main` sets it too), that
+the one behind its "bootstrapping phase" error, read in :mod:`.multiprocessing_private`;
+:mod:`.forkserver_main` sets it too), that
 records the script's name in the file the driver named (:data:`STATUS_VAR`) and raises
 :class:`~espnet3_flows.errors.UnguardedMainError`, which such a process never prints. The driver
 reads the record when its cluster fails to start, or before a flow once its forkserver has
@@ -41,10 +42,10 @@ _PARENT_PATH: str | None = None  # in such a process: the file of the driver it 
 
 def importing_main() -> bool:
     """Whether this process is importing its parent's main module now (a spawned worker starting,
-    or the forkserver's preload of it)."""
-    from multiprocessing import process
+    or the forkserver's preload of it): :func:`.multiprocessing_private.importing_main`."""
+    from espnet3_flows.parallel.multiprocessing_private import importing_main as inheriting_now
 
-    return bool(getattr(process.current_process(), "_inheriting", False))
+    return inheriting_now()
 
 
 def _main_name() -> str:

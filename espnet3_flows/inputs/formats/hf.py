@@ -33,6 +33,7 @@ from espnet3_flows.errors import Espnet3FlowsError
 from espnet3_flows.inputs.audio import decode_audio, read_header
 from espnet3_flows.inputs.audio_config import AudioConfig, AudioError, check_max_duration
 from espnet3_flows.inputs.formats.base import ManifestFormat, PreparedManifest
+from espnet3_flows.inputs.formats.hf_fingerprint import dataset_fingerprint
 from espnet3_flows.inputs.records import ManifestError, Utterance
 from espnet3_flows.hashing import token
 from espnet3_flows.storage import Storage
@@ -88,7 +89,7 @@ class HfDatasetFormat(ManifestFormat):
             raise ManifestError(f"split {split!r}: dataset {directory} has no column {missing[0]!r} (columns: "
                                 f"{ds.column_names}; name others with {directory}?id=...&audio=...)")
         state = os.stat(os.path.join(directory, "state.json"))
-        key = token(EXPORT_VERSION, [directory, ds._fingerprint, state.st_size, state.st_mtime_ns,
+        key = token(EXPORT_VERSION, [directory, dataset_fingerprint(ds), state.st_size, state.st_mtime_ns,
                                      sorted(columns.items()), os.getcwd()], 16)
         stem = re.sub(r"[^A-Za-z0-9_.-]", "_", posixpath.basename(directory) or "dataset")
         name = posixpath.join(spool_rel, f"{stem}-{key}.hf.jsonl")
@@ -164,7 +165,7 @@ def _audio_column(directory: str, fingerprint: str, column: str) -> Any:
         ds = _open_dataset(directory)
     except ManifestError as exc:
         raise DatasetChangedError(str(exc)) from None
-    if ds._fingerprint != fingerprint:
+    if dataset_fingerprint(ds) != fingerprint:
         raise DatasetChangedError(f"dataset {directory} changed since the run was planned; rerun to plan it again")
     return ds.data.table.column(column)
 
@@ -188,6 +189,7 @@ def _export(ds: Any, directory: str, columns: Mapping[str, str], spool: Storage,
     audio = columns["audio"]
     struct = pat.is_struct(table.schema.field(audio).type)  # an Audio column: {"bytes", "path"}
     extra = [r for r in ("speaker", "text") if columns[r] in ds.column_names]
+    fingerprint = dataset_fingerprint(ds)
     with spool.atomic_writer(name) as out:
         for start in range(0, table.num_rows, _BATCH):
             batch = table.slice(start, _BATCH)
@@ -201,7 +203,7 @@ def _export(ds: Any, directory: str, columns: Mapping[str, str], spool: Storage,
             for i, uid in enumerate(ids):
                 row: dict[str, Any] = {"id": uid if uid is None else str(uid)}
                 if embedded[i]:
-                    row.update(dataset=directory, fingerprint=ds._fingerprint, column=audio, row=start + i)
+                    row.update(dataset=directory, fingerprint=fingerprint, column=audio, row=start + i)
                 else:
                     row["path"] = paths[i]
                 row.update({r: str(v[i]) for r, v in values.items() if v[i] is not None})
