@@ -206,9 +206,8 @@ def start_cluster(trim: bool) -> tuple[Any, Any, float]:
 def flow_config(manifest: Path, output_dir: Path, shard_size: int, parallel: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plain config of a flow run on a local 2-worker cluster (also for a single shard: what is
     measured is the cluster); ``parallel`` adds ``parallel.*`` keys."""
-    extra = dict(parallel or {})
-    options = {"inline_shards": 0, **extra.pop("options", {})}
-    parallel = {"env": "local", "n_workers": common.WORKERS, "options": options, **extra}
+    options = {"inline_shards": 0, **(parallel or {}).get("options", {})}  # theirs beside inline_shards: 0
+    parallel = {"env": "local", "n_workers": common.WORKERS, **(parallel or {}), "options": options}
     return {"manifests": {"train": str(manifest)}, "output_dir": str(output_dir), "shard_size": shard_size,
             "parallel": parallel}
 

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 
 from benchmarks import common
 from benchmarks import process_tree
+from benchmarks.cpu_time import cpu_per_task_ms, run_cpu_s
 from benchmarks.process_tree import run_failed
 
 NAME = "scale"
@@ -249,31 +250,6 @@ def _median_wall(rows: list[dict[str, Any]], shards: int, run_label: str) -> flo
     if not walls or any(not r.get("ok") for r in rows if r.get("shards") == shards and r["run"] == run_label):
         return None
     return float(statistics.median(walls))
-
-
-def run_cpu_s(row: dict[str, Any]) -> float | None:
-    """A run's CPU seconds: its process tree's and the Prefect server's meanwhile (``None`` unless
-    both were measured)."""
-    tree, server = row.get("cpu_s"), row.get("server_cpu_s")
-    return None if tree is None or server is None else tree + server
-
-
-def cpu_per_task_ms(rows: list[dict[str, Any]], shards: int) -> float | str:
-    """CPU per Prefect task run (ms): the median CPU (tree + server) of the cold flow runs at
-    ``shards`` less that of the cold engine runs, over the shards the flow computed; or why not."""
-    cpu: dict[str, list[float]] = {"engine cold": [], "flow cold": []}
-    computed = []
-    for r in rows:
-        if r.get("shards") == shards and r.get("run") in cpu and r.get("ok"):
-            if (value := run_cpu_s(r)) is None:
-                return "not measured (no private server, or no prctl)"
-            cpu[r["run"]].append(value)
-            if r["run"] == "flow cold":
-                computed.append(r.get("shards_computed") or 0)
-    if not cpu["engine cold"] or not cpu["flow cold"] or not min(computed, default=0):
-        return "a cold run failed"
-    extra = statistics.median(cpu["flow cold"]) - statistics.median(cpu["engine cold"])
-    return round(1000 * extra / statistics.median(computed), 2)
 
 
 def make_targets(rows: list[dict[str, Any]], sizes: list[int], fixed_wall: float | None) -> list[dict[str, Any]]:

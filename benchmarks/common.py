@@ -219,8 +219,7 @@ def dask_malloc_trim(enabled: bool) -> Iterator[None]:
 
 
 # ---- Prefect ------------------------------------------------------------------------------
-#: The Prefect API of this benchmark process: its start time, URL and, for a private server, the
-#: server's process id (whose CPU :func:`benchmarks.process_tree.run_monitored` counts)
+#: This process's Prefect API: start time, URL, and a private server's pid (its CPU is counted)
 PREFECT: dict[str, Any] = {"start_seconds": None, "url": None, "pid": None}
 
 

@@ -20,21 +20,15 @@ from ``/proc/<pid>/status`` every ``interval`` seconds for every process of the 
 - **tree**: the sampled sum over the whole tree (driver, workers, forkserver, a private Prefect
   server): the measure of the memory guard.
 
-The CPU figures are exact, not sampled: **tree CPU** is the user + system time of every process
-the run started, once they have all exited (``getrusage(RUSAGE_CHILDREN)`` across the run, with
-this process made the children's subreaper so that a process its parent left behind, a
-forkserver and the workers it forked, is adopted and waited for here instead of by init); **server
-CPU** is the growth of a long-running Prefect server's own user + system time over the run
-(:func:`run_monitored`'s ``server_pid``); **driver CPU** is the started process's own user +
-system time at its last sample (sampled: up to one interval short).
+The CPU figures: **tree CPU** and **server CPU** are exact (:mod:`benchmarks.cpu_time`); **driver
+CPU** is the started process's own user + system time at its last sample (up to one interval
+short).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -45,6 +39,7 @@ from typing import Any
 from collections.abc import Callable, Sequence
 
 from benchmarks import common
+from benchmarks.cpu_time import adopting_orphans, children_cpu_s, process_cpu_s, reap
 
 #: Marks of a Dask worker process in its command line (spawned: ``multiprocessing.spawn``
 #: ``spawn_main``; forked from the forkserver: the server's ``multiprocessing.forkserver`` line).
@@ -232,54 +227,6 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
-
-
-def adopt_orphans() -> bool:
-    """Make this process the subreaper of its descendants (Linux ``prctl``): a process whose parent
-    exits is re-parented here, so waiting for it adds its CPU time to ``RUSAGE_CHILDREN``. Returns
-    whether that holds (``False`` where ``prctl`` is missing: orphans' CPU is then not counted)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def reap_exited_children(keep: Sequence[int] = ()) -> int:
-    """Wait for every exited child of this process but those in ``keep`` (children owned by a
-    ``Popen`` elsewhere); returns how many. Adopted orphans become such children when they exit."""
-    import psutil
-
-    reaped = 0
-    for child in psutil.Process().children():
-        if child.pid in keep:
-            continue
-        with contextlib.suppress(psutil.Error, ChildProcessError):
-            if child.status() == psutil.STATUS_ZOMBIE and os.waitpid(child.pid, os.WNOHANG)[0]:
-                reaped += 1
-    return reaped
-
-
-def children_cpu_s() -> float:
-    """User + system seconds of this process's waited-for children (and theirs), so far."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def process_cpu_s(pid: int | None) -> float | None:
-    """A live process's own user + system seconds (``None`` without one)."""
-    import psutil
-
-    if pid is None:
-        return None
-    try:
-        times = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return None
-    return times.user + times.system
-
-
 def run_monitored(cmd: Sequence[str], log_path: Path, *, cwd: Path | None = None, env: dict[str, str] | None = None,
                   timeout_s: float | None = None, mem_limit: int | None = None, interval: float = 0.2,
                   progress: Callable[[], int] | None = None, mark: int | None = None,
@@ -310,37 +257,37 @@ def run_monitored(cmd: Sequence[str], log_path: Path, *, cwd: Path | None = None
                 killed.append("memory")
         threading.Thread(target=proc.stop, daemon=True).start()
 
-    adopted = adopt_orphans()
     import psutil
 
-    owned = [c.pid for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE]
-    reap_exited_children(owned)  # what earlier commands left: not this run's
-    cpu0, server0 = children_cpu_s(), process_cpu_s(server_pid)
-    t0 = time.perf_counter()
-    proc.start()
-    with TreeSampler(proc.pid, interval=interval, progress=progress, mark=mark, mem_limit=limit or None,
-                     on_limit=over_limit) as sampler:
-        try:
-            rc = proc.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with lock:
-                killed.append("timeout")
-            proc.stop()
-            rc = proc.popen.wait()
-        except BaseException:  # Ctrl-C of the benchmark: take the run down with it
-            proc.stop()
-            raise
-        wall = time.perf_counter() - t0
-    deadline = time.monotonic() + ORPHAN_GRACE_S
-    while (left := proc.family()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if left:
-        proc.stop(((signal.SIGTERM, 5.0),))
-    server1 = process_cpu_s(server_pid)
-    deadline = time.monotonic() + ORPHAN_GRACE_S  # the adopted ones that exited, or were just stopped
-    while reap_exited_children(owned) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    cpu = children_cpu_s() - cpu0
+    with adopting_orphans() as adopted:
+        before = {c.pid for c in psutil.Process().children()}  # not the run's: never waited for here
+        cpu0, server0 = children_cpu_s(), process_cpu_s(server_pid)
+        t0 = time.perf_counter()
+        proc.start()
+        with TreeSampler(proc.pid, interval=interval, progress=progress, mark=mark, mem_limit=limit or None,
+                         on_limit=over_limit) as sampler:
+            try:
+                rc = proc.popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                with lock:
+                    killed.append("timeout")
+                proc.stop()
+                rc = proc.popen.wait()
+            except BaseException:  # Ctrl-C of the benchmark: take the run down with it
+                proc.stop()
+                raise
+            wall = time.perf_counter() - t0
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while (left := proc.family()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if left:
+            proc.stop(((signal.SIGTERM, 5.0),))
+        server1 = process_cpu_s(server_pid)
+        deadline = time.monotonic() + ORPHAN_GRACE_S  # the run's processes adopted here: waited for
+        while (reap(c.pid for c in psutil.Process().children() if c.pid not in before)
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        cpu = children_cpu_s() - cpu0
     return {"rc": rc, "killed": killed[0] if killed else None, "wall_s": wall, "log": str(log_path),
             "orphans_killed": len(left), "cpu_s": cpu if adopted else None,
             "server_cpu_s": None if server0 is None or server1 is None else server1 - server0, **sampler.summary()}

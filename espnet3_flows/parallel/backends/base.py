@@ -8,8 +8,7 @@ defaults it fills, how ``n_workers`` becomes workers), how to describe it, how t
 workers the run's environment, and how many shards it computes at once. Every placement gives
 the engine its Dask client (:meth:`Placement.connect`) and the flows their ``DaskTaskRunner``'s
 options (:meth:`Placement.dask_runner_options`) on the same cluster, so neither asks which env it
-got. Each built-in backend is one module of this package; the generated table of envs
-(``docs/configuration.md``) reads them.
+got. Each built-in backend is one module of this package, read by ``docs/configuration.md``'s table.
 """
 
 from __future__ import annotations
@@ -60,9 +59,8 @@ class Placement:
         return f"<{type(self).__name__} {self.name!r}>"
 
     def check_config(self, cfg: ParallelSettings) -> None:
-        """Raise :class:`ConfigError` for a ``parallel`` section this env cannot run (called
-        when the config is read). By default: its own options are read (:meth:`options_of`), and
-        a running scheduler's keys are refused."""
+        """Raise :class:`ConfigError` for a ``parallel`` section this env cannot run (called when the
+        config is read). By default: its own options are read, a running scheduler's refused."""
         self.options_of(cfg)
         for key in ("address", "scheduler_file"):
             if cfg.options.get(key) and key not in own_option_names(self.own_options):
@@ -76,8 +74,7 @@ class Placement:
 
     def cluster_options(self, cfg: ParallelSettings) -> dict[str, Any]:
         """``cfg``'s ``parallel.options`` less its own: what its cluster is called with."""
-        own = own_option_names(self.own_options)
-        return {k: v for k, v in cfg.options.items() if k not in own}
+        return {k: v for k, v in cfg.options.items() if k not in own_option_names(self.own_options)}
 
     def check_installed(self) -> None:
         """A :class:`ConfigError` naming the extra when a package the env needs is missing."""
@@ -109,8 +106,7 @@ class Placement:
         return cfg
 
     def with_worker_env(self, cfg: Settings, variables: dict[str, str]) -> Settings:
-        """The earlier name of :meth:`with_worker_environ` ("env" here is the injected dict and
-        the placement): a placement that overrides it is asked through the new name too."""
+        """:meth:`with_worker_environ`'s earlier name: an override of it is still asked."""
         return cfg
 
     # ---- the cluster a run uses: the engine's client, the flows' task runner -----------------
@@ -320,8 +316,7 @@ class Backend(Placement):
             return self.start(spec, cfg)
 
     def trims_worker_memory(self, cfg: ParallelSettings) -> bool:
-        """Whether its workers keep Dask's malloc trimming (``options.trim_worker_memory`` where
-        the placement has it: :class:`~.cluster_setup.WorkerMemory`)."""
+        """Whether its workers keep Dask's malloc trimming (:class:`~.cluster_setup.WorkerMemory`)."""
         return bool(getattr(self.options_of(cfg), "trim_worker_memory", False))
 
     def connect(self, cfg: ParallelSettings) -> Any:
