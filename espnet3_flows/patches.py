@@ -38,7 +38,6 @@ PATCHES = {
     "drop_undeliverable_api_work": "espnet3_flows.orchestration.prefect_compat:drop_undeliverable_api_work",
     "cache_settings_serialization": "espnet3_flows.orchestration.prefect_context_cache:cache_settings_serialization",
     "cache_settings_hydration": "espnet3_flows.orchestration.prefect_context_cache:cache_settings_hydration",
-    "cache_flow_context_serialization": "espnet3_flows.orchestration.prefect_context_cache:cache_flow_context_serialization",
     "exit_now": "espnet3_flows.orchestration.entry:exit_now",
     "keep_dask_preload": "espnet3_flows.parallel.forkserver:keep_dask_preload",
     "forks_workers": "espnet3_flows.parallel.backends.local:LocalProcesses.forks_workers",

@@ -33,8 +33,7 @@ from espnet3_flows.orchestration.job_run import PlannedFlow, current_run, plan_j
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.prefect_compat import install_run_patches, untokenized_task_keys
-from espnet3_flows.orchestration.prefect_context_cache import (cache_flow_context_serialization,
-                                                               cache_settings_serialization)
+from espnet3_flows.orchestration.prefect_context_cache import cache_settings_serialization
 from espnet3_flows.orchestration.run_log import job_logger, run_log
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import make_task_runner, prestart_workers
@@ -206,7 +205,6 @@ def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool
     install_run_patches()
     console.quiet_completed_shards()  # shard tasks of a serial run complete in this process
     cache_settings_serialization()
-    cache_flow_context_serialization()
     _export_api_url()
     if run.pending_shards and not run.parallel.runs_here(run.pending_shards):
         untokenized_task_keys()  # imports prefect_dask (and distributed): only for a run on a cluster

@@ -14,8 +14,9 @@ while the current settings context is the very same object (same profile and set
 objects). New settings (``temporary_settings``, another profile) are new objects, so they are
 serialized afresh; the copies mean no caller can change what a later task receives.
 
-:func:`cache_flow_context_serialization` does the same for the flow run's context on the driver,
-and :func:`cache_settings_hydration` validates each on a worker once.
+:func:`cache_settings_hydration` validates it, and the flow run's context, on a worker once. (The
+flow run's context is still dumped on every submit: caching that dump bought ~0.8 ms of the
+driver's CPU per task, 2 % of a 1,000-shard run, and was dropped; ``benchmarks/README.md``.)
 """
 
 from __future__ import annotations
@@ -182,29 +183,3 @@ class _HydrationCache:
             rest.pop("flow_run_context")
             with self.fresh_copy(template, serialized_flow), self.original(rest, cached_client):
                 yield
-
-
-def cache_flow_context_serialization() -> bool:
-    """Make ``EngineContext.serialize`` (the flow run's context, shipped with every task a
-    ``DaskTaskRunner`` submits) reuse its last result while nothing it covers changed (idempotent).
-
-    Prefect 3.8 dumps the flow run's context with pydantic on every submit (the flow run, the
-    flow, its parameters, the result store), ~1.8 ms of the driver's CPU per shard task in a
-    profile of 600. The cache is keyed by the identity of every field the dump covers and by the
-    flow run's state, so a new flow run, new parameters or a state change dumps afresh; callers
-    get a copy of the top-level dict (Dask pickles it at once).
-
-    Returns:
-        Whether installed (``False`` if Prefect's class has no ``serialize``).
-    """
-    from prefect.context import EngineContext
-
-    fields = ("flow_run", "flow", "parameters", "log_prints", "start_time", "input_keyset", "persist_result",
-              "result_store")
-
-    def key_of(self: Any, include_secrets: bool) -> tuple[Any, ...]:
-        run = getattr(self, "flow_run", None)
-        return (self, include_secrets, getattr(run, "state_type", None), getattr(run, "state_name", None),
-                *(getattr(self, f, None) for f in fields))
-
-    return _memoize_serialize(EngineContext, "cache_flow_context_serialization", key_of, dict)

@@ -27,45 +27,21 @@ def test_an_unverified_prefect_gets_no_patch(monkeypatch, caplog):
 
     monkeypatch.setattr(prefect, "__version__", "99.0.0")
     monkeypatch.setattr(prefect_compat, "_WARNED", [])
-    from prefect.context import EngineContext
     from prefect_dask.client import PrefectDaskClient
 
     client_module = importlib.import_module("prefect.client.orchestration")
     before = (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context,
-              EngineContext.__dict__["serialize"], PrefectDaskClient.__dict__["submit"], flow_engine._send_heartbeats)
+              PrefectDaskClient.__dict__["submit"], flow_engine._send_heartbeats)
     with caplog.at_level("WARNING"):
         assert not prefect_compat.share_tls_contexts()
         assert not prefect_context_cache.cache_settings_serialization()
         assert not prefect_context_cache.cache_settings_hydration()
-        assert not prefect_context_cache.cache_flow_context_serialization()
         assert not prefect_compat.untokenized_task_keys()
         assert not prefect_compat.prompt_heartbeat_stop()
     assert (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context,
-            EngineContext.__dict__["serialize"], PrefectDaskClient.__dict__["submit"],
-            flow_engine._send_heartbeats) == before
+            PrefectDaskClient.__dict__["submit"], flow_engine._send_heartbeats) == before
     # one warning, not one per call (none with every patch switched off: the version is not looked at)
     assert sum("99.0.0" in r.getMessage() for r in caplog.records) == (1 if patches_enabled() else 0)
-
-
-@pytest.mark.patch
-def test_flow_context_serialized_once_per_flow_run_and_equal_to_prefects(prefect_harness):
-    from prefect import flow
-    from prefect.context import EngineContext
-
-    assert prefect_context_cache.cache_flow_context_serialization()
-    original = EngineContext.serialize.__wrapped__
-
-    @flow
-    def dump(n: int) -> tuple:
-        ctx = EngineContext.get()
-        first, second = ctx.serialize(), ctx.serialize()
-        first["parameters"] = "changed by a caller"  # a caller's change reaches no other caller
-        return first, second, ctx.serialize(), original(ctx)
-
-    first, second, third, plain = dump(1)
-    assert second == third == plain and first is not second
-    _, other, _, plain_other = dump(2)  # another flow run: dumped afresh
-    assert other == plain_other and other["parameters"] == {"n": 2} and other != second
 
 
 @pytest.mark.patch
@@ -199,13 +175,13 @@ def test_one_switch_turns_every_patch_off(monkeypatch):
     import importlib
 
     import prefect.task_engine as task_engine
-    from prefect.context import EngineContext, SettingsContext
+    from prefect.context import SettingsContext
     from prefect_dask.client import PrefectDaskClient
 
     monkeypatch.setenv(prefect_compat.PATCHES_VAR, "off")
     client_module = importlib.import_module("prefect.client.orchestration")
     targets = [(client_module, "ssl"), (SettingsContext, "serialize"), (task_engine, "hydrated_context"),
-               (EngineContext, "serialize"), (PrefectDaskClient, "submit"), (flow_engine, "_send_heartbeats")]
+               (PrefectDaskClient, "submit"), (flow_engine, "_send_heartbeats")]
     saved = [vars(owner).get(name) for owner, name in targets]
     try:  # (undo the patches other tests of this session installed, so that this sees a pristine Prefect)
         for (owner, name), value in zip(targets, saved, strict=True):
@@ -213,7 +189,6 @@ def test_one_switch_turns_every_patch_off(monkeypatch):
         before = [vars(owner).get(name) for owner, name in targets]
         assert not any([prefect_compat.share_tls_contexts(), prefect_context_cache.cache_settings_serialization(),
                         prefect_context_cache.cache_settings_hydration(),
-                        prefect_context_cache.cache_flow_context_serialization(),
                         prefect_compat.untokenized_task_keys(), prefect_compat.prompt_heartbeat_stop()])
         assert [vars(owner).get(name) for owner, name in targets] == before
     finally:
