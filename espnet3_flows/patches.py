@@ -1,14 +1,16 @@
 """The one switch for every change this package makes to another library's internals.
 
-They are all speed-ups or robustness fixes whose absence leaves runs correct: Prefect's client,
-settings and heartbeat (:mod:`espnet3_flows.orchestration.prefect_compat`), Dask's restart of a
-local worker's nanny (:func:`espnet3_flows.parallel.backends.local.keep_restarted_workers`) and its
-forkserver preload flag, local workers forked from a preloaded ``multiprocessing`` forkserver
-(:mod:`espnet3_flows.parallel.forkserver`; off: spawned workers), the CLI's exit without the
-interpreter's teardown (:func:`espnet3_flows.orchestration.entry.exit_now`), the read of a Hugging
-Face dataset's private fingerprint (:mod:`espnet3_flows.inputs.formats.hf_fingerprint`; off: one
-made from its files), and the logging
-switches that keep Prefect's shippers quiet once its API server is lost
+They are all speed-ups or robustness fixes whose absence leaves runs correct, and the reads of
+other libraries' private names, one module per library: Prefect's client, settings, contexts and
+heartbeat (:mod:`espnet3_flows.orchestration.prefect_compat`, with its context caches in
+:mod:`~espnet3_flows.orchestration.prefect_context_cache`), Dask's restart of a local worker's
+nanny and its forkserver preload flag (:mod:`espnet3_flows.parallel.dask_private`), CPython's
+``multiprocessing`` (:mod:`espnet3_flows.parallel.multiprocessing_private`; local workers forked
+from a preloaded forkserver, :mod:`espnet3_flows.parallel.forkserver`; off: spawned workers),
+Hugging Face ``datasets``' fingerprint (:mod:`espnet3_flows.inputs.formats.hf_fingerprint`; off:
+one made from the dataset's files), the CLI's exit without the interpreter's teardown
+(:func:`espnet3_flows.orchestration.entry.exit_now`), and the logging switches that keep Prefect's
+shippers quiet once its API server is lost
 (:func:`espnet3_flows.orchestration.prefect_compat.quiet_shipper_failures`, put back when the
 watched run ends).
 ``ESPNET3_FLOWS_PATCHES=off`` in the environment turns every one of them off, to tell whether one
@@ -39,9 +41,9 @@ PATCHES = {
     "cache_settings_serialization": "espnet3_flows.orchestration.prefect_context_cache:cache_settings_serialization",
     "cache_settings_hydration": "espnet3_flows.orchestration.prefect_context_cache:cache_settings_hydration",
     "exit_now": "espnet3_flows.orchestration.entry:exit_now",
-    "keep_dask_preload": "espnet3_flows.parallel.forkserver:keep_dask_preload",
+    "keep_dask_preload": "espnet3_flows.parallel.dask_private:keep_dask_preload",
     "forks_workers": "espnet3_flows.parallel.backends.local:LocalProcesses.forks_workers",
-    "keep_restarted_workers": "espnet3_flows.parallel.backends.local:keep_restarted_workers",
+    "keep_restarted_workers": "espnet3_flows.parallel.dask_private:keep_restarted_workers",
     "dataset_fingerprint": "espnet3_flows.inputs.formats.hf_fingerprint:dataset_fingerprint",
     "importing_main": "espnet3_flows.parallel.multiprocessing_private:importing_main",
 }

@@ -86,8 +86,7 @@ def test_off_leaves_dask_alone(switched_off, monkeypatch):
     import distributed.utils
     from distributed import SpecCluster
 
-    from espnet3_flows.parallel.backends.local import keep_restarted_workers
-    from espnet3_flows.parallel.forkserver import keep_dask_preload
+    from espnet3_flows.parallel.dask_private import keep_dask_preload, keep_restarted_workers
     from espnet3_flows.parallel.parallel_config import ParallelConfig
 
     cluster = SpecCluster.__new__(SpecCluster)  # (no scheduler: only its attributes are looked at)

@@ -202,19 +202,6 @@ def main_import_checked(method: str) -> Iterator[None]:
             raise error from None  # the workers died importing this script: that, not Dask's cascade
 
 
-def keep_dask_preload() -> None:
-    """Tell Dask our forkserver's preload is chosen: on its first worker start, Dask's
-    ``get_mp_context`` would otherwise import its own preload list (pandas among it) in this
-    process, for a server already running with ours (``distributed.utils``' private flag; nothing
-    happens where it is absent)."""
-    import distributed.utils
-
-    from espnet3_flows.patches import patches_enabled
-
-    if patches_enabled("keep_dask_preload") and getattr(distributed.utils, "_forkserver_preload_set", True) is False:
-        distributed.utils._forkserver_preload_set = True
-
-
 def stop_forkserver() -> None:
     """Stop the forkserver (the next forked worker starts a new one): for benchmarks that
     measure a cold start, and tests."""
@@ -259,6 +246,8 @@ def local_worker_start(cluster_kwargs: dict[str, Any]) -> tuple[str, dict[str, A
     """
     if not start_forkserver():
         return "spawn", cluster_kwargs
+    from espnet3_flows.parallel.dask_private import keep_dask_preload
+
     keep_dask_preload()
     given = dict(cluster_kwargs.get("env") or {})
     environ = worker_environment(given)

@@ -67,6 +67,8 @@ class OnThisMachine(Backend):
         return [Nanny, Worker]
 
     def started(self, cluster: Any, spec: ClusterSpec) -> None:
+        from espnet3_flows.parallel.dask_private import keep_restarted_workers
+
         keep_restarted_workers(cluster)
 
     def with_worker_environ(self, cfg: Settings, variables: dict[str, str]) -> Settings:
@@ -126,29 +128,6 @@ class LocalProcesses(OnThisMachine):
         spawned = kwargs.get("env") if method == "spawn" else None
         with worker_start_method(method), main_import_checked(method), spawned_with(spawned):
             yield kwargs
-
-
-def keep_restarted_workers(cluster: Any) -> None:
-    """Stop ``cluster`` (a ``SpecCluster`` whose nannies live in this process: ``local``,
-    ``local_gpu``) from closing a nanny whose worker died.
-
-    Dask's ``SpecCluster`` closes a worker's nanny for good when, ``distributed.deploy.
-    lost-worker-timeout`` (15 s) after its worker left, that worker is not back at that instant. A
-    nanny restarts its worker itself, so for a shard that kills every worker it runs on the check
-    fell, sooner or later, between one death and the next restart: the cluster lost its nannies
-    one by one and the run waited forever on an empty cluster. The check exists for workers in
-    jobs that vanish; local nannies cannot, so their workers' comings and goings are only tracked.
-    """
-    from distributed import SpecCluster
-    from distributed.deploy.cluster import Cluster
-
-    from espnet3_flows.patches import patches_enabled
-
-    patched = "_update_worker_status"  # SpecCluster's own (the timer), over the base Cluster's
-    if (isinstance(cluster, SpecCluster) and patches_enabled("keep_restarted_workers") and patched in vars(SpecCluster)
-            and patched in vars(Cluster)):
-        # the base Cluster's bookkeeping of the scheduler's worker list, without SpecCluster's timer
-        cluster._update_worker_status = super(SpecCluster, cluster)._update_worker_status
 
 
 LOCAL = LocalProcesses(
