@@ -177,12 +177,12 @@ def env_options_table() -> str:
 
     envs: dict[str, list[str]] = {}
     found: dict[str, tuple[dataclasses.Field, str]] = {}
-    for env, placement in BACKENDS.items().items():
-        if not BACKENDS.is_builtin(env) or placement.own_options is None:
+    for name, placement in BACKENDS.items().items():
+        if not BACKENDS.is_builtin(name) or placement.own_options is None:
             continue
         docs = describe_keys(placement.own_options)
         for f in dataclasses.fields(placement.own_options):
-            envs.setdefault(f.name, []).append(env)
+            envs.setdefault(f.name, []).append(name)
             if not docs.get(f.name):
                 raise ConfigDocsError(f"{placement.own_options.__name__}: option {f.name!r} has no description")
             found.setdefault(f.name, (f, docs[f.name]))

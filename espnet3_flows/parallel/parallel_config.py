@@ -28,8 +28,8 @@ DATA_OPTIONS = frozenset({
 
 
 def _env_is_code(section: dict[str, Any]) -> str | None:
-    env = section.get("env")
-    return "a cluster class: imported and called" if isinstance(env, str) and is_cluster_class(env) else None
+    value = section.get("env")
+    return "a cluster class: imported and called" if isinstance(value, str) and is_cluster_class(value) else None
 
 
 @dataclass

@@ -26,10 +26,11 @@ def test_each_env_reads_its_own_options_typed():
     assert ParallelConfig(env="serial").placement_options is None
 
 
-@pytest.mark.parametrize("key, value, needs", [("inline_shards", "2", "int"), ("inline_shards", True, "int"),
-                                               ("trim_worker_memory", "yes", "bool"), ("start_method", 1, "str")])
+@pytest.mark.parametrize("key, value, needs", [("inline_shards", "2", "an integer"), ("inline_shards", True, "an integer"),
+                                               ("trim_worker_memory", "yes", "true or false"),
+                                               ("start_method", 1, "a string")])
 def test_an_option_of_the_wrong_type_names_its_key_and_type(key, value, needs):
-    with pytest.raises(ConfigError, match=rf"parallel.options.{key} must be a {needs} for parallel.env=local, got"):
+    with pytest.raises(ConfigError, match=rf"parallel.options.{key} must be {needs} for parallel.env=local, got"):
         ParallelConfig(env="local", options={key: value})
 
 

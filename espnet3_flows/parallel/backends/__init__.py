@@ -59,10 +59,10 @@ def get_backend(name: str) -> Placement:
     return BACKENDS.get(name)
 
 
-def is_cluster_class(env: str) -> bool:
+def is_cluster_class(value: str) -> bool:
     """Whether a ``parallel.env`` value is an import path (``pkg.module.Factory`` or
     ``pkg.module:Factory``) of a cluster class or factory rather than an env's name."""
-    return "." in env or ":" in env
+    return "." in value or ":" in value
 
 
 def backend_of(cfg: ParallelSettings) -> Placement:

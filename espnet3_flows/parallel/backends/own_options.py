@@ -22,6 +22,7 @@ from espnet3_flows.config import ConfigError, check_choices
 
 T = TypeVar("T")
 _TYPES: dict[Any, tuple[type, ...]] = {bool: (bool,), int: (int,), str: (str,), float: (float, int)}
+_SAID = {bool: "true or false", int: "an integer", str: "a string", float: "a number"}
 
 
 def own_option_names(schema: type | None) -> frozenset[str]:
@@ -29,13 +30,14 @@ def own_option_names(schema: type | None) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(schema)) if schema is not None else frozenset()
 
 
-def read_own_options(schema: type[T], options: Mapping[str, Any], env: str) -> T:
+def read_own_options(schema: type[T], options: Mapping[str, Any], placement: str) -> T:
     """``schema``'s instance from the entries of ``options`` that are its fields (the others are
     the cluster's), each of its field's type; its ``choices`` (field metadata) and its own
     ``__post_init__`` checks run.
 
     Raises:
-        ConfigError: naming ``parallel.options.<key>``, the type it needs and ``env``.
+        ConfigError: naming ``parallel.options.<key>``, the type it needs and the ``placement``
+            (its ``parallel.env``).
     """
     hints = typing.get_type_hints(schema)
     given = {}
@@ -45,8 +47,8 @@ def read_own_options(schema: type[T], options: Mapping[str, Any], env: str) -> T
         value, kind = options[f.name], hints[f.name]
         allowed = _TYPES.get(kind, (object,))
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise ConfigError(f"parallel.options.{f.name} must be a {kind.__name__} for parallel.env={env}, "
-                              f"got {value!r}")
+            raise ConfigError(f"parallel.options.{f.name} must be {_SAID.get(kind, kind)} for "
+                              f"parallel.env={placement}, got {value!r}")
         given[f.name] = value
     obj = schema(**given)
     check_choices(obj, "parallel.options.")
