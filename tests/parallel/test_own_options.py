@@ -26,7 +26,8 @@ def test_each_env_reads_its_own_options_typed():
     assert ParallelConfig(env="serial").placement_options is None
 
 
-@pytest.mark.parametrize("key, value, needs", [("inline_shards", "2", "an integer"), ("inline_shards", True, "an integer"),
+@pytest.mark.parametrize("key, value, needs", [("inline_shards", "2", "an integer"),
+                                               ("inline_shards", True, "an integer"),
                                                ("trim_worker_memory", "yes", "true or false"),
                                                ("start_method", 1, "a string")])
 def test_an_option_of_the_wrong_type_names_its_key_and_type(key, value, needs):
