@@ -147,8 +147,8 @@ def notes(by: dict[str, dict[str, Any]], n: int, audio: float, reps: int, shard_
                      + ", ".join(f"{label} {value / two_fast:.2f}" for label, value in vs_two_proc) + ".")
     spawned = by.get(FLOW + FLOW_SPAWN)
     if spawned:
-        notes.append(f"Workers forked from the preloaded forkserver (parallel.options.start_method=forkserver, the default) "
-                     f"vs spawned (start_method=spawn), cold, same run: fixed cost "
+        notes.append(f"Workers forked from the preloaded forkserver (parallel.options.start_method=forkserver, the "
+                     f"default) vs spawned (start_method=spawn), cold, same run: fixed cost "
                      f"{flow['fixed_s']['median']:.2f} s vs {spawned['fixed_s']['median']:.2f} s, end-to-end "
                      f"{flow_e2e / spawned['utt_per_s']['median']:.2f}x the spawn throughput.")
     return notes

@@ -196,7 +196,8 @@ def test_dry_run_says_when_the_shards_run_in_the_driver(tmp_path, four_utterance
     home = tmp_path / "prefect-home"
     args = [f"manifests.train={four_utterances}", f"output_dir={tmp_path / 'out'}", "--dry-run"]
     one = _cli(home, *args)
-    assert one.returncode == 0 and "shard(s) to compute run in this process, parallel.options.inline_shards=1" in one.stdout
+    assert one.returncode == 0
+    assert "shard(s) to compute run in this process, parallel.options.inline_shards=1" in one.stdout
     four = _cli(home, *args, "shard_size=2")  # 4 shards: a cluster
     assert four.returncode == 0 and "run in this process" not in four.stdout, four.stdout
     assert not _servers_of(home)  # a dry run starts no server, not even early

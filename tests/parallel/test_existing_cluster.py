@@ -189,7 +189,8 @@ def test_scheduler_file_errors_are_clear(tmp_path):
     def cfg(path: Path) -> ParallelConfig:
         return ParallelConfig(env="address", options={"scheduler_file": str(path)})
 
-    with pytest.raises(ConfigError, match=r"parallel.options.scheduler_file: cannot read .*missing.json.*dask scheduler --scheduler-file"):
+    cannot = r"parallel.options.scheduler_file: cannot read .*missing.json.*dask scheduler --scheduler-file"
+    with pytest.raises(ConfigError, match=cannot):
         scheduler_address(cfg(tmp_path / "missing.json"))
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError, match=r"bad.json is not JSON"):
@@ -261,7 +262,8 @@ def test_engine_runs_twice_on_the_running_cluster_and_leaves_it_running(external
 @pytest.mark.dask
 def test_get_client_closes_only_its_client(external_cluster):
     before = external_cluster.snapshot()
-    with get_client(plugin_for(ArrayProvider({"n": 3})), ParallelConfig(env="address", options={"address": external_cluster.address})) as client:
+    cfg = ParallelConfig(env="address", options={"address": external_cluster.address})
+    with get_client(plugin_for(ArrayProvider({"n": 3})), cfg) as client:
         assert client.scheduler.address == external_cluster.address
         assert all(external_cluster.env_tokens().values())  # the plugin built the env on every worker
     assert client.status == "closed"

@@ -79,8 +79,8 @@ class RunningCluster(Placement):
                 info = json.load(fh)
         except OSError as exc:
             raise ConfigError(f"parallel.options.scheduler_file: cannot read {path} ({exc.strerror or exc}); is the "
-                              "scheduler running (`dask scheduler --scheduler-file PATH`) and the file on a path this host "
-                              "sees?") from None
+                              "scheduler running (`dask scheduler --scheduler-file PATH`) and the file on a path this "
+                              "host sees?") from None
         except ValueError as exc:
             raise ConfigError(f"parallel.options.scheduler_file: {path} is not JSON ({exc})") from None
         address = info.get("address") if isinstance(info, dict) else None
