@@ -357,9 +357,8 @@ class _Methods:
         if not quick:
             methods += [functools.partial(self.lhotse, False), functools.partial(self.cluster, True),
                         functools.partial(self.flow, FLOW_TRIM, {"options": {"trim_worker_memory": True}}),
-                        functools.partial(self.flow, FLOW_SPAWN,
-                                          {"options": {"start_method": "spawn"}}), self.flow_warm,
-                        self.flow_large]
+                        functools.partial(self.flow, FLOW_SPAWN, {"options": {"start_method": "spawn"}}),
+                        self.flow_warm, self.flow_large]
         return methods
 
 
