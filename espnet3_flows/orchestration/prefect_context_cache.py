@@ -40,33 +40,24 @@ def cache_settings_serialization() -> bool:
     """
     from prefect.context import SettingsContext
 
-    return _memoize_serialize(SettingsContext, "cache_settings_serialization",
-                              lambda self, secrets: (self, self.profile, self.settings, secrets), copy.deepcopy)
-
-
-def _memoize_serialize(cls: type, patch: str, key_of: Callable[[Any, bool], tuple[Any, ...]],
-                       copy_of: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
-    """Make ``cls.serialize`` return a copy (``copy_of``) of its last result while ``key_of(self,
-    include_secrets)`` holds the same objects (compared by identity); idempotent. ``False`` when
-    Prefect is not a verified version or ``cls`` has no ``serialize`` of its own."""
-    ok, original = unpatched_target(cls, "serialize", patch)
+    ok, original = unpatched_target(SettingsContext, "serialize", "cache_settings_serialization")
     if original is None:
         return ok
     lock = threading.Lock()
     last: dict[str, Any] = {}
 
     def serialize(self: Any, include_secrets: bool = True) -> dict[str, Any]:
-        key = key_of(self, include_secrets)
+        key = (self, self.profile, self.settings, include_secrets)  # the same objects: compared by identity
         with lock:
             hit = last.get("key")
-            if hit is not None and len(hit) == len(key) and all(a is b for a, b in zip(hit, key, strict=True)):
-                return copy_of(last["value"])
+            if hit is not None and all(a is b for a, b in zip(hit, key, strict=True)):
+                return copy.deepcopy(last["value"])
         value = original(self, include_secrets=include_secrets)
         with lock:
             last.update(key=key, value=value)
-        return copy_of(value)
+        return copy.deepcopy(value)
 
-    return install_wrapper(cls, "serialize", serialize, original)
+    return install_wrapper(SettingsContext, "serialize", serialize, original)
 
 
 def cache_settings_hydration() -> bool:
