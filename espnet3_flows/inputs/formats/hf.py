@@ -89,12 +89,13 @@ class HfDatasetFormat(ManifestFormat):
             raise ManifestError(f"split {split!r}: dataset {directory} has no column {missing[0]!r} (columns: "
                                 f"{ds.column_names}; name others with {directory}?id=...&audio=...)")
         state = os.stat(os.path.join(directory, "state.json"))
-        key = token(EXPORT_VERSION, [directory, dataset_fingerprint(ds), state.st_size, state.st_mtime_ns,
+        fingerprint = dataset_fingerprint(ds)
+        key = token(EXPORT_VERSION, [directory, fingerprint, state.st_size, state.st_mtime_ns,
                                      sorted(columns.items()), os.getcwd()], 16)
         stem = re.sub(r"[^A-Za-z0-9_.-]", "_", posixpath.basename(directory) or "dataset")
         name = posixpath.join(spool_rel, f"{stem}-{key}.hf.jsonl")
         if not spool.exists(name):
-            _export(ds, directory, columns, spool, name)
+            _export(ds, fingerprint, directory, columns, spool, name)
         return PreparedManifest(spool.uri(name), origin=directory)
 
     def parse_line(self, line: str, lineno: int) -> Utterance:
@@ -180,16 +181,16 @@ def _row_bytes(utt: Utterance) -> bytes:
     return data
 
 
-def _export(ds: Any, directory: str, columns: Mapping[str, str], spool: Storage, name: str) -> None:
-    """Write one JSON line per row (``id``, ``path`` or the embedded row's location, ``speaker``,
-    ``text``), reading the rows a batch at a time and never their audio bytes."""
+def _export(ds: Any, fingerprint: str, directory: str, columns: Mapping[str, str], spool: Storage,
+            name: str) -> None:
+    """Write one JSON line per row (``id``, ``path`` or the embedded row's location, ``fingerprint``,
+    ``speaker``, ``text``), reading the rows a batch at a time and never their audio bytes."""
     import pyarrow.types as pat
 
     table = ds.data.table
     audio = columns["audio"]
     struct = pat.is_struct(table.schema.field(audio).type)  # an Audio column: {"bytes", "path"}
     extra = [r for r in ("speaker", "text") if columns[r] in ds.column_names]
-    fingerprint = dataset_fingerprint(ds)
     with spool.atomic_writer(name) as out:
         for start in range(0, table.num_rows, _BATCH):
             batch = table.slice(start, _BATCH)
