@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import difflib
 import importlib
@@ -193,8 +194,10 @@ def rename_aliases(layer: DictConfig, aliases: Mapping[str, str]) -> DictConfig:
     return OmegaConf.create(renamed_keys(data, aliases))
 
 
-def renamed_keys(data: dict[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
-    """:func:`rename_aliases` on plain nested dicts: ``data`` changed in place and returned."""
+def renamed_keys(data: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
+    """:func:`rename_aliases` on plain nested dicts: a copy of ``data`` with the alias keys moved
+    (``data`` is left as it was)."""
+    data = copy.deepcopy(dict(data))
     missing = object()
     for alias, key in aliases.items():
         *parents, leaf = alias.split(".")

@@ -11,7 +11,6 @@ the file, the parameters and the overrides are merged.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import typing
@@ -97,7 +96,7 @@ def section_model(section: type, prefix: str = "", hidden: frozenset[str] = froz
 
 
 def _old_spellings(cls: type, data: Any, aliases: Mapping[str, str]) -> Any:
-    return renamed_keys(copy.deepcopy(data), aliases) if isinstance(data, dict) else data
+    return renamed_keys(data, aliases) if isinstance(data, dict) else data
 
 
 def form_fields(schema: type) -> list[FormField]:
@@ -120,7 +119,7 @@ def dotted_values(schema: type, values: Mapping[str, Any], prefix: str = "") -> 
             value = value.model_dump()
         kind = hints[f.name]
         if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):  # its old spellings read as their keys
-            value = renamed_keys(copy.deepcopy(dict(value)), getattr(kind, "CONFIG_ALIASES", {}))
+            value = renamed_keys(value, getattr(kind, "CONFIG_ALIASES", {}))
             out.update(dotted_values(kind, value, f"{prefix}{f.name}."))
         else:
             out[prefix + f.name] = value
