@@ -11,8 +11,10 @@ Readiness is polled with a timeout; a failure raises with the tail of the proces
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -38,8 +40,39 @@ class ProcessStartError(RuntimeError):
     """A helper process exited or did not become ready in time."""
 
 
+def ephemeral_ports() -> range:
+    """The ports the kernel hands out for `bind(("", 0))` and outgoing connections."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
+def _quiet_ports() -> range:
+    """Ports no `bind(0)` and no outgoing connection can take: below the ephemeral range (or above
+    it, where it starts low), so a Dask worker or a client's socket never steals one between our
+    choosing it and the server's binding it."""
+    ephemeral = ephemeral_ports()
+    if ephemeral.start - 10000 >= 2000:
+        return range(10000, ephemeral.start)
+    if 65535 - ephemeral.stop >= 2000:
+        return range(ephemeral.stop + 1, 65536)
+    return range(0)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on `host` that was free a moment ago (the OS picks it)."""
+    """A TCP port on `host`, free a moment ago, picked at random outside the kernel's ephemeral
+    range (where the OS's own choices live), so only another explicit choice can collide with it;
+    servers started by these helpers retry on a fresh port if that happens."""
+    quiet = _quiet_ports()
+    for port in random.sample(quiet, min(50, len(quiet))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -62,7 +95,8 @@ def _http_status(url: str, *, method: str = "GET", body: bytes | None = None,
             return response.status, response.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
+    except (urllib.error.URLError, http.client.HTTPException, OSError):
+        # not (yet) an HTTP server there: refused, reset, timed out, or another protocol answered
         return 0, b""
 
 
@@ -242,6 +276,28 @@ def _wait_gone(procs: Sequence[psutil.Process], timeout: float,
         time.sleep(0.1)
 
 
+def port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    """True when some process holds `port` on `host` (binding it fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+        return False
+
+
+def _listens(procs: Sequence[psutil.Process], port: int) -> bool:
+    """True when one of `procs` has a listening TCP socket on `port`."""
+    for proc in procs:
+        try:
+            connections = proc.net_connections("tcp") if hasattr(proc, "net_connections") else proc.connections("tcp")
+        except psutil.Error:
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections):
+            return True
+    return False
+
+
 class _ServerBase:
     """Shared start/stop/context-manager plumbing; subclasses define argv and readiness."""
 
@@ -257,6 +313,14 @@ class _ServerBase:
         self.cwd: str | os.PathLike | None = None
         self.process: ManagedProcess | None = None
         self.startup_seconds: float | None = None
+        self.port: int | None = None
+        self._port_chosen = False  # True: free_port() picked it, so a first start may pick again
+
+    def _use_port(self, port: int | None) -> None:
+        """Listen on `port`, or on one `free_port()` picks (then a first start that finds it taken
+        by another process picks a fresh one: see `start`)."""
+        self._port_chosen = port is None
+        self.port = free_port() if port is None else port
 
     def _argv(self) -> list[str]:
         raise NotImplementedError
@@ -278,14 +342,31 @@ class _ServerBase:
         return "(not started)" if self.process is None else self.process.log_tail(lines)
 
     def start(self):
+        """Start the process and wait until it is ready. On a first start on a port `free_port()`
+        chose, a port another process took in the meantime (it can: the choice and the bind are
+        two steps) is given up for a fresh one, up to three times; a restart keeps its port."""
         if self.running():
             raise RuntimeError(f"{self.name} already running (pid {self.pid})")
+        attempts = 3 if self._port_chosen and self.startup_seconds is None else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once()
+            except ProcessStartError:
+                if attempt == attempts or self.port is None or not port_taken(self.port):
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self):
         self.process = ManagedProcess(self._argv(), name=self.name, env=self._process_env(),
                                       cwd=self.cwd, log_path=self.log_dir / f"{self.name}.log")
         self.process.start()
         try:
             self.startup_seconds = self.process.wait_until(
                 self._ready, timeout=self.startup_timeout, what="ready")
+            if self.port is not None and not _listens(self.process.family(), self.port):
+                raise ProcessStartError(f"{self.name}: port {self.port} answered, but from another "
+                                        f"process; log {self.process.log_path}:\n{self.log_tail()}")
         except BaseException:
             self.process.stop(self.stop_signals)
             raise
@@ -320,7 +401,7 @@ class MotoServer(_ServerBase):
                  startup_timeout: float | None = None, log_dir: Path | None = None):
         super().__init__(log_dir, startup_timeout)
         self.host = host
-        self.port = port or free_port(host)
+        self._use_port(port)
 
     @property
     def endpoint_url(self) -> str:
@@ -361,7 +442,7 @@ class SshServer(_ServerBase):
                  startup_timeout: float | None = None):
         super().__init__(log_dir, startup_timeout)
         self.root = Path(root)
-        self.port = port or free_port()
+        self._use_port(port)
         self.client_key = self.root / "client_key"
         self.config = self.root / "sshd_config"
 
@@ -419,7 +500,7 @@ class PrefectServer(_ServerBase):
         if database_url is None:  # a migrated copy: starts in ~3 s, not ~10
             seed_home(self.home)
         super().__init__(log_dir or self.home / "logs", startup_timeout)
-        self.port = port or free_port()
+        self._use_port(port)
         self.database_url = database_url or f"sqlite+aiosqlite:///{self.home / 'prefect.db'}"
         self.ui = ui
         self.extra_env = dict(extra_env or {})

@@ -22,7 +22,9 @@ from tests.support.servers import (
     PrefectServer,
     PrefectWorker,
     ProcessStartError,
+    ephemeral_ports,
     free_port,
+    port_taken,
     slurm_available,
 )
 
@@ -59,6 +61,47 @@ def test_free_port_is_bindable_on_loopback():
     assert 1024 <= port <= 65535
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_free_port_is_outside_the_kernels_ephemeral_range():
+    """bind(0) (a Dask worker's listener) and outgoing connections take ports from that range; a
+    port chosen there could be taken between free_port() and the server's bind, as once happened."""
+    ports = {free_port() for _ in range(20)}
+    assert not ports & set(ephemeral_ports())
+
+
+@pytest.mark.s3
+def test_a_server_whose_chosen_port_was_taken_starts_on_a_fresh_one(tmp_path, monkeypatch):
+    """Another process takes the chosen port before the server binds it and answers in another
+    protocol (as a Dask listener did): the probe is not fooled and the server moves to a new port."""
+    import threading
+
+    import tests.support.servers as servers
+
+    squatter = socket.create_server(("127.0.0.1", 0))
+    taken = squatter.getsockname()[1]
+
+    def answer_wrongly():
+        while True:
+            try:
+                conn, _ = squatter.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"\x00\x01 not http\r\n\r\n")
+
+    threading.Thread(target=answer_wrongly, daemon=True).start()
+    choices = iter([taken])
+    real_free_port = servers.free_port
+    monkeypatch.setattr(servers, "free_port", lambda host="127.0.0.1": next(choices, None) or real_free_port(host))
+    try:
+        with MotoServer(log_dir=tmp_path) as moto:
+            assert moto.port != taken
+            assert urllib.request.urlopen(moto.endpoint_url + "/", timeout=10).status == 200
+        assert "Address already in use" in (tmp_path / "moto.log").read_text()
+        assert port_taken(taken)
+    finally:
+        squatter.close()
 
 
 def test_managed_process_kills_stubborn_process_and_its_detached_grandchild(tmp_path):
