@@ -1,7 +1,7 @@
 """What this package patches in other libraries is still there in the installed versions (an
 upgrade that removed or renamed a target fails here, not silently in a run), and the one switch,
 ``ESPNET3_FLOWS_PATCHES=off``, leaves every one of them alone outside Prefect (whose patches
-``tests/orchestration/test_prefect_compat.py`` checks the same way)."""
+``tests/orchestration/test_prefect_private.py`` checks the same way)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,22 @@ def test_the_dataset_fingerprint_read_is_what_datasets_keys_its_cache_on():
     ds = datasets.Dataset.from_dict({"id": ["a", "b"]})
     assert isinstance(ds._fingerprint, str) and ds._fingerprint
     assert ds.map(lambda row: {"id": row["id"] + "x"})._fingerprint != ds._fingerprint
+
+
+def test_the_fbank_layout_read_is_lhotses():
+    """``lhotse_private.fbank_layout`` reads, in the installed lhotse (a verified release): its framing
+    function, and the window, mel matrix and floor of ``Wav2LogFilterBank`` with the shapes the
+    fast path multiplies by."""
+    import lhotse
+    from lhotse.features.kaldi.layers import Wav2LogFilterBank
+
+    from espnet3_flows.frontends.lhotse_private import fbank_layout, lhotse_verified
+
+    assert lhotse_verified(), lhotse.__version__
+    layout = fbank_layout(lhotse.Fbank(lhotse.FbankConfig(num_mel_bins=40)))
+    assert isinstance(lhotse.Fbank().extractor, Wav2LogFilterBank)
+    assert layout.window.shape == (layout.length,) and layout.mel.shape == (layout.pad_length // 2 + 1, 40)
+    assert layout.frame(__import__("torch").zeros(1, 16000), layout.length, layout.shift, True).shape[-1] == layout.length
 
 
 @pytest.fixture
@@ -156,10 +172,10 @@ def test_one_prefect_patch_off_leaves_the_others_installed():
     code = ("import os\n"
             "os.environ['ESPNET3_FLOWS_PATCHES'] = '-prompt_heartbeat_stop'\n"
             "import prefect.flow_engine as flow_engine\n"
-            "from espnet3_flows.orchestration import prefect_compat as c\n"
+            "from espnet3_flows.orchestration.prefect_private import client, lifecycle\n"
             "before = flow_engine._send_heartbeats\n"
-            "print(c.prompt_heartbeat_stop(), flow_engine._send_heartbeats is before, c.share_tls_contexts(),"
-            " c.forked_children_exit_cleanly())\n")
+            "print(lifecycle.prompt_heartbeat_stop(), flow_engine._send_heartbeats is before,"
+            " client.share_tls_contexts(), lifecycle.forked_children_exit_cleanly())\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "True", "True", "True"]

@@ -32,7 +32,7 @@ def marked_files() -> list[str]:
 
 def test_the_marked_files_are_found():
     files = marked_files()
-    assert "tests/orchestration/test_prefect_compat.py" in files and "tests/parallel/test_forkserver.py" in files
+    assert "tests/orchestration/test_prefect_private.py" in files and "tests/parallel/test_forkserver.py" in files
     assert "tests/test_patches_off.py" not in files and len(files) < 30
 
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from espnet3_flows.errors import BadItemError
+from espnet3_flows.frontends.lhotse_private import FbankLayout, LayoutUnavailable, fbank_layout
 from espnet3_flows.frontends.pinned import PinnedStaging
 
 
@@ -46,34 +47,31 @@ class FastFbank:
         self._device_tensors: dict[str, Any] = {}
         self._staging = PinnedStaging()
         try:
-            self._read_layout(extractor)
+            self._read_layout(fbank_layout(extractor))
+        except LayoutUnavailable as exc:
+            self._fall_back(str(exc), warn=exc.warn)
+            return
         except (AttributeError, ImportError, TypeError, ValueError, IndexError) as exc:
             self._fall_back(f"lhotse's Fbank no longer has the private layout the fast path reads ({exc!r})")
             return
         if self.fast and not self._agrees_with_lhotse():
             self._fall_back("the fast path's features differ from lhotse's Fbank.extract on a test signal")
 
-    def _read_layout(self, extractor: Any) -> None:
-        """Read lhotse's framing, window and mel matrix (private attributes of lhotse 1.30-1.33)."""
-        import torch
-        from lhotse.features.kaldi.layers import _get_strided_batch
-
-        module = extractor.extractor
-        win = module.wav2win
-        fast = not module.use_energy and not module.use_fft_mag
-        self._frame = _get_strided_batch
-        self._length, self._shift, self._pad = int(win._length), int(win._shift), int(win.pad_length)
-        self._snip_edges = bool(win.snip_edges)
-        self._remove_dc = bool(win.remove_dc_offset)
-        self._preemph = float(win.preemph_coeff)
-        self._dither = float(win.dither)
-        self._window = win._window.detach().to(torch.float32)
-        self._bands = mel_bands(module._fb.detach().to(torch.float32))
-        self._num_mel_bins = int(module._fb.shape[1])
-        self._eps = module._eps.detach().to(torch.float32)
+    def _read_layout(self, layout: FbankLayout) -> None:
+        """Take lhotse's framing, window and mel matrix (:mod:`.lhotse_private`)."""
+        self._frame = layout.frame
+        self._length, self._shift, self._pad = layout.length, layout.shift, layout.pad_length
+        self._snip_edges = layout.snip_edges
+        self._remove_dc = layout.remove_dc_offset
+        self._preemph = layout.preemph_coeff
+        self._dither = layout.dither
+        self._window = layout.window
+        self._bands = mel_bands(layout.mel)
+        self._num_mel_bins = int(layout.mel.shape[1])
+        self._eps = layout.eps
         #: fewest samples lhotse's framing takes (with fewer it reads past the waveform's end)
         self.min_samples = _min_samples(self._length, self._shift, self._snip_edges)
-        self.fast = fast
+        self.fast = not layout.use_energy and not layout.use_fft_mag
 
     def _agrees_with_lhotse(self) -> bool:
         """Both paths on 0.37 s of noise (skipped with dither, which makes each call differ)."""
@@ -90,7 +88,7 @@ class FastFbank:
             ref = np.asarray(self.extractor.extract(probe, self.sampling_rate))
         return mine.shape == ref.shape and bool(np.allclose(mine, ref, rtol=1e-4, atol=1e-3))
 
-    def _fall_back(self, why: str) -> None:
+    def _fall_back(self, why: str, warn: bool = True) -> None:
         import warnings
 
         import lhotse
@@ -100,8 +98,9 @@ class FastFbank:
         shift = int(round(cfg.frame_shift * self.sampling_rate))
         self.min_samples = _min_samples(length, shift, bool(cfg.snip_edges))
         self.fast = False
-        warnings.warn(f"FastFbank: {why} (lhotse {lhotse.__version__}; tested with 1.30-1.33): using lhotse's "
-                      "Fbank.extract, same features, about 2x slower", RuntimeWarning, stacklevel=3)
+        if warn:
+            warnings.warn(f"FastFbank: {why} (lhotse {lhotse.__version__}; tested with 1.30-1.33): using lhotse's "
+                          "Fbank.extract, same features, about 2x slower", RuntimeWarning, stacklevel=3)
 
     def __call__(self, samples: np.ndarray) -> np.ndarray:
         """``(frames, num_mel_bins)`` float32 features of a mono float32 waveform.

@@ -201,7 +201,7 @@ def _declare_lost(settings: Any, changed: list[Callable[[], None]]) -> None:
     and a worker's flow-run process ends once its merges are done."""
     from prefect.settings import get_current_settings
 
-    from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work, quiet_shipper_failures
+    from espnet3_flows.orchestration.prefect_private.lifecycle import drop_undeliverable_api_work, quiet_shipper_failures
 
     _lost.set()
     for each in {id(settings): settings, id(s := get_current_settings()): s}.values():  # the run's, this thread's

@@ -32,7 +32,7 @@ from espnet3_flows.orchestration.job_run import PlannedFlow, plan_job
 from espnet3_flows.orchestration.job_flow import USER_ERRORS, error_line, job_flow  # noqa: F401 (the flow scripts')
 from espnet3_flows.orchestration.jobs import get_job, preflight, resolve_config
 from espnet3_flows.orchestration.local_server import PrivateServerLost, prefect_api
-from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work, quiet_shipper_failures
+from espnet3_flows.orchestration.prefect_private.lifecycle import drop_undeliverable_api_work, quiet_shipper_failures
 from espnet3_flows.orchestration.task_runner import prestart_workers
 from espnet3_flows.timeline import mark
 from espnet3_flows.storage import StorageError

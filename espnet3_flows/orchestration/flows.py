@@ -32,8 +32,10 @@ from espnet3_flows.orchestration.cluster_warnings import warn_if_api_unreachable
 from espnet3_flows.orchestration.job_run import PlannedFlow, current_run, plan_job, runner_modules, running
 from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
-from espnet3_flows.orchestration.prefect_compat import install_run_patches, untokenized_task_keys
-from espnet3_flows.orchestration.prefect_context_cache import cache_settings_serialization
+from espnet3_flows.orchestration.prefect_private.client import share_tls_contexts, untokenized_task_keys
+from espnet3_flows.orchestration.prefect_private.contexts import cache_settings_serialization
+from espnet3_flows.orchestration.prefect_private.gate import patched_run
+from espnet3_flows.orchestration.prefect_private.lifecycle import forked_children_exit_cleanly, prompt_heartbeat_stop
 from espnet3_flows.orchestration.run_log import job_logger, run_log
 from espnet3_flows.orchestration.shard_tasks import merge_task, retry_unless_bad_item, shard_task
 from espnet3_flows.orchestration.task_runner import make_task_runner, prestart_workers
@@ -201,10 +203,18 @@ def _kebab(name: str) -> str:
 
 def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool) -> Any:
     """Run :func:`shard_flow` for ``run`` on the task runner its ``parallel`` asks for (in-process
-    for merges only, and for shards that run here: ``ParallelConfig.runs_here``)."""
-    install_run_patches()
+    for merges only, and for shards that run here: ``ParallelConfig.runs_here``), with the patches
+    of Prefect a run wants installed for as long as it runs."""
+    with patched_run():
+        share_tls_contexts()
+        prompt_heartbeat_stop()
+        forked_children_exit_cleanly()  # before the run starts Prefect's services and their exit hooks
+        cache_settings_serialization()
+        return _run_patched_flow(run, name, shown, progress)
+
+
+def _run_patched_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool) -> Any:
     console.quiet_completed_shards()  # shard tasks of a serial run complete in this process
-    cache_settings_serialization()
     _export_api_url()
     if run.pending_shards and not run.parallel.runs_here(run.pending_shards):
         untokenized_task_keys()  # imports prefect_dask (and distributed): only for a run on a cluster

@@ -25,7 +25,7 @@ from espnet3_flows.orchestration.flows import run_job
 from espnet3_flows.orchestration.jobs import get_job, resolve_config
 from espnet3_flows.orchestration.local_server import PrivateServerLost
 from espnet3_flows.orchestration.parameters import dotted_values, form_fields
-from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work, quiet_failed_run_exit
+from espnet3_flows.orchestration.prefect_private.lifecycle import drop_undeliverable_api_work, quiet_failed_run_exit
 from espnet3_flows.orchestration.run_log import log_failure, run_log
 
 

@@ -11,13 +11,15 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from espnet3_flows.orchestration import console
 from espnet3_flows.orchestration.local_server import drain_prefect_clients
-from espnet3_flows.orchestration.prefect_compat import share_tls_contexts
-from espnet3_flows.orchestration.prefect_context_cache import cache_settings_hydration
+from espnet3_flows.orchestration.prefect_private.client import share_tls_contexts
+from espnet3_flows.orchestration.prefect_private.contexts import cache_settings_hydration
+from espnet3_flows.orchestration.prefect_private.gate import enter_run, leave_run
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES
 
 
 class PrefectWorkerSetup(WorkerPlugin):
-    """On each Dask worker: Prefect's clients share TLS contexts, and Prefect's task engine is
+    """On each Dask worker: Prefect's clients share TLS contexts and its contexts are validated once
+    (until the worker closes: then Prefect gets its own back), and Prefect's task engine is
     imported before the first shard task arrives. When the worker closes, the logs and events
     (task-run states) its tasks queued are sent: a forked worker exits without the interpreter
     shutdown that would otherwise send them.
@@ -36,6 +38,7 @@ class PrefectWorkerSetup(WorkerPlugin):
         if self.quiet:
             console.quiet_console()
         console.quiet_completed_shards()
+        enter_run()  # the patches stay until the worker closes (or leaves an in-process cluster)
         share_tls_contexts()
         cache_settings_hydration()
         for module in PREFECT_WORKER_MODULES:
@@ -43,3 +46,4 @@ class PrefectWorkerSetup(WorkerPlugin):
 
     async def teardown(self, worker: Any) -> None:  # Dask hook
         await asyncio.to_thread(drain_prefect_clients)  # off the loop: Prefect's drain blocks
+        leave_run()

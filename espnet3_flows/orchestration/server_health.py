@@ -153,7 +153,7 @@ def watched(url: str, process: subprocess.Popen, home: Path, log: Path | None) -
     from prefect.settings import get_current_settings
 
     from espnet3_flows.orchestration.api_watch import stop_client_retries
-    from espnet3_flows.orchestration.prefect_compat import drop_undeliverable_api_work, quiet_shipper_failures
+    from espnet3_flows.orchestration.prefect_private.lifecycle import drop_undeliverable_api_work, quiet_shipper_failures
 
     settings = get_current_settings()  # the run's (the watching thread has its own context)
     undo: list[Callable[[], None]] = []

@@ -32,12 +32,18 @@ def _lengths(fbank: FastFbank) -> list[int]:
     return [fbank.min_samples, fbank.min_samples + 1, 399, 400, 401, 12345, 3 * fbank.sampling_rate + 7]
 
 
+@pytest.mark.patch
+@pytest.mark.filterwarnings("ignore:.*snip_edges")
+def test_the_fast_path_reads_lhotses_layout_for_every_config():
+    assert all(FastFbank(Fbank(FbankConfig(dither=0.0, **config))).fast for config in CONFIGS)
+
+
 @pytest.mark.filterwarnings("ignore:.*snip_edges")
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
 def test_same_features_as_lhotse(config):
+    """The features of the fast path (and, with ``fbank_layout`` off, of lhotse's own path)."""
     extractor = Fbank(FbankConfig(dither=0.0, **config))
     fbank = FastFbank(extractor)
-    assert fbank.fast
     rng = np.random.default_rng(len(config))
     for n in _lengths(fbank):
         if n < fbank.min_samples:
@@ -139,6 +145,13 @@ class _Renamed:
         return self.__dict__["_module"](*args, **kwargs)
 
 
+@pytest.fixture
+def layout_switched_on(monkeypatch):
+    """The fallbacks below are those of a layout read that is allowed (whatever the suite's switch)."""
+    monkeypatch.delenv("ESPNET3_FLOWS_PATCHES", raising=False)
+
+
+@pytest.mark.usefixtures("layout_switched_on")
 def test_a_changed_private_layout_falls_back_to_lhotse_with_a_warning():
     extractor = Fbank(FbankConfig(dither=0.0))
     extractor.extractor = _Renamed(extractor.extractor)
@@ -151,6 +164,7 @@ def test_a_changed_private_layout_falls_back_to_lhotse_with_a_warning():
     assert fbank.min_samples == FastFbank(Fbank(FbankConfig(dither=0.0))).min_samples
 
 
+@pytest.mark.usefixtures("layout_switched_on")
 def test_a_fast_path_that_disagrees_with_lhotse_is_not_used(monkeypatch):
     monkeypatch.setattr(FastFbank, "_features", lambda self, wave: torch.zeros(3, 80))
     extractor = Fbank(FbankConfig(dither=0.0))
@@ -159,3 +173,22 @@ def test_a_fast_path_that_disagrees_with_lhotse_is_not_used(monkeypatch):
     assert not fbank.fast
     wave = np.random.default_rng(4).standard_normal(8000).astype(np.float32)
     np.testing.assert_array_equal(fbank(wave), extractor.extract(wave, 16000))
+
+
+def test_with_the_layout_switched_off_lhotse_computes_the_features_without_a_warning(monkeypatch, recwarn):
+    monkeypatch.setenv("ESPNET3_FLOWS_PATCHES", "-fbank_layout")
+    extractor = Fbank(FbankConfig(dither=0.0))
+    fbank = FastFbank(extractor)
+    assert not fbank.fast and not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    wave = np.random.default_rng(5).standard_normal(8000).astype(np.float32)
+    np.testing.assert_array_equal(fbank(wave), extractor.extract(wave, 16000))
+
+
+@pytest.mark.usefixtures("layout_switched_on")
+def test_an_lhotse_whose_layout_was_not_checked_is_not_read(monkeypatch):
+    import lhotse
+
+    monkeypatch.setattr(lhotse, "__version__", "1.40.0")
+    with pytest.warns(RuntimeWarning, match="lhotse 1.40.0 is not one whose fbank layout was checked"):
+        fbank = FastFbank(Fbank(FbankConfig(dither=0.0)))
+    assert not fbank.fast

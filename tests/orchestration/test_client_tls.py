@@ -9,7 +9,7 @@ import certifi
 import prefect.client.orchestration as client_module
 import pytest
 
-from espnet3_flows.orchestration.prefect_compat import _SharedContextSSL, share_tls_contexts
+from espnet3_flows.orchestration.prefect_private.client import _SharedContextSSL, share_tls_contexts
 
 pytestmark = pytest.mark.patch  # every test here checks the shared-TLS-context patch
 

@@ -9,7 +9,7 @@ import json
 from prefect.context import SettingsContext
 from prefect.settings import PREFECT_API_KEY, PREFECT_LOGGING_LEVEL, temporary_settings
 
-from espnet3_flows.orchestration.prefect_context_cache import cache_settings_serialization
+from espnet3_flows.orchestration.prefect_private.contexts import cache_settings_serialization
 
 
 @pytest.mark.patch
@@ -43,7 +43,7 @@ def test_the_patches_target_the_pinned_prefect():
     import prefect
 
     assert prefect.__version__.startswith("3.8."), (
-        f"Prefect {prefect.__version__}: re-check espnet3_flows.orchestration.prefect_compat.py "
+        f"Prefect {prefect.__version__}: re-check espnet3_flows/orchestration/prefect_private/contexts.py "
         "against its SettingsContext.serialize and task_engine.hydrated_context, then update this pin")
 
 
@@ -51,7 +51,7 @@ def test_the_patches_target_the_pinned_prefect():
 def test_workers_validate_each_settings_context_once_and_still_see_the_callers_settings():
     import prefect.task_engine as task_engine
 
-    from espnet3_flows.orchestration.prefect_context_cache import cache_settings_hydration
+    from espnet3_flows.orchestration.prefect_private.contexts import cache_settings_hydration
 
     assert cache_settings_hydration() and cache_settings_hydration()  # idempotent
     hydrate = task_engine.hydrated_context

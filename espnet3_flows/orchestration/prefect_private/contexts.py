@@ -1,22 +1,12 @@
-"""Prefect's contexts serialized once per flow on the driver and validated once per worker, not
-once per task: patches of Prefect's internals, installed through :mod:`.prefect_compat`'s guards
-(a verified Prefect version, ``ESPNET3_FLOWS_PATCHES`` not ``off``).
-
-**Settings serialized once.** Prefect's settings context serialized once per flow on the driver, and validated once per
-worker, not once per task.
+"""Prefect's contexts serialized once per flow on the driver and validated once per worker, not once
+per task (:func:`cache_settings_serialization`, :func:`cache_settings_hydration`). Installed through
+:mod:`.gate`.
 
 Prefect 3.8's ``DaskTaskRunner.submit`` ships the caller's context with every task
-(``prefect.context.serialize_context``), and most of that is ``SettingsContext.serialize()``: a
-pydantic dump of the whole settings model, ~30 ms of the driver's CPU per shard task
-(``benchmarks/bench_overhead.py``). Every task of a flow run carries the same settings, so
-:func:`cache_settings_serialization` keeps the last serialization and hands out copies of it
-while the current settings context is the very same object (same profile and settings
-objects). New settings (``temporary_settings``, another profile) are new objects, so they are
-serialized afresh; the copies mean no caller can change what a later task receives.
-
-:func:`cache_settings_hydration` validates it, and the flow run's context, on a worker once. (The
-flow run's context is still dumped on every submit: caching that dump bought ~0.8 ms of the
-driver's CPU per task, 2 % of a 1,000-shard run, and was dropped; ``benchmarks/README.md``.)
+(``prefect.context.serialize_context``), most of it ``SettingsContext.serialize()``, a pydantic dump
+of the whole settings model; its task engine rebuilds that context for every task it runs. Every
+task of a flow run carries the same settings and the same flow run. (The flow run's context is
+still dumped on every submit: caching that dump bought too little to keep; ``benchmarks/README.md``.)
 """
 
 from __future__ import annotations
@@ -26,14 +16,18 @@ import copy
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
-from espnet3_flows.orchestration.prefect_compat import install_wrapper, unpatched_target
+from espnet3_flows.orchestration.prefect_private.gate import install_wrapper, unpatched_target
 
 
 def cache_settings_serialization() -> bool:
     """Make ``SettingsContext.serialize`` reuse its last result for the same context (idempotent).
+
+    The result is reused while the settings context is the very same object, with the same profile
+    and settings objects; new settings (``temporary_settings``, another profile) are new objects,
+    serialized afresh. Callers get copies, so none can change what a later task receives.
 
     Returns:
         Whether the cache is installed (``False`` if Prefect's class has no ``serialize``).
@@ -67,15 +61,13 @@ def cache_settings_hydration() -> bool:
     Prefect 3.8's task engine rebuilds the caller's context for every task it runs
     (``prefect.context.hydrated_context``), and ``SettingsContext(**serialized)`` makes
     pydantic-settings build a whole ``Settings`` again: read the environment, the profiles and
-    the TOML files. In a profile of a collect-stats flow that was 38 % of a worker's CPU
-    (``py-spy``, 400 shards). Every task of a flow carries the same settings, so this keeps the
+    the TOML files. Every task of a flow carries the same settings, so this keeps the
     validated settings per serialized form (its JSON text) and enters a fresh context built from
     them for each task; different settings are validated afresh.
 
     The flow run's context is the same for every task of a flow run too, but Prefect validates it
     again for each (``FlowRunContext(**serialized)``, with a new API client and a copy of the
-    flow's task runner: ~1.8 ms of a worker's CPU per shard task, 13 % of Prefect's part, in a
-    profile of 1,000). This validates it once per worker thread and flow run, and enters a copy of
+    flow's task runner). This validates it once per worker thread and flow run, and enters a copy of
     it for each task whose per-run collections (results, dynamic keys, assets) are new, as
     Prefect's would be. Idempotent.
 

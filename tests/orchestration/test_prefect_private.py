@@ -6,7 +6,8 @@ import prefect
 import prefect.flow_engine as flow_engine  # configures Prefect's logging: at import, not inside a test's caplog
 import pytest
 
-from espnet3_flows.orchestration import prefect_compat, prefect_context_cache
+from espnet3_flows.orchestration.prefect_private import client as client_patches
+from espnet3_flows.orchestration.prefect_private import contexts, gate, lifecycle
 from espnet3_flows.patches import patches_enabled
 
 
@@ -14,9 +15,9 @@ def test_installed_prefect_is_the_verified_one():
     """Fails on purpose when the Prefect pin changes: read the patches' targets in the new
     version (prefect.client.orchestration's ssl use, SettingsContext.serialize,
     task_engine.hydrated_context), rerun their tests, then add the version to VERIFIED_PREFECT."""
-    assert prefect.__version__ in prefect_compat.VERIFIED_PREFECT, (
+    assert prefect.__version__ in gate.VERIFIED_PREFECT, (
         f"Prefect {prefect.__version__} is installed; espnet3_flows' patches of Prefect internals were verified "
-        f"with {prefect_compat.VERIFIED_PREFECT}: verify them again (orchestration/prefect_compat.py)")
+        f"with {gate.VERIFIED_PREFECT}: verify them again (orchestration/prefect_private/)")
 
 
 def test_an_unverified_prefect_gets_no_patch(monkeypatch, caplog):
@@ -26,18 +27,18 @@ def test_an_unverified_prefect_gets_no_patch(monkeypatch, caplog):
     from prefect.context import SettingsContext
 
     monkeypatch.setattr(prefect, "__version__", "99.0.0")
-    monkeypatch.setattr(prefect_compat, "_WARNED", [])
+    monkeypatch.setattr(gate, "_WARNED", [])
     from prefect_dask.client import PrefectDaskClient
 
     client_module = importlib.import_module("prefect.client.orchestration")
     before = (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context,
               PrefectDaskClient.__dict__["submit"], flow_engine._send_heartbeats)
     with caplog.at_level("WARNING"):
-        assert not prefect_compat.share_tls_contexts()
-        assert not prefect_context_cache.cache_settings_serialization()
-        assert not prefect_context_cache.cache_settings_hydration()
-        assert not prefect_compat.untokenized_task_keys()
-        assert not prefect_compat.prompt_heartbeat_stop()
+        assert not client_patches.share_tls_contexts()
+        assert not contexts.cache_settings_serialization()
+        assert not contexts.cache_settings_hydration()
+        assert not client_patches.untokenized_task_keys()
+        assert not lifecycle.prompt_heartbeat_stop()
     assert (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context,
             PrefectDaskClient.__dict__["submit"], flow_engine._send_heartbeats) == before
     # one warning, not one per call (none with every patch switched off: the version is not looked at)
@@ -53,7 +54,7 @@ def test_prefect_tasks_on_dask_get_random_keys_other_functions_keep_theirs(prefe
     from prefect import task
     from prefect_dask.client import PrefectDaskClient
 
-    assert prefect_compat.untokenized_task_keys()
+    assert client_patches.untokenized_task_keys()
 
     @task
     def double(x: int) -> int:
@@ -79,7 +80,7 @@ def test_flow_run_context_validated_once_per_thread_with_fresh_collections(prefe
     from prefect import flow
     from prefect.context import FlowRunContext, serialize_context
 
-    assert prefect_context_cache.cache_settings_hydration()
+    assert contexts.cache_settings_hydration()
 
     @flow
     def ship(n: int) -> dict:
@@ -114,7 +115,7 @@ def test_the_cached_flow_run_context_has_every_field_as_prefect_builds_it(prefec
     from prefect import flow
     from prefect.context import FlowRunContext, serialize_context
 
-    assert prefect_context_cache.cache_settings_hydration()
+    assert contexts.cache_settings_hydration()
     original = task_engine.hydrated_context.__wrapped__
 
     @flow
@@ -149,7 +150,7 @@ def test_heartbeats_still_sent_and_their_thread_ends_with_the_run(prefect_harnes
     from prefect import flow
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    assert prefect_compat.prompt_heartbeat_stop() and prefect_compat.prompt_heartbeat_stop()  # idempotent
+    assert lifecycle.prompt_heartbeat_stop() and lifecycle.prompt_heartbeat_stop()  # idempotent
     sent = []
     original = flow_engine.FlowRunEngine._emit_flow_run_heartbeat
 
@@ -178,7 +179,7 @@ def test_one_switch_turns_every_patch_off(monkeypatch):
     from prefect.context import SettingsContext
     from prefect_dask.client import PrefectDaskClient
 
-    monkeypatch.setenv(prefect_compat.PATCHES_VAR, "off")
+    monkeypatch.setenv(gate.PATCHES_VAR, "off")
     client_module = importlib.import_module("prefect.client.orchestration")
     targets = [(client_module, "ssl"), (SettingsContext, "serialize"), (task_engine, "hydrated_context"),
                (PrefectDaskClient, "submit"), (flow_engine, "_send_heartbeats")]
@@ -187,9 +188,9 @@ def test_one_switch_turns_every_patch_off(monkeypatch):
         for (owner, name), value in zip(targets, saved, strict=True):
             setattr(owner, name, getattr(value, "__wrapped__", value) if name != "ssl" else __import__("ssl"))
         before = [vars(owner).get(name) for owner, name in targets]
-        assert not any([prefect_compat.share_tls_contexts(), prefect_context_cache.cache_settings_serialization(),
-                        prefect_context_cache.cache_settings_hydration(),
-                        prefect_compat.untokenized_task_keys(), prefect_compat.prompt_heartbeat_stop()])
+        assert not any([client_patches.share_tls_contexts(), contexts.cache_settings_serialization(),
+                        contexts.cache_settings_hydration(),
+                        client_patches.untokenized_task_keys(), lifecycle.prompt_heartbeat_stop()])
         assert [vars(owner).get(name) for owner, name in targets] == before
     finally:
         for (owner, name), value in zip(targets, saved, strict=True):
@@ -199,23 +200,24 @@ def test_one_switch_turns_every_patch_off(monkeypatch):
 def _shipper_logging() -> tuple[bool, list[bool]]:
     import logging
 
-    return logging.raiseExceptions, [logging.getLogger(n).disabled for n in prefect_compat.SHIPPER_LOGGERS]
+    return logging.raiseExceptions, [logging.getLogger(n).disabled for n in lifecycle.SHIPPER_LOGGERS]
 
 
 def test_quiet_shippers_are_put_back_and_stay_loud_with_the_patches_off(monkeypatch):
     """The logging switches a lost API server turns (its shippers' last failures kept off the
     console) are put back by what :func:`quiet_shipper_failures` returns, and not turned at all
     with every patch off."""
+    monkeypatch.delenv(gate.PATCHES_VAR, raising=False)  # on first, whatever the suite's switch
     before = _shipper_logging()
     assert before[0] is True and not any(before[1])
-    restore = prefect_compat.quiet_shipper_failures()
+    restore = lifecycle.quiet_shipper_failures()
     try:
-        assert _shipper_logging() == (False, [True] * len(prefect_compat.SHIPPER_LOGGERS))
+        assert _shipper_logging() == (False, [True] * len(lifecycle.SHIPPER_LOGGERS))
     finally:
         restore()
     assert _shipper_logging() == before
-    monkeypatch.setenv(prefect_compat.PATCHES_VAR, "off")
-    prefect_compat.quiet_shipper_failures()
+    monkeypatch.setenv(gate.PATCHES_VAR, "off")
+    lifecycle.quiet_shipper_failures()
     assert _shipper_logging() == before
 
 
@@ -228,7 +230,7 @@ def test_a_run_failed_on_purpose_is_not_logged_again_as_an_unexpected_exception(
 
     from prefect.exceptions import FailedRun
 
-    assert prefect_compat.ENGINE_EXIT_RECORD in inspect.getsource(flow_engine.run_flow)
+    assert lifecycle.ENGINE_EXIT_RECORD in inspect.getsource(flow_engine.run_flow)
     logger = logging.getLogger("prefect.flow_runs")
     seen: list[str] = []
 
@@ -240,25 +242,25 @@ def test_a_run_failed_on_purpose_is_not_logged_again_as_an_unexpected_exception(
         try:
             raise exc
         except Exception:
-            logger.error(prefect_compat.ENGINE_EXIT_RECORD, exc_info=True)
+            logger.error(lifecycle.ENGINE_EXIT_RECORD, exc_info=True)
 
     handler, filters = Keep(), list(logger.filters)
     logger.addHandler(handler)
     try:
-        monkeypatch.setenv(prefect_compat.PATCHES_VAR, "off")
-        assert prefect_compat.quiet_failed_run_exit() is False
+        monkeypatch.setenv(gate.PATCHES_VAR, "off")
+        assert lifecycle.quiet_failed_run_exit() is False
         log(FailedRun("error: ConfigError: bad"))
-        monkeypatch.delenv(prefect_compat.PATCHES_VAR)
-        assert prefect_compat.quiet_failed_run_exit() is True and prefect_compat.quiet_failed_run_exit() is True
+        monkeypatch.delenv(gate.PATCHES_VAR)
+        assert lifecycle.quiet_failed_run_exit() is True and lifecycle.quiet_failed_run_exit() is True
         log(FailedRun("error: ConfigError: bad"))  # dropped
         log(FailedRun("Flow run encountered an exception"))
         log(RuntimeError("a bug"))
     finally:
         logger.removeHandler(handler)
         logger.filters[:] = filters
-    assert seen == [f"{prefect_compat.ENGINE_EXIT_RECORD}: error: ConfigError: bad",
-                    f"{prefect_compat.ENGINE_EXIT_RECORD}: Flow run encountered an exception",
-                    f"{prefect_compat.ENGINE_EXIT_RECORD}: a bug"]
+    assert seen == [f"{lifecycle.ENGINE_EXIT_RECORD}: error: ConfigError: bad",
+                    f"{lifecycle.ENGINE_EXIT_RECORD}: Flow run encountered an exception",
+                    f"{lifecycle.ENGINE_EXIT_RECORD}: a bug"]
 
 
 def _exit_at_once() -> None:
@@ -285,3 +287,61 @@ def test_a_process_forked_after_a_flow_exits_cleanly(prefect_harness, demo_corpu
     assert child.exitcode == 0
     loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=2, multiprocessing_context="fork")
     assert sorted(int(x) for batch in loader for x in batch) == list(range(8))
+
+
+def _prefect_targets() -> list[tuple[object, str]]:
+    import importlib
+
+    from prefect.context import SettingsContext
+
+    return [(flow_engine, "_send_heartbeats"), (SettingsContext, "serialize"),
+            (importlib.import_module("prefect.client.orchestration"), "ssl")]
+
+
+@pytest.mark.patch
+def test_patched_run_gives_prefect_its_own_back_when_the_last_run_of_the_process_ends():
+    from prefect._internal.concurrency.services import _QueueServiceBase
+
+    gate.restore_prefect(everything=True)  # Prefect as installed, whatever earlier tests left
+    targets = _prefect_targets()
+    own = [vars(owner)[name] for owner, name in targets]
+    try:
+        with gate.patched_run():
+            lifecycle.prompt_heartbeat_stop()
+            contexts.cache_settings_serialization()
+            client_patches.share_tls_contexts()
+            lifecycle.forked_children_exit_cleanly()
+            with gate.patched_run():  # a second run of the process, ending first
+                lifecycle.prompt_heartbeat_stop()
+            installed = [vars(owner)[name] for owner, name in targets]
+            assert all(now is not before for now, before in zip(installed, own, strict=True)), installed
+        assert [vars(owner)[name] for owner, name in targets] == own
+        # the exit hook Prefect's services leave registered after a run still needs its fix
+        assert getattr(_QueueServiceBase.__dict__["drain"], "__wrapped__", None) is not None
+        assert gate.installed_patches() == ["_QueueServiceBase.drain"]
+    finally:
+        gate.restore_prefect(everything=True)
+
+
+@pytest.mark.patch
+def test_after_a_run_prefect_is_as_installed(prefect_harness):
+    """A run installs its patches (seen from inside it) and takes them away when it ends: a notebook's
+    next flow runs on Prefect's own code."""
+    from espnet3_flows.orchestration import runner_flow
+    from tests.parallel.espnet3_runners import ListProvider, RecordsRunner
+
+    gate.restore_prefect(everything=True)
+    targets = _prefect_targets()
+    own = [vars(owner)[name] for owner, name in targets]
+    seen: list[list[str]] = []
+
+    class Spy(RecordsRunner):
+        @staticmethod
+        def forward(idx, dataset, model, **env):
+            seen.append(gate.installed_patches())
+            return RecordsRunner.forward(idx, dataset, model, **env)
+
+    out = runner_flow(Spy(ListProvider({"n": 4}), batch_size=2), range(4), parallel={"env": "serial"}, progress=False)
+    assert len(out) == 2 and seen
+    assert {"_send_heartbeats", "serialize", "ssl"} <= {name.rsplit(".", 1)[1] for name in seen[0]}, seen[0]
+    assert [vars(owner)[name] for owner, name in targets] == own
