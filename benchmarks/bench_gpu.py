@@ -46,7 +46,9 @@ import numpy as np
 import torch
 
 from benchmarks import common
-from benchmarks.gpu_measure import feature_error, min_cosine, peak_memory_mb, profile_table, reset_peak, timed
+from benchmarks.gpu_measure import (
+    feature_error, min_cosine, moments_error, peak_memory_mb, profile_table, reset_peak, timed,
+)
 from benchmarks.gpu_report import table, targets
 
 NAME = "gpu"
@@ -97,6 +99,14 @@ def part_hubert(device: str, quick: bool) -> dict[str, Any]:
             rows.append({"part": "hubert", "mode": "batched", "precision": precision, "max_batch_samples": mbs,
                          "utts": len(data), "audio_s": seconds(data), "wall_s": elapsed,
                          "x_realtime": seconds(data) / elapsed, "peak_mb": peak, **err})
+    for precision in ("float32", "bf16"):  # collect-stats: only the moments come back
+        frontend = model_frontend(model, device, batch_sizes[-1], precision)
+        frontend.moments(data[:2], {})
+        elapsed, _ = timed(device, lambda frontend=frontend: frontend.moments(data, {}))
+        rows.append({"part": "hubert", "mode": "collect-stats moments", "precision": precision,
+                     "max_batch_samples": batch_sizes[-1], "utts": len(data), "audio_s": seconds(data),
+                     "wall_s": elapsed, "x_realtime": seconds(data) / elapsed, "peak_mb": None,
+                     **moments_error(frontend.moments(subset, {}).moments, ref)})
     # the model alone on padded batches already on the device: what the frontend's host work costs
     frontend = model_frontend(model, device, batch_sizes[-1])
     groups = frontend.batches([len(w) for w in data])
@@ -158,6 +168,9 @@ def part_fbank(device: str, quick: bool) -> dict[str, Any]:
 
     no_copy_back()
     kernel_s, _ = timed(device, no_copy_back)
+    ours.fbank.moments(data[:2], device)
+    moments_s, _ = timed(device, lambda: ours.fbank.moments(data, device))  # collect-stats' product path
+    moments_err = moments_error(ours.fbank.moments(subset, device).moments, cpu_feats)
     sub = run(subset)
     feats_err = max(float(np.abs(a - b).max()) for a, b in zip(sub, cpu_feats, strict=True))
 
@@ -173,6 +186,8 @@ def part_fbank(device: str, quick: bool) -> dict[str, Any]:
             {"part": "fbank", "mode": f"{device}, gathered batches", "utts": len(data), "audio_s": seconds(data),
              "wall_s": elapsed, "x_realtime": seconds(data) / elapsed, "peak_mb": peak,
              "max_abs_feature_diff": feats_err, "stats_rel_diff": stats_rel},
+            {"part": "fbank", "mode": f"{device}, collect-stats moments", "utts": len(data), "audio_s": seconds(data),
+             "wall_s": moments_s, "x_realtime": seconds(data) / moments_s, **moments_err},
             {"part": "fbank", "mode": f"{device}, features left on the device", "utts": len(data),
              "audio_s": seconds(data), "wall_s": kernel_s, "x_realtime": seconds(data) / kernel_s}]
     return {"rows": rows}

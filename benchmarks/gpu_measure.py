@@ -74,3 +74,20 @@ def profile_table(device: str, fn: Callable[[], Any], rows: int = 12) -> str:
         except (AttributeError, KeyError, ValueError):
             continue
     return ""
+
+
+def moments_error(moments: Any, ref: Sequence[np.ndarray]) -> dict[str, float]:
+    """How far device moments (:class:`~espnet3_flows.frontends.device_moments.Moments`) are from the
+    host's float64 accumulator over ``ref``'s features: the largest difference of the mean and of
+    the variance, relative to each one's largest magnitude."""
+    from espnet3_flows.stats.accumulator import StatsAccumulator
+
+    acc = StatsAccumulator()
+    for f in ref:
+        acc.update(f)
+    count, mean, m2 = moments.to_host()
+    if count != acc.count:
+        return {"stats_rel_diff": float("inf")}
+    var, ref_var = m2 / count, acc.variance()
+    return {"stats_rel_diff": float(max(np.abs(mean - acc.mean).max() / np.abs(acc.mean).max(),
+                                        np.abs(var - ref_var).max() / np.abs(ref_var).max()))}

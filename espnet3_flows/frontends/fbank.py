@@ -14,11 +14,12 @@ Configurations it does not cover (energy features, magnitude spectra) run lhotse
 from __future__ import annotations
 
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from espnet3_flows.errors import BadItemError
+from espnet3_flows.frontends.device_moments import FrameMoments, Moments
 from espnet3_flows.frontends.lhotse_private import FbankLayout, LayoutUnavailable, fbank_layout
 from espnet3_flows.frontends.pinned import PinnedStaging
 
@@ -66,6 +67,7 @@ class FastFbank:
         self._preemph = layout.preemph_coeff
         self._dither = layout.dither
         self._window = layout.window
+        self._mel = layout.mel
         self._bands = mel_bands(layout.mel)
         self._num_mel_bins = int(layout.mel.shape[1])
         self._eps = layout.eps
@@ -181,6 +183,52 @@ class FastFbank:
         if not gather or not self.fast or self._dither != 0.0:  # (dither draws per call: keep __call__'s)
             return [self._alone(a) for a in arrays]
         out: list[np.ndarray] = []
+        for feats, counts in self._gathered(arrays, dev, max_batch_samples):
+            out.extend(np.split(feats.cpu().numpy(), np.cumsum(counts)[:-1]))
+        return out
+
+    def moments(self, waves: Sequence[np.ndarray], device: str,
+                max_batch_samples: int = DEFAULT_BATCH_SAMPLES) -> FrameMoments:
+        """The moments of the waveforms' features, computed on ``device`` by :meth:`batch`'s path
+        (gathered frames, where the fast path applies; each waveform alone otherwise): only the
+        frame counts and per-waveform NaN/Inf flags come to the host.
+
+        Raises:
+            FbankTooShortError: a waveform has fewer than ``min_samples`` samples.
+        """
+        import torch
+
+        arrays = [self._checked(w) for w in waves]
+        dev = torch.device(device)
+        frames, nonfinite, total = [], [], Moments()
+        dim = self._num_mel_bins if self.fast else 0
+        if not self.fast or self._dither != 0.0:
+            for a in arrays:
+                rows = torch.from_numpy(self._alone(a)).to(dev)
+                frames.append(int(rows.shape[0]))
+                dim = int(rows.shape[1])
+                nonfinite.append(not bool(torch.isfinite(rows).all()))
+                total = total if nonfinite[-1] else total.merge(Moments.of_rows(rows))
+            return FrameMoments(frames, dim, total, nonfinite)
+        for feats, counts in self._gathered(arrays, dev, max_batch_samples):
+            with torch.inference_mode():
+                owner = torch.repeat_interleave(torch.arange(len(counts), device=dev),
+                                                torch.tensor(counts, device=dev))
+                bad = torch.zeros(len(counts), dtype=torch.long, device=dev)
+                bad.index_add_(0, owner, (~torch.isfinite(feats)).any(dim=1).to(torch.long))
+                flags = [b > 0 for b in bad.cpu().tolist()]  # the one wait per batch
+                if not any(flags):
+                    total = total.merge(Moments.of_rows(feats))
+            frames.extend(counts)
+            nonfinite.extend(flags)
+        return FrameMoments(frames, dim, total, nonfinite)
+
+    def _gathered(self, arrays: Sequence[np.ndarray], dev: Any, max_batch_samples: int) -> Iterator[tuple[Any, list[int]]]:
+        """``(features [frames, num_mel_bins] on dev, frames of each array)`` per batch of at most
+        ``max_batch_samples`` samples (one longer array goes alone). The caller waits for each
+        batch (a copy to the host) before asking for the next: the staging memory is reused."""
+        import torch
+
         start = 0
         while start < len(arrays):
             end, total = start + 1, arrays[start].size
@@ -188,11 +236,9 @@ class FastFbank:
                 total += arrays[end].size
                 end += 1
             with torch.inference_mode():
-                feats, counts = self._batch_features(arrays[start:end], dev)
-                host = feats.cpu().numpy()
-            out.extend(np.split(host, np.cumsum(counts)[:-1]))
+                computed = self._batch_features(arrays[start:end], dev)
+            yield computed
             start = end
-        return out
 
     def _frame_positions(self, lengths: Sequence[int], dev: Any) -> tuple[Any, list[int]]:
         """Index of every frame sample in the concatenated waveforms ``[frames, length]`` (lhotse's
@@ -243,8 +289,7 @@ class FastFbank:
         """The window and the dense mel matrix ``[bins, filters]`` on ``dev`` (kept per device)."""
         cached = self._device_tensors.get(str(dev))
         if cached is None:
-            fb = self.extractor.extractor._fb.detach().float()
-            cached = self._device_tensors[str(dev)] = (self._window.to(dev), fb.to(dev))
+            cached = self._device_tensors[str(dev)] = (self._window.to(dev), self._mel.to(dev))
         return cached
 
 

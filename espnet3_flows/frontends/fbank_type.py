@@ -13,6 +13,8 @@ from espnet3_flows.frontends.wave_frontends import PerUtterance, check_cuda
 if TYPE_CHECKING:
     import numpy as np
 
+    from espnet3_flows.frontends.device_moments import FrameMoments
+
 #: Version of the fbank computation, hashed into collect-stats shards: features that differ even
 #: in float32 rounding are recomputed rather than merged with older shards. These identifiers are
 #: not module paths (the modules moved from stats/): changing one recomputes every user's shards
@@ -39,6 +41,18 @@ class FbankFrontend(PerUtterance):
                                                  frame_shift=cfg.frame_shift, frame_length=cfg.frame_length,
                                                  dither=cfg.dither)))
         super().__init__(self.fbank)
+
+    @property
+    def computes_moments(self) -> bool:
+        """Whether :meth:`moments` applies: on a GPU (on a CPU core each waveform alone, with its
+        features handed back, is faster than gathering their frames)."""
+        return self.device != "cpu"
+
+    def moments(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> FrameMoments:
+        """The moments of the waveforms' features, computed on the GPU (:meth:`FastFbank.moments`)."""
+        from espnet3_flows.frontends.fbank import DEFAULT_BATCH_SAMPLES
+
+        return self.fbank.moments(waves, self.device, self.max_batch_samples or DEFAULT_BATCH_SAMPLES)
 
     def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
         if self.device == "cpu":

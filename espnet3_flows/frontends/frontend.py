@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable, Mapping, Sequence
 
@@ -16,6 +17,7 @@ from espnet3_flows.frontends.config import (  # noqa: F401 - importable from her
     FrontendConfig,
     FrontendType,
 )
+from espnet3_flows.frontends.device_moments import Moments
 from espnet3_flows.frontends.espnet2_type import ESPNET2_DEFAULT_IMPLEMENTATION  # noqa: F401 - importable from here too
 from espnet3_flows.frontends.fbank_type import FBANK_IMPLEMENTATION, FbankFrontend  # noqa: F401 - importable from here too
 from espnet3_flows.frontends.model_type import model_frontend  # noqa: F401 - importable from here too
@@ -72,3 +74,41 @@ def extract_features(utts: Sequence[Any], frontend: Callable[..., Sequence[np.nd
             raise BadItemError(f"utt {u.utt_id!r}: features contain NaN or Inf")
         out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f})
     return out
+
+
+@dataclass
+class MomentsBatch:
+    """One call's utterances for collect-stats, their features summed up where they were computed
+    (:func:`extract_moments`): a row per utterance (``utt_id``, ``speech_len``, ``rate``,
+    ``shape`` as ``(frames, dim)``, ``feats`` ``None``) and the moments of all their frames."""
+
+    rows: list[dict[str, Any]]
+    moments: Moments
+
+
+def extract_moments(utts: Sequence[Any], frontend: Any, audio: Any, storage_options: Mapping[str, Any] | None,
+                    cache: Any, kwargs: Mapping[str, Any] | None = None) -> MomentsBatch | None:
+    """Load ``utts`` and compute the moments of their features without copying the features to the
+    host (a GPU frontend's stay on the GPU); ``None`` when ``frontend`` does not do that here (its
+    ``computes_moments`` is false or missing: :func:`extract_features` then).
+
+    Raises:
+        BadItemError: unreadable audio, or features that are empty, NaN or Inf (as
+            :func:`extract_features`, so that the engine finds the utterance and runs the others).
+    """
+    if not getattr(frontend, "computes_moments", False):
+        return None
+    from espnet3_flows.errors import BadItemError
+    from espnet3_flows.inputs.audio import load_many
+
+    loaded = load_many(utts, audio, storage_options, cache)
+    got = frontend.moments([w for w, _ in loaded], dict(kwargs or {}))
+    rows = []
+    for u, (w, rate), frames, bad in zip(utts, loaded, got.frames, got.nonfinite, strict=True):
+        if frames == 0:
+            raise BadItemError(f"utt {u.utt_id!r}: the frontend returned features of shape {(0, got.dim)}")
+        if bad:
+            raise BadItemError(f"utt {u.utt_id!r}: features contain NaN or Inf")
+        rows.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": None,
+                     "shape": (frames, got.dim)})
+    return MomentsBatch(rows, got.moments)

@@ -8,8 +8,9 @@ The built-in ``frontend.type`` values are one module each: :mod:`.fbank_type`, :
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from espnet3_flows.frontends.device_moments import FrameMoments, Moments, nonfinite_rows
 from espnet3_flows.frontends.pinned import PinnedStaging
 from espnet3_flows.frontends.precision import check_precision, precision_scope
 
@@ -96,26 +97,57 @@ class TorchFrontend:
                 groups.append([i])
         return groups
 
-    def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
+    def _computed(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> Iterator[tuple[list[int], Any, Any]]:
+        """Per call (:meth:`batches`): ``(positions, feats [B, T', D], lengths [B])`` on the device, the
+        lengths the extractor's or, where it gives none, ``T'`` for every row."""
         import numpy as np
         import torch
 
-        out: list[np.ndarray] = [np.empty(0)] * len(waves)
         for group in self.batches([len(w) for w in waves]):
             lengths = torch.tensor([len(waves[i]) for i in group], dtype=torch.long)
             speech = self._padded(len(group), int(lengths.max()))
             for row, i in enumerate(group):
                 speech[row, : len(waves[i])] = torch.from_numpy(np.asarray(waves[i], dtype=np.float32))
-            with torch.inference_mode(), precision_scope(self.device, self.precision):
-                feats, flens = self.extract(speech.to(self.device, non_blocking=True), lengths.to(self.device),
-                                            kwargs)
+            with torch.inference_mode():
+                with precision_scope(self.device, self.precision):
+                    feats, flens = self.extract(speech.to(self.device, non_blocking=True),
+                                                lengths.to(self.device), kwargs)
+                if flens is None:
+                    flens = torch.full((feats.shape[0],), feats.shape[1], dtype=torch.long, device=feats.device)
+            yield group, feats.detach(), flens.detach()
+
+    def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
+        import numpy as np
+
+        out: list[np.ndarray] = [np.empty(0)] * len(waves)
+        for group, feats, flens in self._computed(waves, kwargs):
             # (the copy to the host waits for the model: the staging memory is free again after it)
-            feats = feats.detach().float().cpu().numpy()
-            flens_list = None if flens is None else flens.detach().cpu().tolist()
-            for row, i in enumerate(group):
-                out[i] = feats[row] if flens_list is None else feats[row, : int(flens_list[row])]
+            host = feats.float().cpu().numpy()
+            for row, (i, n) in enumerate(zip(group, flens.cpu().tolist(), strict=True)):
+                out[i] = host[row, : int(n)]
         return out
 
+    #: :meth:`moments` runs here: on the CPU as on a GPU, the same code (what CI tests of the GPU's)
+    computes_moments = True
+
+    def moments(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> FrameMoments:
+        """The moments of the waveforms' features, computed where the features are: only each
+        call's frame counts and NaN/Inf flags come to the host (:mod:`.device_moments`)."""
+        import torch
+
+        frames, nonfinite = [0] * len(waves), [False] * len(waves)
+        total, dim = Moments(), 0
+        for group, feats, flens in self._computed(waves, kwargs):
+            with torch.inference_mode():
+                lengths = flens.to(torch.long)
+                bad = nonfinite_rows(feats, lengths)
+                host = torch.stack([lengths, bad.to(torch.long)]).cpu().tolist()  # the one wait per call
+                dim = int(feats.shape[2])
+                if not any(host[1]):
+                    total = total.merge(Moments.of_padded(feats, lengths, int(sum(host[0]))))
+            for row, i in enumerate(group):
+                frames[i], nonfinite[i] = int(host[0][row]), bool(host[1][row])
+        return FrameMoments(frames, dim, total, nonfinite)
 
     def _padded(self, rows: int, samples: int) -> Any:
         """A zeroed ``[rows, samples]`` float32 batch: in reused pinned memory on a GPU

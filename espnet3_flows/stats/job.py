@@ -11,7 +11,7 @@ from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_env
-from espnet3_flows.frontends.frontend import extract_features
+from espnet3_flows.frontends.frontend import MomentsBatch, extract_features, extract_moments
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.tokens import TokenConfig
@@ -60,8 +60,11 @@ class CollectStatsRunner(FrontendRunner):
     @staticmethod
     def forward(idx: Any, dataset: ShardDataset, frontend: Any, audio: AudioConfig,
                 storage_options: Mapping[str, Any], collect_stats_kwargs: Mapping[str, Any],
-                tokens: Any = None) -> list[dict[str, Any]]:
-        """Load the utterances of ``idx`` and return ``{utt_id, speech_len, feats, tokens}`` for each."""
+                tokens: Any = None, feats_format: str | None = None) -> list[dict[str, Any]] | MomentsBatch:
+        """Load the utterances of ``idx`` and return ``{utt_id, speech_len, feats, tokens}`` for each;
+        where no features are written and the frontend computes their moments itself (a torch
+        frontend, fbank on a GPU), a :class:`MomentsBatch` of the same rows with ``feats`` ``None``
+        and the moments of all their frames, which stay where they were computed."""
         ids = idx if isinstance(idx, list) else [idx]
         utts = [dataset[i] for i in ids]
         counts = [_count_tokens(u, tokens) for u in utts]
@@ -69,10 +72,13 @@ class CollectStatsRunner(FrontendRunner):
             headers = [audio_header(u, audio, storage_options, dataset.audio_cache) for u in utts]
             return [{"utt_id": u.utt_id, "speech_len": n, "rate": rate, "feats": None, "tokens": c}
                     for u, (n, rate), c in zip(utts, headers, counts, strict=True)]
-        out = extract_features(utts, frontend, audio, storage_options, dataset.audio_cache, collect_stats_kwargs)
+        batch = None if feats_format else extract_moments(utts, frontend, audio, storage_options, dataset.audio_cache,
+                                                           collect_stats_kwargs)
+        out = batch.rows if batch is not None else extract_features(utts, frontend, audio, storage_options,
+                                                                    dataset.audio_cache, collect_stats_kwargs)
         for r, c in zip(out, counts, strict=True):
             r["tokens"] = c
-        return out
+        return out if batch is None else batch
 
     def shard_env(self, shard: Shard, env: Mapping[str, Any]) -> Mapping[str, Any]:
         feats = self.cfg.collected_feats_format if self.cfg.write_collected_feats else None
@@ -87,25 +93,35 @@ class CollectStatsRunner(FrontendRunner):
         return {"shard": StatsShardWriter(Path(shard_dir), Path(output_dir) / split / "collect_feats", feats_format)}
 
     @staticmethod
-    def write_record(writers: dict[str, Any], result: list[dict[str, Any]], state: dict[str, Any],
+    def write_record(writers: dict[str, Any], result: list[dict[str, Any]] | MomentsBatch, state: dict[str, Any],
                      **env: Any) -> None:
-        """Write the utterances' rows (and features), fold them into the shard's statistics."""
-        writers["shard"].write(result)
+        """Write the utterances' rows (and features), fold them into the shard's statistics (a
+        :class:`MomentsBatch`'s moments into the shard's, where they were computed)."""
+        rows = result.rows if isinstance(result, MomentsBatch) else result
+        writers["shard"].write(rows)
+        if isinstance(result, MomentsBatch):
+            state["moments"] = result.moments if "moments" not in state else state["moments"].merge(result.moments)
         acc = state.setdefault("acc", StatsAccumulator())
-        for r in result:
+        for r in rows:
             f = r["feats"]
             state["utterances"] = state.get("utterances", 0) + 1
             count_native_rate(state, r["rate"])
             _extend(state.setdefault("samples", [0, None, None]), int(r["speech_len"]))
             if f is not None:
                 acc.update(f)
-                _extend(state.setdefault("frames", [0, None, None]), int(f.shape[0]))
+            frames = f.shape[0] if f is not None else (r["shape"][0] if r.get("shape") else None)
+            if frames is not None:
+                _extend(state.setdefault("frames", [0, None, None]), int(frames))
 
     @staticmethod
     def close_writers(writers: dict[str, Any], state: dict[str, Any], **env: Any) -> dict[str, Any]:
-        """Close the files; the shard's counts, sums and extremes (its rows are in ``shapes.tsv``)."""
+        """Close the files; the shard's counts, sums and extremes (its rows are in ``shapes.tsv``):
+        moments computed on a device come to the host here, once per shard."""
         writers["shard"].close()
         acc = state.pop("acc", None) or StatsAccumulator()
+        moments = state.pop("moments", None)
+        if moments is not None:
+            acc.merge(StatsAccumulator(*moments.to_host()))
         return {"stats": acc.to_dict(), "utterances": state.get("utterances", 0),
                 "samples": state.get("samples", [0, None, None]), "frames": state.get("frames", [0, None, None]),
                 "native_rates": state.get("native_rates", {})}

@@ -58,7 +58,8 @@ class StatsShardWriter:
         """Write one ``forward`` result's utterances."""
         for r in result:
             f = r["feats"]
-            shape = "" if f is None else f"{f.shape[0]},{f.shape[1]}"
+            dims = f.shape if f is not None else r.get("shape")  # (frames, dim); none without a frontend
+            shape = "" if dims is None else f"{dims[0]},{dims[1]}"
             tokens = "" if r.get("tokens") is None else f"\t{r['tokens']}"
             self.shapes.write(f"{r['utt_id']}\t{r['speech_len']}\t{shape}{tokens}\n")
             if self.feats_format == "npy":

@@ -58,12 +58,16 @@ def test_rehearsal_measures_what_the_issue_asks(rehearsal):
     out, _ = rehearsal
     rows = json.loads((out / "gpu.json").read_text())["rows"]
     hubert = [r for r in rows if r["part"] == "hubert"]
-    assert {r["mode"] for r in hubert} == {"one at a time", "batched", "model only (batches on the device)"}
+    assert {r["mode"] for r in hubert} == {"one at a time", "batched", "collect-stats moments",
+                                           "model only (batches on the device)"}
     batched = {r["precision"]: r for r in hubert if r["mode"] == "batched"}
     assert batched["float32"]["max_rel"] < 1e-5  # exact padded batches
     assert 1e-4 < batched["bf16"]["rel_rms"] < 0.1  # reduced precision: its error is measured, not zero
+    moments = {r["precision"]: r for r in hubert if r["mode"] == "collect-stats moments"}
+    assert moments["float32"]["stats_rel_diff"] <= 1e-6 and moments["bf16"]["stats_rel_diff"] > 0
     fbank = {r["mode"]: r for r in rows if r["part"] == "fbank"}
     assert fbank["cpu, gathered batches"]["stats_rel_diff"] <= 1e-5
+    assert fbank["cpu, collect-stats moments"]["stats_rel_diff"] <= 1e-5
     for part in ("ecapa", "rawnet3"):
         exact = [r for r in rows if r["part"] == part and r["precision"] == "float32"]
         assert len(exact) >= 2 and min(r["min_cosine_vs_alone"] for r in exact) >= 0.99999

@@ -185,6 +185,40 @@ def test_ssl_on_the_gpu_batched_equals_the_cpu_alone(hubert):
 
 
 @pytest.mark.gpu
+def test_collect_stats_moments_on_the_gpu_equal_the_host_float64_accumulator():
+    """What collect-stats keeps on the GPU: the moments of the features it computed there equal the
+    host's float64 accumulator over the same features copied back (rel. <= 1e-6), for fbank's
+    gathered frames and a model's padded batches; against the CPU's features, within fbank's
+    GPU-vs-CPU feature tolerance above."""
+    from espnet3_flows.stats.accumulator import StatsAccumulator
+
+    def host(features):
+        acc = StatsAccumulator()
+        for f in features:
+            acc.update(f)
+        return acc
+
+    def rel(moments, acc):
+        count, mean, m2 = moments.to_host()
+        assert count == acc.count
+        return max(np.abs(mean - acc.mean).max() / np.abs(acc.mean).max(), np.abs(m2 - acc.m2).max() / np.abs(acc.m2).max())
+
+    waves = noise([400, 401, SR, 12345, 5 * SR, 16 * SR], seed=8)
+    gpu = build_frontend(FrontendConfig(device="cuda"))
+    assert gpu.computes_moments
+    got = gpu.moments(waves, {})
+    assert rel(got.moments, host(gpu(waves, {}))) <= 1e-6
+    assert rel(got.moments, host(build_frontend(FrontendConfig())(waves, {}))) <= 1e-5
+    from espnet3_flows.frontends.wave_frontends import TorchFrontend
+
+    torch.manual_seed(0)
+    module = torch.nn.Conv1d(1, 8, 400, stride=160)
+    model = TorchFrontend(lambda s, n, kw: (module(s[:, None]).transpose(1, 2), (n - 400) // 160 + 1), module,
+                          "cuda", 10 ** 7)
+    assert rel(model.moments(waves, {}).moments, host(model(waves, {}))) <= 1e-6
+
+
+@pytest.mark.gpu
 def test_ecapa_on_the_gpu_batched_equals_alone(tmp_path):
     from espnet3_flows.xvector import embed_waveforms, load_speechbrain_encoder, speechbrain_embedder
     from espnet3_flows.xvector.random_ecapa import build_random_ecapa_dir

@@ -549,3 +549,64 @@ def test_native_rates_are_recorded_and_mostly_low_rate_input_warns(tmp_path, fro
     again = _run(_config(manifest, str(tmp_path / "out8"), f"frontend.type={frontend}",
                          "frontend.sampling_rate=8000")).merged
     assert "warnings" not in again and again["native_sampling_rates"] == {"8000": 3, "16000": 1}
+
+
+def test_a_torch_frontends_statistics_stay_where_they_are_computed(corpus, tmp_path, monkeypatch):
+    """Without features written, a torch frontend's features are summed up where they are computed
+    (the CPU here, by a GPU's code) and never handed back: the statistics and shapes equal the
+    run that writes the features, within float64 rounding."""
+    from espnet3_flows.frontends.wave_frontends import TorchFrontend
+
+    manifest, _ = corpus
+    target = "tests.stats.test_collect_stats.TinyFrontend"
+    common = ["frontend.type=model", f"frontend.model._target_={target}", "frontend.model.hop=200",
+              "frontend.model.dim=3", "collect_stats_kwargs.scale=3.0", "frontend.max_batch_samples=40000",
+              "shard_size=8", "batch_size=5"]
+    written = _run(_config(manifest, str(tmp_path / "written"), *common, "write_collected_feats=true"))
+
+    def no_features(self, waves, kwargs):
+        raise AssertionError("features were handed back to the host")
+
+    monkeypatch.setattr(TorchFrontend, "__call__", no_features)
+    kept = _run(_config(manifest, str(tmp_path / "kept"), *common))
+    assert kept.merged["feature_dim"] == written.merged["feature_dim"] == 3
+    _assert_same_stats(_npz(tmp_path / "kept" / "train" / "feats_stats.npz"),
+                       _npz(tmp_path / "written" / "train" / "feats_stats.npz"), rel=1e-6)
+    for name in ("feats_shape", "speech_shape"):
+        assert (tmp_path / "kept" / "train" / name).read_text() == (tmp_path / "written" / "train" / name).read_text()
+    summary = [json.loads((tmp_path / d / "train" / "summary.json").read_text()) for d in ("kept", "written")]
+    assert summary[0]["frames"] == summary[1]["frames"]
+
+
+class NaNForLongFrontend(TinyFrontend):
+    """:class:`TinyFrontend` whose features are NaN for utterances over ``limit`` samples."""
+
+    def __init__(self, limit: int, **kwargs):
+        super().__init__(**kwargs)
+        self.limit = limit
+
+    def collect_feats(self, speech, speech_lengths, **kwargs):
+        out = super().collect_feats(speech, speech_lengths, **kwargs)
+        out["feats"][speech_lengths > self.limit] = float("nan")
+        return out
+
+
+def test_an_utterance_with_nan_features_on_the_device_is_skipped_alone(corpus, tmp_path):
+    manifest, rows = corpus
+    lengths = {utt: sf.info(path).frames for utt, path in rows}
+    limit = sorted(lengths.values())[-3]  # the two longest get NaN features
+    common = ["frontend.type=model", "frontend.model.hop=200", "frontend.model.dim=3", "collect_stats_kwargs.scale=1.0",
+              "frontend.max_batch_samples=40000", "shard_size=8", "batch_size=5"]
+    bad = _run(_config(manifest, str(tmp_path / "bad"), *common, "on_error=skip",
+                       "frontend.model._target_=tests.stats.test_collect_stats.NaNForLongFrontend",
+                       f"frontend.model.limit={limit}"))
+    kept = [(u, p) for u, p in rows if lengths[u] <= limit]
+    clean = _run(_config(_write_manifest(tmp_path / "clean.tsv", kept), str(tmp_path / "clean"), *common,
+                         "frontend.model._target_=tests.stats.test_collect_stats.TinyFrontend"))
+    assert bad.merged["feature_dim"] == clean.merged["feature_dim"]
+    _assert_same_stats(_npz(tmp_path / "bad" / "train" / "feats_stats.npz"),
+                       _npz(tmp_path / "clean" / "train" / "feats_stats.npz"), rel=1e-6)
+    assert json.loads((tmp_path / "bad" / "train" / "summary.json").read_text())["skipped"] == 2 == len(rows) - len(kept)
+    skipped = (tmp_path / "bad" / "train" / "skipped.tsv").read_text().splitlines()[1:]
+    assert sorted(line.split("\t")[1] for line in skipped) == sorted(u for u, _ in rows if lengths[u] > limit)
+    assert all("NaN or Inf" in line for line in skipped)
