@@ -90,6 +90,9 @@ class FrameMoments:
     moments: Moments = field(default_factory=Moments)
     #: whether each waveform's features hold NaN or Inf (then ``moments`` must not be used)
     nonfinite: list[bool] = field(default_factory=list)
+    #: the waveforms' samples, and the samples computed (padding included) to get their features
+    samples: int = 0
+    computed_samples: int = 0
 
 
 def valid_frames(feats: Any, lengths: Any) -> Any:

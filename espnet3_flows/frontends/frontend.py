@@ -84,6 +84,9 @@ class MomentsBatch:
 
     rows: list[dict[str, Any]]
     moments: Moments
+    #: ``[samples, samples computed]``: the utterances' samples, and those the frontend computed
+    #: to get their features, padding of batches included
+    samples: tuple[int, int] = (0, 0)
 
 
 def extract_moments(utts: Sequence[Any], frontend: Any, audio: Any, storage_options: Mapping[str, Any] | None,
@@ -111,4 +114,4 @@ def extract_moments(utts: Sequence[Any], frontend: Any, audio: Any, storage_opti
             raise BadItemError(f"utt {u.utt_id!r}: features contain NaN or Inf")
         rows.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": None,
                      "shape": (frames, got.dim)})
-    return MomentsBatch(rows, got.moments)
+    return MomentsBatch(rows, got.moments, (got.samples, got.computed_samples))

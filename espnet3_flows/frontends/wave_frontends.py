@@ -136,8 +136,9 @@ class TorchFrontend:
         import torch
 
         frames, nonfinite = [0] * len(waves), [False] * len(waves)
-        total, dim = Moments(), 0
+        total, dim, computed = Moments(), 0, 0
         for group, feats, flens in self._computed(waves, kwargs):
+            computed += len(group) * max(len(waves[i]) for i in group)
             with torch.inference_mode():
                 lengths = flens.to(torch.long)
                 bad = nonfinite_rows(feats, lengths)
@@ -147,7 +148,7 @@ class TorchFrontend:
                     total = total.merge(Moments.of_padded(feats, lengths, int(sum(host[0]))))
             for row, i in enumerate(group):
                 frames[i], nonfinite[i] = int(host[0][row]), bool(host[1][row])
-        return FrameMoments(frames, dim, total, nonfinite)
+        return FrameMoments(frames, dim, total, nonfinite, sum(len(w) for w in waves), computed)
 
     def _padded(self, rows: int, samples: int) -> Any:
         """A zeroed ``[rows, samples]`` float32 batch: in reused pinned memory on a GPU

@@ -21,7 +21,8 @@ from espnet3_flows.storage import Storage
 _ROWS = [("utterances", "Utterances"), ("seconds", "Audio (s)"), ("frames", "Frames"), ("feature_dim", "Feature dim"),
          ("embedding_dim", "Embedding dim"), ("speakers", "Speakers"), ("shards", "Shards"),
          ("shards_computed", "Shards computed"), ("shards_cached", "Shards cached"), ("skipped", "Skipped items"),
-         ("throughput_utt_per_s", "Throughput (utt/s)"), ("realtime_factor", "× realtime")]
+         ("throughput_utt_per_s", "Throughput (utt/s)"), ("realtime_factor", "× realtime"),
+         ("padding_fraction", "Padding (share of samples computed)")]
 
 
 def artifact_key(*parts: str) -> str:

@@ -101,6 +101,8 @@ class CollectStatsRunner(FrontendRunner):
         writers["shard"].write(rows)
         if isinstance(result, MomentsBatch):
             state["moments"] = result.moments if "moments" not in state else state["moments"].merge(result.moments)
+            computed = state.setdefault("computed_samples", [0, 0])
+            computed[0], computed[1] = computed[0] + result.samples[0], computed[1] + result.samples[1]
         acc = state.setdefault("acc", StatsAccumulator())
         for r in rows:
             f = r["feats"]
@@ -122,9 +124,12 @@ class CollectStatsRunner(FrontendRunner):
         moments = state.pop("moments", None)
         if moments is not None:
             acc.merge(StatsAccumulator(*moments.to_host()))
-        return {"stats": acc.to_dict(), "utterances": state.get("utterances", 0),
+        done = {"stats": acc.to_dict(), "utterances": state.get("utterances", 0),
                 "samples": state.get("samples", [0, None, None]), "frames": state.get("frames", [0, None, None]),
                 "native_rates": state.get("native_rates", {})}
+        if "computed_samples" in state:  # (moments computed by the frontend: its batches' padding is known)
+            done["computed_samples"] = state["computed_samples"]
+        return done
 
     def merge(self, shard_dirs: list[Any]) -> dict[str, Any]:
         """The split's ``feats_stats.npz``, shape files, keys and summary (see :func:`publish_split`)."""

@@ -224,7 +224,19 @@ def _summary(split: str, cfg: Any, acc: StatsAccumulator, n_utts: int, samples: 
         "seconds_max": float(samples[2] / sr) if n_utts else None,
         **shard_summary([r.status() for r in results]),
         **native_rates_summary(split, results, n_utts, sr),
+        **padding_summary(results),
     }
+
+
+def padding_summary(results: list[ShardResult]) -> dict[str, Any]:
+    """``padding_fraction``: of the samples a frontend computed to get the features, the share that
+    was padding of its batches (only from shards whose moments the frontend computed, which
+    count it: none without them)."""
+    counted = [r.result["computed_samples"] for r in results if r.result.get("computed_samples")]
+    computed = sum(int(c[1]) for c in counted)
+    if not computed:
+        return {}
+    return {"padding_fraction": round(1.0 - sum(int(c[0]) for c in counted) / computed, 6)}
 
 
 def _shard_rows(store: Any, result: ShardResult) -> list[str]:

@@ -142,3 +142,21 @@ def test_dithered_fbank_moments_take_each_utterance_alone():
     got = fbank.moments(waves, "cpu")
     assert got.frames == [fbank(w).shape[0] for w in waves] and got.dim == 80
     assert got.moments.count == sum(got.frames) and not any(got.nonfinite)
+
+
+def test_a_torch_frontend_counts_the_samples_it_computed_padding_included():
+    module = _Frames()
+    frontend = TorchFrontend(lambda s, n, kw: module(s, n), module, "cpu", max_batch_samples=700)
+    waves = [np.zeros(n, np.float32) for n in (1000, 100, 300)]
+    assert frontend.batches([len(w) for w in waves]) == [[1, 2], [0]]  # 2 x 300 fit in 700, 3 x 1000 do not
+    got = frontend.moments(waves, {})
+    assert (got.samples, got.computed_samples) == (1400, 2 * 300 + 1000)
+
+
+def test_gathered_fbank_frames_compute_no_padding():
+    from lhotse import Fbank, FbankConfig
+
+    from espnet3_flows.frontends.fbank import FastFbank
+
+    got = FastFbank(Fbank(FbankConfig(dither=0.0))).moments([np.zeros(n, np.float32) for n in (4000, 801)], "cpu")
+    assert got.samples == got.computed_samples == 4801

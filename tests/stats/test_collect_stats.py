@@ -576,6 +576,8 @@ def test_a_torch_frontends_statistics_stay_where_they_are_computed(corpus, tmp_p
         assert (tmp_path / "kept" / "train" / name).read_text() == (tmp_path / "written" / "train" / name).read_text()
     summary = [json.loads((tmp_path / d / "train" / "summary.json").read_text()) for d in ("kept", "written")]
     assert summary[0]["frames"] == summary[1]["frames"]
+    # the padding of the frontend's batches, measured where it computed the moments (and only there)
+    assert 0.0 < summary[0]["padding_fraction"] < 0.5 and "padding_fraction" not in summary[1]
 
 
 class NaNForLongFrontend(TinyFrontend):
