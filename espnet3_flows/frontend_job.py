@@ -1,5 +1,5 @@
 """What the jobs whose workers run a frontend (collect-stats, extract-features) share: the
-worker's env (the audio settings and the frontend, built once per worker), a runner base
+worker's resources (the audio settings and the frontend, built once per worker), a runner base
 whose forked local workers preload the frontend's modules, and the count of the audio's native
 rates with the warning when most of a split was recorded below the frontend's rate."""
 
@@ -31,14 +31,14 @@ def frontend_audio(cfg: Any) -> dict[str, Any]:
 
 
 class FrontendRunner(UtteranceRunner):
-    """A runner of one split of a job with a ``frontend`` config: its env is ``build_env(cfg)``
+    """A runner of one split of a job with a ``frontend`` config: its resources are ``build_env(cfg)``
     (a module-level function, :func:`frontend_env` and the job's own keys), its batches
     ``cfg.batch_size``.
 
     Args:
         cfg: The job's config (``manifests``, ``frontend``, ``batch_size`` and the engine's keys).
         split: The split this runner computes.
-        build_env: The worker's env of ``forward``.
+        build_env: Builds the worker's resources of ``forward`` (ESPnet3's "env").
     """
 
     def __init__(self, cfg: Any, split: str, build_env: Callable[[Any], dict[str, Any]], **kwargs: Any):

@@ -38,7 +38,7 @@ def shard_size_bounds(shard_size: int) -> tuple[int, int, int]:
 
 
 #: The fewest items of a shard (but a split's last) when a small split is cut finer for busy
-#: workers: below it a shard's own costs (a task, its env lookup, a ``done`` record, the publish)
+#: workers: below it a shard's own costs (a task, its resources lookup, a ``done`` record, the publish)
 #: outweigh what another worker gains, and a smoke test of a few items still runs as one shard, in
 #: this process (``parallel.options.inline_shards``). Content-defined shards hold at least half their
 #: mean, so such a cut's mean is at least twice this.

@@ -26,7 +26,7 @@ GPU_DECODE_THREADS = 4  #: ``decode_threads: 0`` where the job's model runs on a
 
 def audio_env(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration: float | None,
               resampler: str = "", device: str = "cpu") -> dict[str, Any]:
-    """The env keys every audio job's workers share: ``audio`` (how to load and check an
+    """The resources every audio job's workers share: ``audio`` (how to load and check an
     utterance's audio, on ``decode_threads`` threads: see :class:`EngineConfig`; ``device`` is
     where the job's model runs) and ``storage_options``. Torch runs one thread per worker
     process: the workers are the parallelism, and more threads per worker only contend for the
@@ -47,12 +47,12 @@ def audio_settings(cfg: EngineConfig, sampling_rate: int, channel: Any, max_dura
 
 
 class JobEnvProvider(EnvironmentProvider):
-    """An ESPnet3 provider whose env is ``build(config, **params)``: built in this process, or once
+    """An ESPnet3 provider whose resources are ``build(config, **params)``: built in this process, or once
     per worker by a function of the config alone (nothing of the provider is pickled).
 
     Args:
         config: The job's config.
-        build: A module-level function ``(config, **params) -> env dict`` (loads the model).
+        build: A module-level function ``(config, **params) -> resources dict`` (loads the model).
         params: Extra keyword arguments of ``build`` (e.g. ``{"split": "train"}``).
     """
 
@@ -100,9 +100,9 @@ class SplitRunner(Protocol):
 
     def write_plan(self, plan: ShardPlan) -> None: ...
 
-    def check_env_keys(self, keys: Sequence[str]) -> None: ...
+    def check_resource_keys(self, keys: Sequence[str]) -> None: ...
 
-    def run_shard(self, shard: Shard, env: Mapping[str, Any]) -> Any: ...
+    def run_shard(self, shard: Shard, resources: Mapping[str, Any]) -> Any: ...
 
     def merge(self, shard_dirs: list[Any]) -> Any: ...
 
@@ -144,7 +144,7 @@ class UtteranceRunner(BaseRunner):
             ``on_error``, fingerprints and pipes come from it).
         split: The split's name.
         manifest: The split's manifest (path, URL or Kaldi data directory).
-        provider: The env of ``forward`` (e.g. a :class:`JobEnvProvider`).
+        provider: Builds the resources of ``forward`` (e.g. a :class:`JobEnvProvider`).
         output_dir: Where outputs go (default ``cfg.output_dir``).
         shard_subdir: Where shard directories go, relative to ``output_dir`` (default
             ``<split>/shards``).
@@ -235,29 +235,29 @@ class UtteranceRunner(BaseRunner):
             raise RuntimeError(f"split {self.split!r} is not planned yet: call plan() first")
         return list(self._manifest_skipped)
 
-    def shard_env(self, shard: Shard, env: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The env plus ``dataset`` (the shard's utterances, read from its byte range of the
+    def shard_resources(self, shard: Shard, resources: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The worker's resources plus ``dataset`` (the shard's utterances, read from its byte range of the
         manifest), ``split`` and ``outputs_rel`` (where the split's merged outputs go)."""
         source = shard.source or {}
         utts = read_manifest_slice(source, self.split, self.input_options)
         if len(utts) != shard.num_items:
             raise RuntimeError(f"split {self.split!r}, {shard.name}: read {len(utts)} utterances where the plan "
                                f"has {shard.num_items}")
-        return {**env, "dataset": ShardDataset(self.split, utts, shard.start, str(source.get("cwd") or "")),
+        return {**resources, "dataset": ShardDataset(self.split, utts, shard.start, str(source.get("cwd") or "")),
                 "split": self.split, "outputs_rel": self.outputs_rel}
 
     def input_audio(self) -> tuple[str, AudioConfig] | None:
         """The key of the rate the job reads audio at, and how (a dry run's checks); ``None``: unchecked."""
         return None
 
-    def shard_env_keys(self) -> tuple[str, ...]:
+    def shard_resource_keys(self) -> tuple[str, ...]:
         return ("dataset", "split", "outputs_rel")
 
-    def describe_item(self, idx: int, env: Mapping[str, Any]) -> str:
-        return env["dataset"][idx].where(self.split)
+    def describe_item(self, idx: int, resources: Mapping[str, Any]) -> str:
+        return resources["dataset"][idx].where(self.split)
 
-    def skip_record(self, idx: int, env: Mapping[str, Any], exc: BaseException) -> dict[str, Any]:
-        u = env["dataset"][idx]
+    def skip_record(self, idx: int, resources: Mapping[str, Any], exc: BaseException) -> dict[str, Any]:
+        u = resources["dataset"][idx]
         return SkippedItem(self.split, u.utt_id, u.line, u.path, f"{type(exc).__name__}: {exc}").to_dict()
 
 

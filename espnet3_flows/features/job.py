@@ -21,7 +21,7 @@ from espnet3_flows.frontends.wave_frontends import hop_samples
 from espnet3_flows.utterance_job import ShardDataset
 
 
-#: The env of ``forward``: ``frontend``, ``audio`` and ``storage_options``, once per worker
+#: The resources of ``forward``: ``frontend``, ``audio`` and ``storage_options``, once per worker
 build_env = frontend_env
 
 
@@ -49,7 +49,7 @@ class FeatureRunner(FrontendRunner):
 
     # -- the shard's files and state: ESPnet3's writer hooks --
     @staticmethod
-    def open_writers(shard_dir: Path, output_dir: str, outputs_rel: str, **env: Any) -> dict[str, Any]:
+    def open_writers(shard_dir: Path, output_dir: str, outputs_rel: str, **resources: Any) -> dict[str, Any]:
         """The shard's ark (beside the split's outputs), its scp and ``rows.tsv`` (see
         :class:`~espnet3_flows.features.outputs.FeatureShardWriter`)."""
         shard_dir = Path(shard_dir)
@@ -57,7 +57,7 @@ class FeatureRunner(FrontendRunner):
 
     @staticmethod
     def write_record(writers: dict[str, Any], result: list[dict[str, Any]], state: dict[str, Any],
-                     **env: Any) -> None:
+                     **resources: Any) -> None:
         """Write the utterances' features and rows; count them in the shard's state."""
         writers["shard"].write(result)
         for r in result:
@@ -69,7 +69,7 @@ class FeatureRunner(FrontendRunner):
 
     @staticmethod
     def close_writers(writers: dict[str, Any], state: dict[str, Any], frontend: Any = None,
-                      **env: Any) -> dict[str, Any]:
+                      **resources: Any) -> dict[str, Any]:
         """Close the files; the shard's counts, native rates and the frontend's hop where its
         module says it (its rows are in ``rows.tsv``)."""
         writers["shard"].close()

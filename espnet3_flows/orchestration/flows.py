@@ -53,7 +53,7 @@ from espnet3_flows.parallel.scheduler import (
     run_parallel_config,
     run_planned,
 )
-from espnet3_flows.parallel.worker_env import get_env, register_runner
+from espnet3_flows.parallel.worker_registry import register_runner, worker_resources
 from espnet3_flows.sharding import Shard
 
 log = logging.getLogger("espnet3_flows")
@@ -261,7 +261,7 @@ def _export_api_url() -> None:
 class PrefectExecutor:
     """The scheduler's executor inside a flow: shards and merges as Prefect tasks on the flow's
     task runner. On a ``DaskTaskRunner`` the runners are installed on every worker once (their
-    envs built there at once); on the in-process runner (``serial``) in this process.
+    resources built there at once); on the in-process runner (``serial``) in this process.
 
     Args:
         run: The planned run (its retry settings).
@@ -293,13 +293,13 @@ class PrefectExecutor:
                                             retry_jitter_factor=0.5)
 
     def prepare(self, planned: Sequence[PlannedRunner]) -> dict[str, list[str]]:
-        """Install every runner where its shards run and build their envs at once (also on
+        """Install every runner where its shards run and build their resources at once (also on
         workers that join later); a failing setup raises here, naming the provider."""
         runners = {p.key: p.runner for p in planned}
         if self.client is None:
             for key, runner in runners.items():
                 register_runner(key, runner)
-            keys = {key: sorted(get_env(runner.provider, local=True)) for key, runner in runners.items()}
+            keys = {key: sorted(worker_resources(runner.provider, local=True)) for key, runner in runners.items()}
         else:
             from espnet3_flows.orchestration.prefect_worker import PrefectWorkerSetup
             from espnet3_flows.parallel.dask_plugins import install_runners, installed_plugins
@@ -311,7 +311,7 @@ class PrefectExecutor:
         self.ready = time.perf_counter()
         mark("workers_ready")
         for p in planned:
-            log.debug("%s: env ready (%s)", p.label, ", ".join(keys[p.key]))
+            log.debug("%s: resources ready (%s)", p.label, ", ".join(keys[p.key]))
         return keys
 
     def submit_shard(self, planned: PlannedRunner, shard: Shard) -> Any:

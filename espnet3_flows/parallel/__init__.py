@@ -31,7 +31,8 @@ _EXPORTS = {
                      "parallel_for", "parallel_map", "set_parallel", "visible_gpu_count"),
                     "espnet3_flows.parallel.parallel"),
     **dict.fromkeys(("RunOutcome", "ShardResult", "ShardStatus"), "espnet3_flows.parallel.results"),
-    "get_env": "espnet3_flows.parallel.worker_env",
+    # get_env: worker_resources' earlier name, kept for code that imports it
+    **dict.fromkeys(("get_env", "worker_resources"), "espnet3_flows.parallel.worker_registry"),
     **dict.fromkeys(("EnvSetupPlugin", "WorkerEnvPlugin", "plugin_for"), "espnet3_flows.parallel.dask_plugins"),
 }
 

@@ -24,7 +24,7 @@ import fsspec
 
 from espnet3_flows.config import check_on_error
 from espnet3_flows.errors import BadItemError, ItemError
-from espnet3_flows.parallel.env_injection import call_with_env, missing_keys
+from espnet3_flows.parallel.injection import call_with_resources, missing_keys
 from espnet3_flows.parallel.env_provider import ProviderError
 from espnet3_flows.parallel.main_guard import refuse_while_importing_main
 from espnet3_flows.parallel.results import RunOutcome, ShardResult, ShardStatus
@@ -39,20 +39,43 @@ _LOG = logging.getLogger(__name__)
 
 __all__ = ["BaseRunner", "DONE", "ItemError", "PLAN", "WHOLE_SHARD", "concatenate_shard_files"]
 
+#: Runner hooks' earlier names (they said "env" for the worker's resources) → their current names.
+#: On every runner class both names are one method, so a subclass written for either is called.
+EARLIER_HOOK_NAMES = {"shard_env": "shard_resources", "shard_env_keys": "shard_resource_keys",
+                      "check_env_keys": "check_resource_keys"}
+
+
+def _keep_earlier_hook_names(cls: type) -> None:
+    """Give ``cls`` each hook of :data:`EARLIER_HOOK_NAMES` under both of its names: the nearest
+    class in its MRO that defines either name lends its method to the name it lacks.
+
+    So a subclass that overrides only ``shard_env`` is called when the engine asks for
+    ``shard_resources``, and its ``super().shard_env(...)`` reaches the next class's
+    ``shard_resources`` (the job runners' included), as before the rename.
+    """
+    for earlier, name in EARLIER_HOOK_NAMES.items():
+        owner = next((k for k in cls.__mro__ if earlier in vars(k) or name in vars(k)), None)
+        if owner is None:
+            continue
+        if name not in vars(owner):
+            setattr(cls, name, vars(owner)[earlier])
+        elif earlier not in vars(owner):
+            setattr(cls, earlier, vars(owner)[name])
+
 
 class BaseRunner(ShardRecords):
     """Runs ``forward`` over items, shard by shard, with ESPnet3's hooks and names.
 
-    Per shard: ``init_state`` (which calls ``open_writers(shard_dir, **env)``) → for each item,
-    or list of ``batch_size`` items, ``forward(idx, **env)`` and ``reduce_state`` (which calls
-    ``write_record(writers, result, state, **env)``) → ``finalize_state`` (which calls
-    ``close_writers(writers, state, **env)`` and merges the dict it returns into the state) →
+    Per shard: ``init_state`` (which calls ``open_writers(shard_dir, **resources)``) → for each
+    item, or list of ``batch_size`` items, ``forward(idx, **resources)`` and ``reduce_state`` (which
+    calls ``write_record(writers, result, state, **resources)``) → ``finalize_state`` (which calls
+    ``close_writers(writers, state, **resources)`` and merges the dict it returns into the state) →
     ``done``. Once every shard is done, ``merge(shard_dirs)`` gets the completed shard
     directories in plan order, and ``runner(indices)`` returns what it returns.
 
-    Env keys reach ``forward`` and every hook by parameter name (all of them where it takes
-    ``**env``): the provider's env, ``output_dir`` and ``shard_subdir`` (and ``shard_id`` in the
-    writer and state hooks), as in ESPnet3.
+    The worker's resources reach ``forward`` and every hook by parameter name (all of them where
+    it takes ``**kwargs``; ESPnet3's runners write ``**env``): the provider's dict, ``output_dir``
+    and ``shard_subdir`` (and ``shard_id`` in the writer and state hooks), as in ESPnet3.
 
     Underneath, invisible to such a runner: shards are content defined and named by their
     content hash (``split.<16 hex digits>``), so a rerun skips exactly the unchanged ones;
@@ -62,7 +85,7 @@ class BaseRunner(ShardRecords):
     is skipped or fails the run per ``on_error``; the output may be any fsspec URL (S3).
 
     Args:
-        provider: Builds the env (model, dataset) once per process or worker (an
+        provider: Builds the resources (model, dataset) once per process or worker (an
             :class:`~.env_provider.EnvironmentProvider` or any object with ESPnet3's two methods).
         batch_size: Items per ``forward`` call (``idx`` is then a list); ``None`` calls it per
             item; ``"shard"`` (:data:`WHOLE_SHARD`) calls it once with all of the shard's items.
@@ -89,7 +112,7 @@ class BaseRunner(ShardRecords):
     #: remote one when ``merge`` returns). A runner that reads remote shard directories itself
     #: sets this to ``False`` and receives their URLs.
     download_shards_for_merge: bool = True
-    #: Modules a worker imports to build this runner's env and run its items, beyond the
+    #: Modules a worker imports to build this runner's resources and run its items, beyond the
     #: runner's and its provider's own modules (e.g. a model's package). Optional: forked local
     #: workers import them once, in their forkserver, before any shard starts
     #: (:mod:`~espnet3_flows.parallel.forkserver`); nothing breaks when one is missing here.
@@ -120,6 +143,10 @@ class BaseRunner(ShardRecords):
         self.run_shards: list[ShardStatus] = []
         self._done_memo: dict[str, ShardResult] = {}
 
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        _keep_earlier_hook_names(cls)
+
     def set_output_dir(self, output_dir: str | Path | None) -> None:
         """Set ``output_dir``: a ``Path`` for a local path (as in ESPnet3), the URL for a remote one."""
         if output_dir is None:
@@ -130,23 +157,23 @@ class BaseRunner(ShardRecords):
 
     # ---- ESPnet3's hooks (override) -----------------------------------------------------
     @staticmethod
-    def forward(idx: Any, **env: Any) -> Any:
-        """Process one item, or the list of a batch; the parameters after ``idx`` are env keys."""
+    def forward(idx: Any, **resources: Any) -> Any:
+        """Process one item, or the list of a batch; the parameters after ``idx`` name resources."""
         raise NotImplementedError
 
     @staticmethod
-    def open_writers(shard_dir: Path | None, **env: Any) -> dict[str, Any]:
+    def open_writers(shard_dir: Path | None, **resources: Any) -> dict[str, Any]:
         """Open the shard's writers (files in ``shard_dir``); ESPnet3's default opens none."""
         return {}
 
     @staticmethod
-    def write_record(writers: dict[str, Any], result: Any, state: dict[str, Any], **env: Any) -> None:
+    def write_record(writers: dict[str, Any], result: Any, state: dict[str, Any], **resources: Any) -> None:
         """Persist one ``forward`` result; ESPnet3's default appends it to ``state["records"]``."""
         state.setdefault("records", []).append(result)
 
     @staticmethod
     def close_writers(writers: dict[str, Any], state: dict[str, Any] | None = None,
-                      **env: Any) -> dict[str, Any] | None:
+                      **resources: Any) -> dict[str, Any] | None:
         """Close the shard's writers (every value with a ``close()``); a dict returned is merged
         into the shard's state."""
         for writer in writers.values():
@@ -157,7 +184,7 @@ class BaseRunner(ShardRecords):
 
     @classmethod
     def init_state(cls, shard_id: Any = 0, output_dir: str = "", shard_subdir: str = "",
-                   shard_name: str | None = None, **env: Any) -> dict[str, Any]:
+                   shard_name: str | None = None, **resources: Any) -> dict[str, Any]:
         """A shard's initial state; creates its directory and opens its writers there.
 
         Args:
@@ -166,24 +193,24 @@ class BaseRunner(ShardRecords):
             shard_subdir: The runner's ``shard_subdir``.
             shard_name: The shard's directory name (``split.<hash>``; ESPnet3's
                 ``split.<shard_id>`` when not given).
-            **env: The env, passed on to ``open_writers``.
+            **resources: The shard's resources, passed on to ``open_writers``.
         """
         shard_dir = Path(output_dir) / (shard_subdir or "") / (shard_name or f"split.{shard_id}")
         shard_dir.mkdir(parents=True, exist_ok=True)
-        writers = call_with_env(cls.open_writers, shard_dir, shard_id=shard_id, output_dir=output_dir,
-                                shard_subdir=shard_subdir, **env)
+        writers = call_with_resources(cls.open_writers, shard_dir, shard_id=shard_id, output_dir=output_dir,
+                                      shard_subdir=shard_subdir, **resources)
         return {"shard_id": shard_id, "shard_dir": str(shard_dir), "_writers": writers, "records": []}
 
     @classmethod
-    def reduce_state(cls, state: dict[str, Any], result: Any, **env: Any) -> dict[str, Any]:
+    def reduce_state(cls, state: dict[str, Any], result: Any, **resources: Any) -> dict[str, Any]:
         """Fold one ``forward`` result into the state (through ``write_record``)."""
-        call_with_env(cls.write_record, state["_writers"], result, state, **env)
+        call_with_resources(cls.write_record, state["_writers"], result, state, **resources)
         return state
 
     @classmethod
-    def finalize_state(cls, state: dict[str, Any], **env: Any) -> dict[str, Any]:
+    def finalize_state(cls, state: dict[str, Any], **resources: Any) -> dict[str, Any]:
         """Close the writers (``close_writers``), merge what it returns into the state, drop the writers."""
-        meta = call_with_env(cls.close_writers, state.get("_writers", {}), state, **env)
+        meta = call_with_resources(cls.close_writers, state.get("_writers", {}), state, **resources)
         if meta:
             state.update(meta)
         state.pop("_writers", None)
@@ -218,21 +245,21 @@ class BaseRunner(ShardRecords):
             config["fingerprint"] = self.fingerprint
         return config
 
-    def shard_env(self, shard: Shard, env: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The env the hooks see for one shard: the worker's env plus per-shard parts (default:
-        unchanged). Jobs whose items live in a manifest add the shard's items here, so a worker
-        holds one shard's items, never the split's."""
-        return env
+    def shard_resources(self, shard: Shard, resources: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The resources the hooks see for one shard: the worker's resources plus per-shard parts
+        (default: unchanged). Jobs whose items live in a manifest add the shard's items here, so a
+        worker holds one shard's items, never the split's."""
+        return resources
 
-    def shard_env_keys(self) -> tuple[str, ...]:
-        """Keys :meth:`shard_env` adds (checked against ``forward`` with the provider's keys)."""
+    def shard_resource_keys(self) -> tuple[str, ...]:
+        """Keys :meth:`shard_resources` adds (checked against ``forward`` with the provider's keys)."""
         return ()
 
-    def describe_item(self, idx: Any, env: Mapping[str, Any]) -> str:
+    def describe_item(self, idx: Any, resources: Mapping[str, Any]) -> str:
         """A human-readable location of an item for error messages."""
         return f"item {idx!r}"
 
-    def skip_record(self, idx: Any, env: Mapping[str, Any], exc: BaseException) -> dict[str, Any]:
+    def skip_record(self, idx: Any, resources: Mapping[str, Any], exc: BaseException) -> dict[str, Any]:
         """The JSON record of an item skipped under ``on_error: skip``."""
         return {"idx": idx, "reason": f"{type(exc).__name__}: {exc}"}
 
@@ -264,15 +291,20 @@ class BaseRunner(ShardRecords):
         size = split_shard_size(self.shard_size, len(items), workers)
         return plan_shards(self.item_keys(items), size, self.hash_config(), indices=items)
 
-    def check_env_keys(self, keys: Sequence[str]) -> None:
-        """Raise :class:`ProviderError` if ``forward`` needs a key the env lacks."""
-        keys = [*keys, *self.shard_env_keys(), "output_dir", "shard_subdir"]
+    def check_resource_keys(self, keys: Sequence[str]) -> None:
+        """Raise :class:`ProviderError` if ``forward`` needs a key the resources lack."""
+        keys = [*keys, *self.shard_resource_keys(), "output_dir", "shard_subdir"]
         missing = missing_keys(self.forward, keys, 1)
         if missing:
             raise ProviderError(
                 f"{type(self).__name__}.forward needs {missing} but {type(self.provider).__name__} "
-                f"provides only {sorted(set(keys) - {'output_dir', 'shard_subdir'})}; add them to the env or "
+                f"provides only {sorted(set(keys) - {'output_dir', 'shard_subdir'})}; add them to its resources or "
                 "rename the parameters")
+
+    # the hooks' earlier names (:data:`EARLIER_HOOK_NAMES`): the same methods
+    shard_env = shard_resources
+    shard_env_keys = shard_resource_keys
+    check_env_keys = check_resource_keys
 
     def write_plan(self, plan: ShardPlan) -> None:
         """Publish the plan as ``manifest.json`` beside the shard directories (atomically)."""
@@ -281,9 +313,9 @@ class BaseRunner(ShardRecords):
             store.write_json(posixpath.join(self.shard_subdir, PLAN) if self.shard_subdir else PLAN,
                              plan.to_dict())
 
-    def run_shard(self, shard: Shard, env: Mapping[str, Any], run_id: str = "") -> ShardResult:
-        """Compute one shard with ``env`` and publish it (see :mod:`.shard_lifecycle`)."""
-        return run_shard(self, shard, env, run_id)
+    def run_shard(self, shard: Shard, resources: Mapping[str, Any], run_id: str = "") -> ShardResult:
+        """Compute one shard with the worker's ``resources`` and publish it (see :mod:`.shard_lifecycle`)."""
+        return run_shard(self, shard, resources, run_id)
 
     # ---- a whole run --------------------------------------------------------------------
     @contextlib.contextmanager

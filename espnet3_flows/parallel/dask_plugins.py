@@ -1,5 +1,5 @@
-"""The Dask plugins this project installs on a cluster: on its workers, a provider's env
-(:class:`EnvSetupPlugin`), a runner (:class:`RunnerPlugin`) and a ``setup_fn``'s env
+"""The Dask plugins this project installs on a cluster: on its workers, a provider's resources
+(:class:`EnvSetupPlugin`), a runner (:class:`RunnerPlugin`) and a ``setup_fn``'s resources
 (:class:`WorkerEnvPlugin`); on its scheduler, the cluster's settings (:class:`ClusterSettings`);
 and installing runners on a cluster's workers (:func:`install_runners`).
 
@@ -18,14 +18,14 @@ from collections.abc import Callable, Mapping
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from espnet3_flows.parallel.env_provider import EnvironmentProvider, checked_setup_fn, provider_token
-from espnet3_flows.parallel.worker_env import (
-    build_setup_env,
-    drop_env,
-    ensure_env,
-    get_env,
+from espnet3_flows.parallel.worker_registry import (
+    build_setup_resources,
+    drop_resources,
+    ensure_resources,
     get_runner,
-    keep_env,
+    keep_resources,
     register_runner,
+    worker_resources,
 )
 
 #: Messages Dask's scheduler keeps per worker stream (and transitions in its log) for debugging;
@@ -34,8 +34,8 @@ LOW_LEVEL_LOG_LENGTH = 16
 
 
 class EnvSetupPlugin(WorkerPlugin):
-    """Builds an environment once per Dask worker, at worker start, into the worker's registry
-    (:mod:`.worker_env`).
+    """Builds a provider's resources once per Dask worker, at worker start, into the worker's
+    registry (:mod:`.worker_registry`).
 
     Args:
         token: The provider's :meth:`~.env_provider.EnvironmentProvider.env_token`.
@@ -45,18 +45,18 @@ class EnvSetupPlugin(WorkerPlugin):
     def __init__(self, token: str, setup_fn: Callable[[], dict[str, Any]]):
         self.token = token
         self.setup_fn = setup_fn
-        self.name = f"espnet3-env-{token}"
+        self.name = f"espnet3-resources-{token}"
 
     def setup(self, worker: Any) -> None:  # Dask hook
-        ensure_env(self.token, self.setup_fn)
+        ensure_resources(self.token, self.setup_fn)
 
     def teardown(self, worker: Any) -> None:  # Dask hook
-        drop_env(self.token)
+        drop_resources(self.token)
 
 
 class RunnerPlugin(WorkerPlugin):
     """Installs a runner (a split's job: config, provider, outputs) once per Dask worker and builds its
-    environment, so shard tasks name the runner by key instead of carrying it. Registering the same
+    resources, so shard tasks name the runner by key instead of carrying it. Registering the same
     runner again (a later run on a long-lived cluster) is skipped by its name; see
     :func:`install_runners`."""
 
@@ -67,16 +67,16 @@ class RunnerPlugin(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:  # Dask hook
         register_runner(self.key, self.runner)
-        get_env(self.runner.provider)
+        worker_resources(self.runner.provider)
 
 
 class WorkerEnvPlugin(WorkerPlugin):
     """Runs a ``setup_fn`` once per worker (present and joining later) and keeps the dict it
-    returns as that worker's env for :func:`~.parallel.parallel_map` / :func:`~.parallel.parallel_for`.
+    returns as that worker's resources for :func:`~.parallel.parallel_map` / :func:`~.parallel.parallel_for`.
 
     Args:
         setup_fn: A zero-argument function returning a dict.
-        token: The env's key on the workers (a fresh one by default).
+        token: The resources' key on the workers (a fresh one by default).
     """
 
     def __init__(self, setup_fn: Callable[[], Mapping[str, Any]], token: str | None = None):
@@ -87,15 +87,15 @@ class WorkerEnvPlugin(WorkerPlugin):
         self.name = f"espnet3-{self.token}"
 
     def setup(self, worker: Any = None) -> None:  # Dask hook
-        keep_env(self.token, build_setup_env(self.setup_fn))
+        keep_resources(self.token, build_setup_resources(self.setup_fn))
 
     def teardown(self, worker: Any = None) -> None:  # Dask hook
-        drop_env(self.token)
+        drop_resources(self.token)
 
 
 def plugin_for(provider: EnvironmentProvider) -> EnvSetupPlugin:
     """The worker plugin (:class:`EnvSetupPlugin`) that builds ``provider``'s
-    environment (its setup function is checked now)."""
+    resources (its setup function is checked now)."""
     return EnvSetupPlugin(provider_token(provider), checked_setup_fn(provider))
 
 
@@ -104,7 +104,7 @@ def install_runners(client: Any, runners: dict[str, Any]) -> dict[str, list[str]
     a runner already installed (same key: same config and outputs) is not sent or built again.
 
     Returns:
-        Runner key → the env keys of its environment on a worker (building it there raises
+        Runner key → the names of its resources on a worker (building them there raises
         here, naming the provider, before any shard runs).
     """
     installed = installed_plugins(client)
@@ -112,14 +112,14 @@ def install_runners(client: Any, runners: dict[str, Any]) -> dict[str, list[str]
         plugin = RunnerPlugin(key, runner)
         if plugin.name not in installed:
             client.register_plugin(plugin)
-    return {key: client.submit(_runner_env_keys, key, pure=False).result() for key in runners}
+    return {key: client.submit(_runner_resource_keys, key, pure=False).result() for key in runners}
 
 
 def uninstall_runners(client: Any, keys: list[str]) -> None:
     """Remove the runners' plugins from a long-lived cluster's scheduler after a run, so its plugin
     list (replayed on every worker that joins) does not grow run after run. Workers keep their
-    runners and envs in the bounded registries of :mod:`.worker_env`: the next run with the same key builds
-    nothing again."""
+    runners and resources in the bounded registries of :mod:`.worker_registry`: the next run with the same
+    key builds nothing again."""
     installed = installed_plugins(client)
     for key in keys:
         name = f"espnet3-runner-{key}"
@@ -137,8 +137,8 @@ def _scheduler_plugins(dask_scheduler: Any) -> list[str]:
     return list(dask_scheduler.worker_plugins)
 
 
-def _runner_env_keys(key: str) -> list[str]:
-    return sorted(get_env(get_runner(key).provider))
+def _runner_resource_keys(key: str) -> list[str]:
+    return sorted(worker_resources(get_runner(key).provider))
 
 
 class ClusterSettings(SchedulerPlugin):

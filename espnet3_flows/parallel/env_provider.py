@@ -1,5 +1,9 @@
-"""EnvironmentProvider: builds a job's environment (model, dataset) once per process or worker;
-InferenceProvider: ESPnet3's provider of a ``dataset`` and a ``model`` built from one config."""
+"""EnvironmentProvider: builds a job's worker resources (model, dataset) once per process or worker;
+InferenceProvider: ESPnet3's provider of a ``dataset`` and a ``model`` built from one config.
+
+ESPnet3 calls the dict a provider builds the "env" (``build_env_local``); this package calls it
+the worker's resources, keeping "environment" for the OS environment and ``parallel.env`` for
+where shards run. ESPnet3's class and method names are kept."""
 
 from __future__ import annotations
 
@@ -17,13 +21,13 @@ from espnet3_flows.hashing import token
 
 
 class ProviderError(Espnet3FlowsError, RuntimeError):
-    """The provider's environment is unusable (a setup function of the wrong kind, a missing key)."""
+    """The provider's resources are unusable (a setup function of the wrong kind, a missing key)."""
 
 
 class EnvironmentProvider(ABC):
-    """Builds the environment a runner's ``forward`` receives, as in ESPnet3.
+    """Builds the resources a runner's ``forward`` receives, as in ESPnet3 (which calls them its env).
 
-    ``build_env_local()`` returns the env dict for in-process runs (the driver);
+    ``build_env_local()`` returns the resources dict for in-process runs (the driver);
     ``build_worker_setup_fn()`` returns a zero-argument function that a Dask worker runs
     once to build the same dict. The function must not capture ``self``: build it from
     plain config values so it pickles small.
@@ -42,14 +46,14 @@ class EnvironmentProvider(ABC):
 
     @abstractmethod
     def build_env_local(self) -> dict[str, Any]:
-        """Build the env dict in this process."""
+        """Build the resources dict in this process."""
 
     @abstractmethod
     def build_worker_setup_fn(self) -> Callable[[], dict[str, Any]]:
-        """Return a zero-argument function that builds the env dict on a worker."""
+        """Return a zero-argument function that builds the resources dict on a worker."""
 
     def env_token(self) -> str:
-        """A key identifying this environment: the same config gives the same token on every worker.
+        """A key identifying these resources: the same config gives the same token on every worker.
         Computed once per provider object (a digest of its whole config: not per shard)."""
         token = self.__dict__.get("_env_token")
         if token is None:
@@ -62,22 +66,24 @@ class EnvironmentProvider(ABC):
 
 
 class InferenceProvider(EnvironmentProvider):
-    """ESPnet3's ``InferenceProvider``: the env is ``{"dataset": ..., "model": ..., **params}``, built
-    by the static ``build_dataset(config)`` and ``build_model(config)`` a subclass defines.
+    """ESPnet3's ``InferenceProvider``: the resources are ``{"dataset": ..., "model": ...,
+    **params}``, built by the static ``build_dataset(config)`` and ``build_model(config)`` a
+    subclass defines.
 
-    ``build_env_local()`` builds it once per provider and returns a fresh dict each time (changing
-    the dict returned changes nothing kept); ``build_worker_setup_fn()`` returns a function that
-    builds a new one per call from the config and a snapshot of ``params`` taken when it was
-    made. The function does not capture the provider, and a provider travels to workers without
-    its locally built env.
+    ``build_env_local()`` builds them once per provider and returns a fresh dict each time
+    (changing the dict returned changes nothing kept); ``build_worker_setup_fn()`` returns a
+    function that builds a new one per call from the config and a snapshot of ``params`` taken
+    when it was made. The function does not capture the provider, and a provider travels to
+    workers without its locally built resources.
 
-    What differs from ESPnet3 on purpose: the local env is built on the first ``build_env_local()``
-    call, not in the constructor, so a run on Dask workers never builds the model on the driver.
+    What differs from ESPnet3 on purpose: the local resources are built on the first
+    ``build_env_local()`` call, not in the constructor, so a run on Dask workers never builds the
+    model on the driver.
     """
 
     def __init__(self, config: Any, params: Mapping[str, Any] | None = None):
         super().__init__(config, params)
-        self._local_env: dict[str, Any] | None = None
+        self._local_resources: dict[str, Any] | None = None
 
     @staticmethod
     @abstractmethod
@@ -90,20 +96,20 @@ class InferenceProvider(EnvironmentProvider):
         """The model, from the provider's config."""
 
     def build_env_local(self) -> dict[str, Any]:
-        if self._local_env is None:
-            self._local_env = self.build_worker_setup_fn()()
-        return dict(self._local_env)
+        if self._local_resources is None:
+            self._local_resources = self.build_worker_setup_fn()()
+        return dict(self._local_resources)
 
     def build_worker_setup_fn(self) -> Callable[[], dict[str, Any]]:
-        return functools.partial(_build_inference_env, type(self), self.config, dict(self.params))
+        return functools.partial(_build_inference_resources, type(self), self.config, dict(self.params))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_local_env"] = None  # a model built here is never shipped to a worker
+        state["_local_resources"] = None  # a model built here is never shipped to a worker
         return state
 
 
-def _build_inference_env(cls: type[InferenceProvider], config: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+def _build_inference_resources(cls: type[InferenceProvider], config: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     return {"dataset": cls.build_dataset(config), "model": cls.build_model(config), **params}
 
 
@@ -115,8 +121,8 @@ def _config_token(provider: Any) -> str:
 
 
 def provider_token(provider: Any) -> str:
-    """The key of ``provider``'s environment in a process's registry: its ``env_token()`` when it
-    has one, else a digest of its class, ``config`` and ``params`` (equal configs share one env).
+    """The key of ``provider``'s resources in a process's registry: its ``env_token()`` when it
+    has one, else a digest of its class, ``config`` and ``params`` (equal configs share them).
     A provider whose config cannot be digested gets a token of its own, kept on the object (it
     travels with it to the workers)."""
     token = getattr(provider, "env_token", None)
@@ -138,7 +144,7 @@ def checked_setup_fn(provider: Any) -> Callable[[], dict[str, Any]]:
     """``provider.build_worker_setup_fn()``, checked to be a zero-argument callable.
 
     Raises:
-        ProviderError: naming the provider, when it returned the env itself (ESPnet3's common
+        ProviderError: naming the provider, when it returned the resources dict itself (ESPnet3's common
             mistake: the model would be built on the driver and shipped to every worker), something
             that is not callable, or a function that needs arguments.
     """
@@ -146,7 +152,7 @@ def checked_setup_fn(provider: Any) -> Callable[[], dict[str, Any]]:
     build = getattr(provider, "build_worker_setup_fn", None)
     if not callable(build):
         raise ProviderError(f"{name} has no build_worker_setup_fn(); a provider for Dask workers needs one that "
-                            "returns a zero-argument function building the env")
+                            "returns a zero-argument function building the resources dict")
     fn = build()
     if isinstance(fn, Mapping):
         raise ProviderError(
@@ -167,8 +173,8 @@ def checked_setup_fn(provider: Any) -> Callable[[], dict[str, Any]]:
     return fn
 
 
-def check_env(env: Any, who: str) -> dict[str, Any]:
-    """Check that an environment is a dict with string keys."""
-    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
-        raise ProviderError(f"{who} must return a dict with string keys, got {type(env).__name__}")
-    return env
+def check_resources(resources: Any, who: str) -> dict[str, Any]:
+    """Check that a provider's resources are a dict with string keys."""
+    if not isinstance(resources, dict) or not all(isinstance(k, str) for k in resources):
+        raise ProviderError(f"{who} must return a dict with string keys, got {type(resources).__name__}")
+    return resources

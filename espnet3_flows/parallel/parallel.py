@@ -1,6 +1,6 @@
 """ESPnet3's parallel API (``espnet3.parallel.parallel``): the process-wide ``parallel`` config,
 clients on the clusters it describes, and ``parallel_map`` / ``parallel_for`` over any function,
-with a worker env built once per worker by a ``setup_fn`` and injected into the function by
+with worker resources built once per worker by a ``setup_fn`` and injected into the function by
 parameter name (the same injection a runner's ``forward`` gets).
 
 Code written for ``espnet3.parallel`` runs here with its imports changed to
@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from espnet3_flows.config import ConfigError
 from espnet3_flows.parallel.backends import get_backend, visible_gpu_count
 from espnet3_flows.parallel.parallel_config import ParallelConfig, as_parallel_config
-from espnet3_flows.parallel.env_injection import conflicting_keys, injected
-from espnet3_flows.parallel.worker_env import build_setup_env, lookup_env
+from espnet3_flows.parallel.injection import conflicting_keys, injected
+from espnet3_flows.parallel.worker_registry import build_setup_resources, lookup_resources
 
 _LOG = logging.getLogger(__name__)
 _CURRENT: ParallelConfig | None = None
-#: client → the token of the env its ``setup_fn`` built on the workers (see :func:`get_client`)
-_SETUP_ENVS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+#: client → the token of the resources its ``setup_fn`` built on the workers (see :func:`get_client`)
+_SETUP_RESOURCES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 # (the two plugin names come from the module-level __getattr__ below: imported on first use)
 __all__ = ["DictReturnWorkerPlugin", "GpuClusterError", "WorkerEnvPlugin", "build_client", "build_local_gpu_cluster",  # noqa: F822
@@ -123,7 +123,7 @@ def get_client(config: ParallelConfig | Any | None = None, setup_fn: Callable[[]
 
     Args:
         config: The ``parallel`` config (a :class:`ParallelConfig` or a mapping of its keys).
-        setup_fn: A zero-argument function run once per worker, returning a dict: the env that
+        setup_fn: A zero-argument function run once per worker, returning a dict: the resources that
             :func:`parallel_map` / :func:`parallel_for` on this client inject into the function.
         plugin: A worker plugin to register.
         wait_for_workers: Block until this many workers joined (0: do not wait).
@@ -147,9 +147,9 @@ def get_client(config: ParallelConfig | Any | None = None, setup_fn: Callable[[]
             expected = cfg.n_workers or 1
             client.wait_for_workers(min(wait_for_workers, expected) if owned else wait_for_workers, timeout=600)
         if setup_fn is not None:
-            env_plugin = WorkerEnvPlugin(setup_fn)
-            _register(client, env_plugin, stack, cfg)
-            _SETUP_ENVS[client] = env_plugin.token
+            setup_plugin = WorkerEnvPlugin(setup_fn)
+            _register(client, setup_plugin, stack, cfg)
+            _SETUP_RESOURCES[client] = setup_plugin.token
         if plugin is not None:
             _register(client, plugin, stack, cfg)
         yield client
@@ -174,40 +174,40 @@ def _unregister_plugin(client: Any, plugin: Any) -> None:
 
 @contextlib.contextmanager
 def _mapping_target(client: Any, setup_fn: Callable[[], Any] | None) -> Iterator[tuple[Any, str | None, dict]]:
-    """(client or ``None`` for this process, the env's token on the workers, the env here)."""
+    """(client or ``None`` for this process, the resources' token on the workers, the resources here)."""
     if client is None:
         cfg = get_parallel_config()
         if not cfg.backend.uses_workers:
-            yield None, None, build_setup_env(setup_fn) if setup_fn is not None else {}
+            yield None, None, build_setup_resources(setup_fn) if setup_fn is not None else {}
             return
         with get_client(cfg, setup_fn=setup_fn) as own:
-            yield own, _SETUP_ENVS.get(own), {}
+            yield own, _SETUP_RESOURCES.get(own), {}
         return
     if setup_fn is None:
-        yield client, _SETUP_ENVS.get(client), {}
+        yield client, _SETUP_RESOURCES.get(client), {}
         return
     from espnet3_flows.parallel.dask_plugins import WorkerEnvPlugin
 
-    env_plugin = WorkerEnvPlugin(setup_fn)
-    client.register_plugin(env_plugin)
+    setup_plugin = WorkerEnvPlugin(setup_fn)
+    client.register_plugin(setup_plugin)
     try:
-        yield client, env_plugin.token, {}
+        yield client, setup_plugin.token, {}
     finally:
-        _unregister_plugin(client, env_plugin)
+        _unregister_plugin(client, setup_plugin)
 
 
-def _call_in_env(item: Any, func: Callable[..., Any], token: str | None, kwargs: Mapping[str, Any]) -> Any:
-    """``func(item, **kwargs, **env)`` on a worker, the env being the one ``token`` names there."""
-    env = lookup_env(token) if token else {}
-    return _call(func, item, env, kwargs)
+def _call_on_worker(item: Any, func: Callable[..., Any], token: str | None, kwargs: Mapping[str, Any]) -> Any:
+    """``func(item, **kwargs, **resources)`` on a worker, the resources being those ``token`` names there."""
+    resources = lookup_resources(token) if token else {}
+    return _call(func, item, resources, kwargs)
 
 
-def _call(func: Callable[..., Any], item: Any, env: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Any:
-    clash = conflicting_keys(func, env, kwargs)
+def _call(func: Callable[..., Any], item: Any, resources: Mapping[str, Any], kwargs: Mapping[str, Any]) -> Any:
+    clash = conflicting_keys(func, resources, kwargs)
     if clash:
         raise ValueError(f"{_name(func)}: {', '.join(repr(k) for k in clash)} given both in the arguments and by "
-                         "the worker env (setup_fn); rename one of them")
-    return func(item, **kwargs, **injected(func, {k: v for k, v in env.items() if k not in kwargs}, 1))
+                         "the worker resources (setup_fn); rename one of them")
+    return func(item, **kwargs, **injected(func, {k: v for k, v in resources.items() if k not in kwargs}, 1))
 
 
 def _name(func: Callable[..., Any]) -> str:
@@ -215,26 +215,26 @@ def _name(func: Callable[..., Any]) -> str:
 
 
 def _check_before_submit(client: Any, token: str | None, func: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
-    """Raise the conflict error before any item runs: the env's keys, read on one worker."""
+    """Raise the conflict error before any item runs: the resources' names, read on one worker."""
     if not token or not kwargs:
         return
-    keys_by_worker = client.run(_env_keys, token, workers=list(client.scheduler_info()["workers"])[:1])
+    keys_by_worker = client.run(_resource_keys, token, workers=list(client.scheduler_info()["workers"])[:1])
     keys = next(iter(keys_by_worker.values()), [])
     clash = conflicting_keys(func, keys, kwargs)
     if clash:
         raise ValueError(f"{_name(func)}: {', '.join(repr(k) for k in clash)} given both in the arguments and by "
-                         "the worker env (setup_fn); rename one of them")
+                         "the worker resources (setup_fn); rename one of them")
 
 
-def _env_keys(token: str) -> list[str]:
-    return sorted(lookup_env(token))
+def _resource_keys(token: str) -> list[str]:
+    return sorted(lookup_resources(token))
 
 
 def parallel_map(func: Callable[..., Any], data: Iterable[Any], client: Any = None,
                  setup_fn: Callable[[], Mapping[str, Any]] | None = None, **kwargs: Any) -> list[Any]:
     """``func(item, **kwargs)`` for every item, on the cluster, results in input order.
 
-    Env entries (from ``setup_fn``, or the one ``get_client(config, setup_fn=...)`` gave
+    Worker resources (from ``setup_fn``, or the one ``get_client(config, setup_fn=...)`` gave
     ``client``) reach ``func`` by parameter name; all of them where it takes ``**kwargs``.
 
     Args:
@@ -242,20 +242,21 @@ def parallel_map(func: Callable[..., Any], data: Iterable[Any], client: Any = No
         data: The items.
         client: A ``distributed.Client``; without one, a cluster from ``set_parallel``'s config,
             closed afterwards (``serial``: this process).
-        setup_fn: A zero-argument function, run once per worker, returning a dict (the env).
+        setup_fn: A zero-argument function, run once per worker, returning a dict (the resources).
         **kwargs: Further arguments of ``func``, the same for every item.
 
     Raises:
-        ValueError: a name given both in ``kwargs`` and by the env (before any item runs), or a
+        ValueError: a name given both in ``kwargs`` and by the resources (before any item runs), or a
             ``setup_fn`` that does not return a dict. An exception of ``func`` is raised as is,
             the remaining items cancelled.
     """
     items = list(data)
-    with _mapping_target(client, setup_fn) as (target, token, local_env):
+    with _mapping_target(client, setup_fn) as (target, token, local_resources):
         if target is None:
-            return [_call(func, item, local_env, kwargs) for item in items]
+            return [_call(func, item, local_resources, kwargs) for item in items]
         _check_before_submit(target, token, func, kwargs)
-        futures = target.map(functools.partial(_call_in_env, func=func, token=token, kwargs=kwargs), items, pure=False)
+        call = functools.partial(_call_on_worker, func=func, token=token, kwargs=kwargs)
+        futures = target.map(call, items, pure=False)
         try:
             return target.gather(futures)
         except BaseException:
@@ -272,15 +273,16 @@ def parallel_for(func: Callable[..., Any], data: Iterable[Any], client: Any = No
     when the iteration ends.
     """
     items = list(data)
-    with _mapping_target(client, setup_fn) as (target, token, local_env):
+    with _mapping_target(client, setup_fn) as (target, token, local_resources):
         if target is None:
             for item in items:
-                yield _call(func, item, local_env, kwargs)
+                yield _call(func, item, local_resources, kwargs)
             return
         from distributed import as_completed
 
         _check_before_submit(target, token, func, kwargs)
-        futures = target.map(functools.partial(_call_in_env, func=func, token=token, kwargs=kwargs), items, pure=False)
+        call = functools.partial(_call_on_worker, func=func, token=token, kwargs=kwargs)
+        futures = target.map(call, items, pure=False)
         try:
             for future in as_completed(futures):
                 yield future.result()

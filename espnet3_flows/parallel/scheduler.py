@@ -24,7 +24,7 @@ from espnet3_flows.parallel.merge_step import merge_runner
 from espnet3_flows.parallel.results import ShardResult, ShardStatus
 from espnet3_flows.parallel.shard_lifecycle import DONE
 from espnet3_flows.parallel.worker_deaths import memory_note
-from espnet3_flows.parallel.worker_env import get_env, get_runner, register_runner, runner_key
+from espnet3_flows.parallel.worker_registry import get_runner, register_runner, runner_key, worker_resources
 from espnet3_flows.published_files import mismatches
 from espnet3_flows.sharding import Shard, ShardPlan
 
@@ -116,7 +116,7 @@ def recheck_done(planned: PlannedRunner) -> None:
 
 
 def execute_shard(key: str, shard: Shard, local: bool = False, run_id: str = "") -> dict[str, Any]:
-    """Compute one shard with the runner registered under ``key`` in this process and its env
+    """Compute one shard with the runner registered under ``key`` in this process and its resources
     (built once per process: by ``build_env_local`` when ``local``, else by the setup function).
     A matching ``done`` record found here is reused: it counts as computed when run ``run_id``
     wrote it (a worker that died after publishing it), as reused when an earlier run did.
@@ -129,7 +129,7 @@ def execute_shard(key: str, shard: Shard, local: bool = False, run_id: str = "")
     if found is not None:
         return {"index": shard.index, "num_items": shard.num_items, "seconds": found.seconds,
                 "reused": not run_id or found.run_id != run_id}
-    res = runner.run_shard(shard, get_env(runner.provider, local=local), run_id)
+    res = runner.run_shard(shard, worker_resources(runner.provider, local=local), run_id)
     return {"index": shard.index, "num_items": shard.num_items, "seconds": res.seconds, "reused": False}
 
 
@@ -145,7 +145,7 @@ class ShardExecutor(Protocol):
     fail_fast: bool
 
     def prepare(self, planned: Sequence[PlannedRunner]) -> dict[str, list[str]]:
-        """Install the runners where their shards run and build their envs; runner key → env keys."""
+        """Install the runners where their shards run and build their resources; runner key → resource names."""
 
     def submit_shard(self, planned: PlannedRunner, shard: Shard) -> Any:
         """Start one shard; a future of :func:`execute_shard`'s result."""
@@ -167,7 +167,7 @@ def _done_future(fn: Callable[..., Any], *args: Any) -> Future:
 
 
 class InProcessExecutor:
-    """Shards run one after another in this process, on ``build_env_local()``'s env (ESPnet3's
+    """Shards run one after another in this process, on the resources ``build_env_local()`` builds (ESPnet3's
     local run).
 
     Args:
@@ -184,7 +184,7 @@ class InProcessExecutor:
     def prepare(self, planned: Sequence[PlannedRunner]) -> dict[str, list[str]]:
         for p in planned:
             register_runner(p.key, p.runner)
-        return {p.key: sorted(get_env(p.runner.provider, local=True)) for p in planned}
+        return {p.key: sorted(worker_resources(p.runner.provider, local=True)) for p in planned}
 
     def submit_shard(self, planned: PlannedRunner, shard: Shard) -> Future:
         return _done_future(execute_shard, planned.key, shard, True, planned.run_id)
@@ -198,7 +198,7 @@ class InProcessExecutor:
 
 class DaskExecutor:
     """Shards run as plain Dask tasks on ``client``'s cluster; each runner is installed once per
-    worker (its env built there at once); merges run in this process.
+    worker (its resources built there at once); merges run in this process.
 
     Args:
         client: A ``distributed.Client``.
@@ -289,7 +289,7 @@ def run_planned(planned: Sequence[PlannedRunner], executor: ShardExecutor, *, pr
 
     Runners whose shards are all done earlier are merged at once (the plan may have lost shards).
     A shard done earlier whose published files no longer match its ``done`` record is computed
-    again (:func:`recheck_done`). Env keys are checked on the executor's workers before any shard runs.
+    again (:func:`recheck_done`). Resource names are checked on the executor's workers before any shard runs.
 
     Args:
         planned: The planned runners (e.g. one per split).
@@ -311,10 +311,10 @@ def run_planned(planned: Sequence[PlannedRunner], executor: ShardExecutor, *, pr
         recheck_done(p)
     busy = [p for p in planned if p.pending]
     try:
-        if busy:  # every runner installed and every worker's env built at once, then the keys checked
+        if busy:  # every runner installed and every worker's resources built at once, then the keys checked
             keys = executor.prepare(busy)
             for p in busy:
-                p.runner.check_env_keys(keys[p.key])
+                p.runner.check_resource_keys(keys[p.key])
         total = sum(len(p.plan.shards) for p in planned)
         bar = tqdm(total=total, initial=sum(len(p.done) for p in planned), unit="shard",
                    desc=desc or (planned[0].label if len(planned) == 1 else "shards"), disable=not progress or not busy)

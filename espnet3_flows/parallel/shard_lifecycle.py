@@ -23,7 +23,7 @@ from typing import Any
 from collections.abc import Mapping, Sequence
 
 from espnet3_flows.errors import ItemError
-from espnet3_flows.parallel.env_injection import call_with_env, injected
+from espnet3_flows.parallel.injection import call_with_resources, injected
 from espnet3_flows.parallel.results import ShardResult
 from espnet3_flows.parallel.shard_runner import ShardRunner
 from espnet3_flows.published_files import publish_recorded
@@ -49,8 +49,8 @@ def batches(items: Sequence[Any], size: int | str | None) -> list[Any]:
     return [list(items[i:i + size]) for i in range(0, len(items), size)]
 
 
-def run_shard(runner: ShardRunner, shard: Shard, env: Mapping[str, Any], run_id: str = "") -> ShardResult:
-    """Compute one shard with the worker's ``env`` and publish it (files first, ``done`` last);
+def run_shard(runner: ShardRunner, shard: Shard, resources: Mapping[str, Any], run_id: str = "") -> ShardResult:
+    """Compute one shard with the worker's ``resources`` and publish it (files first, ``done`` last);
     ``run_id`` names the run in its ``done`` record. Resuming, a matching ``done`` record found
     once the shard is computed (another run on the same output published it meanwhile) is kept,
     with its files, and this computation's outputs are dropped.
@@ -58,20 +58,21 @@ def run_shard(runner: ShardRunner, shard: Shard, env: Mapping[str, Any], run_id:
     Returns:
         The shard's ``done`` record.
     """
-    env = runner.shard_env(shard, env)
-    runner.check_env_keys(list(env))
+    resources = runner.shard_resources(shard, resources)
+    runner.check_resource_keys(list(resources))
     t0 = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=f"espnet3-{shard.name}-", dir=runner.staging_dir))
     try:
         expected = staging.joinpath(runner.shard_subdir, shard.name)
-        hook_env = {**env, "output_dir": str(staging), "shard_subdir": runner.shard_subdir}
-        state = call_with_env(runner.init_state, shard_id=shard.index, shard_name=shard.name, **hook_env)
-        forward_kwargs = injected(runner.forward, hook_env, 1)
+        hook_resources = {**resources, "output_dir": str(staging), "shard_subdir": runner.shard_subdir}
+        state = call_with_resources(runner.init_state, shard_id=shard.index, shard_name=shard.name, **hook_resources)
+        forward_kwargs = injected(runner.forward, hook_resources, 1)
         skipped: list[dict[str, Any]] = []
         for idx in batches(shard.items, runner.batch_size):
-            for out in _forward_checked(runner, idx, forward_kwargs, env, skipped):
-                state = _kept(state, call_with_env(runner.reduce_state, state, out, shard_id=shard.index, **hook_env))
-        state = _kept(state, call_with_env(runner.finalize_state, state, shard_id=shard.index, **hook_env))
+            for out in _forward_checked(runner, idx, forward_kwargs, resources, skipped):
+                state = _kept(state, call_with_resources(runner.reduce_state, state, out, shard_id=shard.index,
+                                                         **hook_resources))
+        state = _kept(state, call_with_resources(runner.finalize_state, state, shard_id=shard.index, **hook_resources))
         staged = Path(state["shard_dir"]) if isinstance(state, Mapping) and state.get("shard_dir") else expected
         res = ShardResult(shard, state_summary(state), [], skipped, run_id=run_id)
         records = state.get("records") if isinstance(state, Mapping) else None
@@ -92,7 +93,7 @@ def _kept(state: Any, returned: Any) -> Any:
     return state if returned is None else returned
 
 
-def _forward_checked(runner: ShardRunner, idx: Any, kwargs: dict[str, Any], env: Mapping[str, Any],
+def _forward_checked(runner: ShardRunner, idx: Any, kwargs: dict[str, Any], resources: Mapping[str, Any],
                      skipped: list[dict[str, Any]]) -> list[Any]:
     """``forward``'s result for ``idx`` (a list, one result or none): a bad item is found and
     skipped or raised per ``on_error``; a batch with a bad item runs again without it."""
@@ -100,30 +101,30 @@ def _forward_checked(runner: ShardRunner, idx: Any, kwargs: dict[str, Any], env:
         return [runner.forward(idx, **kwargs)]
     except runner.item_errors as exc:
         if isinstance(idx, list) and len(idx) > 1:
-            kept = [i for i in idx if not _item_fails(runner, i, kwargs, env, skipped)]
+            kept = [i for i in idx if not _item_fails(runner, i, kwargs, resources, skipped)]
             return [runner.forward(kept, **kwargs)] if kept else []
         first = idx[0] if isinstance(idx, list) else idx
-        _bad_item(runner, first, env, exc, skipped)
+        _bad_item(runner, first, resources, exc, skipped)
         return []
 
 
-def _item_fails(runner: ShardRunner, item: Any, kwargs: dict[str, Any], env: Mapping[str, Any],
+def _item_fails(runner: ShardRunner, item: Any, kwargs: dict[str, Any], resources: Mapping[str, Any],
                 skipped: list[dict[str, Any]]) -> bool:
     """True when ``item`` alone fails ``forward`` (it is then skipped or raised per policy)."""
     try:
         runner.forward([item], **kwargs)
         return False
     except runner.item_errors as exc:
-        _bad_item(runner, item, env, exc, skipped)
+        _bad_item(runner, item, resources, exc, skipped)
         return True
 
 
-def _bad_item(runner: ShardRunner, item: Any, env: Mapping[str, Any], exc: BaseException,
+def _bad_item(runner: ShardRunner, item: Any, resources: Mapping[str, Any], exc: BaseException,
               skipped: list[dict[str, Any]]) -> None:
     if runner.on_error == "skip":
-        skipped.append(runner.skip_record(item, env, exc))
+        skipped.append(runner.skip_record(item, resources, exc))
         return
-    raise ItemError(f"{runner.describe_item(item, env)}: {exc}") from exc
+    raise ItemError(f"{runner.describe_item(item, resources)}: {exc}") from exc
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -21,7 +21,7 @@ from espnet3_flows.stats.config import CollectStatsConfig
 from espnet3_flows.stats.outputs import StatsShardWriter, publish_split
 
 def build_env(cfg: CollectStatsConfig) -> dict[str, Any]:
-    """The env of collect-stats' ``forward``: ``frontend``, ``audio``, ``storage_options``,
+    """The resources of collect-stats' ``forward``: ``frontend``, ``audio``, ``storage_options``,
     ``collect_stats_kwargs`` and ``tokens`` (a :class:`~espnet3_flows.stats.tokens.TokenCounter`
     or ``None``), built once per worker (``dataset``, a shard's utterances, comes with each shard)."""
     return {
@@ -80,21 +80,21 @@ class CollectStatsRunner(FrontendRunner):
             r["tokens"] = c
         return out if batch is None else batch
 
-    def shard_env(self, shard: Shard, env: Mapping[str, Any]) -> Mapping[str, Any]:
+    def shard_resources(self, shard: Shard, resources: Mapping[str, Any]) -> Mapping[str, Any]:
         feats = self.cfg.collected_feats_format if self.cfg.write_collected_feats else None
-        return {**super().shard_env(shard, env), "feats_format": feats}
+        return {**super().shard_resources(shard, resources), "feats_format": feats}
 
     # -- the shard's files and state: ESPnet3's writer hooks --
     @staticmethod
     def open_writers(shard_dir: Path, output_dir: str, split: str, feats_format: str | None = None,
-                     **env: Any) -> dict[str, Any]:
+                     **resources: Any) -> dict[str, Any]:
         """``shapes.tsv`` in the shard's directory and, with ``feats_format``, the features under
         the split's ``collect_feats/`` (see :class:`~espnet3_flows.stats.outputs.StatsShardWriter`)."""
         return {"shard": StatsShardWriter(Path(shard_dir), Path(output_dir) / split / "collect_feats", feats_format)}
 
     @staticmethod
     def write_record(writers: dict[str, Any], result: list[dict[str, Any]] | MomentsBatch, state: dict[str, Any],
-                     **env: Any) -> None:
+                     **resources: Any) -> None:
         """Write the utterances' rows (and features), fold them into the shard's statistics (a
         :class:`MomentsBatch`'s moments into the shard's, where they were computed)."""
         rows = result.rows if isinstance(result, MomentsBatch) else result
@@ -116,7 +116,7 @@ class CollectStatsRunner(FrontendRunner):
                 _extend(state.setdefault("frames", [0, None, None]), int(frames))
 
     @staticmethod
-    def close_writers(writers: dict[str, Any], state: dict[str, Any], **env: Any) -> dict[str, Any]:
+    def close_writers(writers: dict[str, Any], state: dict[str, Any], **resources: Any) -> dict[str, Any]:
         """Close the files; the shard's counts, sums and extremes (its rows are in ``shapes.tsv``):
         moments computed on a device come to the host here, once per shard."""
         writers["shard"].close()

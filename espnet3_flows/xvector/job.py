@@ -67,7 +67,7 @@ def with_precision(embed: Any, device: str, precision: str) -> Any:
 
 
 def build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
-    """The env of the x-vector ``forward``: ``embedder`` (the model, loaded once per worker),
+    """The resources of the x-vector ``forward``: ``embedder`` (the model, loaded once per worker),
     ``audio``, ``storage_options`` and ``model_batch`` (``dataset`` comes with each shard)."""
     xv = cfg.xvector
     batch = xv.batch_size or (16 if xv.device.startswith("cuda") else 1)
@@ -139,14 +139,14 @@ class XVectorRunner(UtteranceRunner):
 
     # -- the shard's files and state: ESPnet3's writer hooks --
     @staticmethod
-    def open_writers(shard_dir: Path, output_dir: str, outputs_rel: str, **env: Any) -> dict[str, Any]:
+    def open_writers(shard_dir: Path, output_dir: str, outputs_rel: str, **resources: Any) -> dict[str, Any]:
         """The shard's ``utts.tsv`` and ark, and a ``.pt`` per utterance beside the split's outputs
         (see :class:`~espnet3_flows.xvector.outputs.EmbeddingWriter`)."""
         return {"shard": EmbeddingWriter(Path(shard_dir), Path(output_dir) / outputs_rel)}
 
     @staticmethod
     def write_record(writers: dict[str, Any], result: list[dict[str, Any]], state: dict[str, Any],
-                     **env: Any) -> None:
+                     **resources: Any) -> None:
         """Keep the embeddings for the shard's files; count the utterances and samples."""
         writers["shard"].write(result)
         state["utterances"] = state.get("utterances", 0) + len(result)
@@ -155,7 +155,7 @@ class XVectorRunner(UtteranceRunner):
             state["dim"] = int(np.asarray(r["embedding"]).shape[0])
 
     @staticmethod
-    def close_writers(writers: dict[str, Any], state: dict[str, Any], **env: Any) -> dict[str, Any]:
+    def close_writers(writers: dict[str, Any], state: dict[str, Any], **resources: Any) -> dict[str, Any]:
         """Write the shard's files; its counts and the embeddings' dimension (its rows are in
         ``utts.tsv``, its embeddings in its ark)."""
         writers["shard"].close()

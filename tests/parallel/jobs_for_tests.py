@@ -12,27 +12,27 @@ import numpy as np
 from espnet3_flows.parallel import BaseRunner, EnvironmentProvider
 
 
-def _env(n: int, kill_marker: str | None = None, kill_at: int = -1) -> dict[str, Any]:
+def _resources(n: int, kill_marker: str | None = None, kill_at: int = -1) -> dict[str, Any]:
     return {"data": np.arange(n, dtype=np.float64) * 0.5, "scale": 3.0, "kill_marker": kill_marker,
             "kill_at": kill_at, "pid": os.getpid()}
 
 
 class ArrayProvider(EnvironmentProvider):
-    """Env: ``data`` (an array), ``scale``, and an optional crash point for fault tests."""
+    """Resources: ``data`` (an array), ``scale``, and an optional crash point for fault tests."""
 
     def build_env_local(self) -> dict[str, Any]:
-        return _env(self.config["n"], self.config.get("kill_marker"), self.config.get("kill_at", -1))
+        return _resources(self.config["n"], self.config.get("kill_marker"), self.config.get("kill_at", -1))
 
     def build_worker_setup_fn(self):
         n, marker, at = self.config["n"], self.config.get("kill_marker"), self.config.get("kill_at", -1)
-        return lambda: _env(n, marker, at)
+        return lambda: _resources(n, marker, at)
 
 
 class DictReturningProvider(ArrayProvider):
-    """ESPnet3's documented mistake: returns the env itself instead of a function."""
+    """ESPnet3's documented mistake: returns the resources dict itself instead of a function."""
 
     def build_worker_setup_fn(self):  # type: ignore[override]
-        return _env(self.config["n"])
+        return _resources(self.config["n"])
 
 
 class ScaleSumRunner(BaseRunner):

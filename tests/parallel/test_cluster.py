@@ -21,7 +21,7 @@ from espnet3_flows.parallel import (
     plugin_for,
     set_parallel,
 )
-from espnet3_flows.parallel.worker_env import get_env
+from espnet3_flows.parallel.worker_registry import worker_resources
 from tests.parallel.jobs_for_tests import ArrayProvider
 
 
@@ -64,8 +64,8 @@ def test_local_gpu_without_dask_cuda_is_clear():
 def _env_pid_and_size(_: int) -> tuple[int, int]:
     from distributed import get_worker  # noqa: F401 - runs on a worker
 
-    env = get_env(ArrayProvider({"n": 7}))
-    return env["pid"], len(env["data"])
+    resources = worker_resources(ArrayProvider({"n": 7}))
+    return resources["pid"], len(resources["data"])
 
 
 @pytest.mark.dask

@@ -296,7 +296,7 @@ def test_inference_provider_setup_fn_rebuilds_per_call_with_a_params_snapshot():
     assert env1["dataset"] is not env2["dataset"] and env1["model"] is not env2["model"]
     assert NumbersInference.builds == {"dataset": 3, "model": 3}
     assert pickle.loads(pickle.dumps(setup))()["token"] == "v1"
-    assert pickle.loads(pickle.dumps(provider))._local_env is None
+    assert pickle.loads(pickle.dumps(provider))._local_resources is None
 
 
 # ---- test_parallel.py -------------------------------------------------------------------------------

@@ -44,20 +44,21 @@ class ExternalDaskCluster:
     """``dask scheduler --scheduler-file F`` and ``n_workers`` ``dask worker`` processes (one
     single-threaded worker each), with this checkout importable by the workers."""
 
-    def __init__(self, log_dir: Path, n_workers: int = 2, extra_env: dict[str, str] | None = None):
+    def __init__(self, log_dir: Path, n_workers: int = 2, extra_environ: dict[str, str] | None = None):
         self.log_dir = log_dir
         self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.scheduler_file = log_dir / "scheduler.json"
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                    "OMP_NUM_THREADS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(extra_env or {})}
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        self.environ = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1",
+                        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(extra_environ or {})}
         self.scheduler = ManagedProcess(
             [*_dask_cli(), "scheduler", "--host", "127.0.0.1", "--port", str(self.port), "--dashboard-address", ":0",
              "--scheduler-file", str(self.scheduler_file)],
-            name="dask-scheduler", log_path=log_dir / "scheduler.log", env=self.env, cwd=ROOT)
+            name="dask-scheduler", log_path=log_dir / "scheduler.log", env=self.environ, cwd=ROOT)
         self.workers = [ManagedProcess(
             [*_dask_cli(), "worker", self.address, "--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "1"],
-            name=f"dask-worker-{i}", log_path=log_dir / f"worker-{i}.log", env=self.env, cwd=ROOT)
+            name=f"dask-worker-{i}", log_path=log_dir / f"worker-{i}.log", env=self.environ, cwd=ROOT)
             for i in range(n_workers)]
 
     def start(self) -> ExternalDaskCluster:
@@ -105,9 +106,9 @@ class ExternalDaskCluster:
         logs = self.run(lambda dask_worker: [e[0] for e in dask_worker.state.log if len(e) > 2 and e[2] == "memory"])
         return {str(k) for keys in logs.values() for k in keys}
 
-    def env_tokens(self) -> dict[str, list[str]]:
-        """The envs built by our worker plugins, per worker."""
-        return self.run(lambda: sorted(importlib.import_module("espnet3_flows.parallel.worker_env")._ENVS))
+    def resource_tokens(self) -> dict[str, list[str]]:
+        """The worker resources built by our worker plugins, per worker."""
+        return self.run(lambda: sorted(importlib.import_module("espnet3_flows.parallel.worker_registry")._RESOURCES))
 
     def scheduler_plugins(self) -> list[str]:
         with self.client() as client:
@@ -123,7 +124,7 @@ def external_cluster(tmp_path_factory, prefect_harness):
     Prefect API URL in their environment, as a deployment's would, for the flow tests. Each test
     compares the cluster with itself before and after (same processes, its own plugins gone)."""
     cluster = ExternalDaskCluster(tmp_path_factory.mktemp("dask-cluster"),
-                                  extra_env={"PREFECT_API_URL": prefect_harness["api_url"]})
+                                  extra_environ={"PREFECT_API_URL": prefect_harness["api_url"]})
     try:
         cluster.start()
     except ProcessStartError as exc:
@@ -254,9 +255,10 @@ def test_engine_runs_twice_on_the_running_cluster_and_leaves_it_running(external
         assert external_cluster.alive(), external_cluster.logs()
         assert external_cluster.snapshot() == before  # the same workers, same processes
     # the runs' plugins went with their clients (the scheduler replays nothing of them); the workers
-    # keep the one env both runs shared, in their bounded registry, for the next run to reuse
-    assert not [p for p in external_cluster.scheduler_plugins() if p.startswith(("espnet3-env-", "espnet3-runner-"))]
-    assert all(len(tokens) <= 1 for tokens in external_cluster.env_tokens().values())
+    # keep the one resources dict both runs shared, in their bounded registry, for the next run to reuse
+    ours = ("espnet3-resources-", "espnet3-runner-")
+    assert not [p for p in external_cluster.scheduler_plugins() if p.startswith(ours)]
+    assert all(len(tokens) <= 1 for tokens in external_cluster.resource_tokens().values())
 
 
 @pytest.mark.dask
@@ -265,7 +267,7 @@ def test_get_client_closes_only_its_client(external_cluster):
     cfg = ParallelConfig(env="address", options={"address": external_cluster.address})
     with get_client(plugin_for(ArrayProvider({"n": 3})), cfg) as client:
         assert client.scheduler.address == external_cluster.address
-        assert all(external_cluster.env_tokens().values())  # the plugin built the env on every worker
+        assert all(external_cluster.resource_tokens().values())  # the plugin built the resources on every worker
     assert client.status == "closed"
     assert external_cluster.alive() and external_cluster.snapshot() == before
 
@@ -353,9 +355,9 @@ def test_only_pending_shards_run_as_tasks_on_warm_workers_with_flat_memory(exter
     first = run_job("collect_stats", cfg, progress=False)["train"]
     assert (first["shards"], first["shards_computed"]) == (20, 20)
     workers = list(cluster.snapshot().values())
-    tokens = cluster.env_tokens()
-    envs = cluster.run(lambda: sorted(id(e) for e in importlib.import_module(
-        "espnet3_flows.parallel.worker_env")._ENVS.values()))
+    tokens = cluster.resource_tokens()
+    built = cluster.run(lambda: sorted(id(e) for e in importlib.import_module(
+        "espnet3_flows.parallel.worker_registry")._RESOURCES.values()))
     workers_before, driver_before = _rss(workers), psutil.Process().memory_info().rss
 
     manifest.write_text("".join(lines))
@@ -365,8 +367,8 @@ def test_only_pending_shards_run_as_tasks_on_warm_workers_with_flat_memory(exter
     shard_runs = [name for name in states if name.startswith("train/split.")]
     assert len(shard_runs) == 580 and len(states) == 581, len(states)  # + the merge
     assert set(states.values()) == {"COMPLETED"}  # no Cached task run for a done shard
-    assert cluster.env_tokens() == tokens and cluster.run(lambda: sorted(id(e) for e in importlib.import_module(
-        "espnet3_flows.parallel.worker_env")._ENVS.values())) == envs, "an env was built twice"
+    assert cluster.resource_tokens() == tokens and cluster.run(lambda: sorted(id(e) for e in importlib.import_module(
+        "espnet3_flows.parallel.worker_registry")._RESOURCES.values())) == built, "resources were built twice"
     assert not [p for p in cluster.scheduler_plugins() if p.startswith("espnet3-runner-")]
     growth_workers = _rss(workers) - workers_before
     growth_driver = psutil.Process().memory_info().rss - driver_before

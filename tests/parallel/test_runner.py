@@ -164,3 +164,94 @@ def test_memory_output_refused_on_dask(dask_client):
     runner = ScaleSumRunner(ArrayProvider({"n": 5}), output_dir="memory://x", shard_size=2)
     with pytest.raises(ValueError, match="other processes"):
         runner.run(range(5), client=dask_client, progress=False)
+
+
+# ---- the hooks' earlier names (they said "env" for the worker's resources) ----------------------
+def _plus(idx, data, scale, offset, bonus=0.0):
+    ids = idx if isinstance(idx, list) else [idx]
+    return [(i, float(scale * data[i] + offset + bonus)) for i in ids]
+
+
+class _EarlierNames(ScaleSumRunner):
+    """Written before the rename: overrides ``shard_env``, ``shard_env_keys`` and ``check_env_keys``."""
+
+    called: list[str]
+    forward = staticmethod(_plus)
+
+    def shard_env(self, shard, env):
+        self.called.append("shard_env")
+        return {**super().shard_env(shard, env), "offset": 100.0}
+
+    def shard_env_keys(self):
+        self.called.append("shard_env_keys")
+        return (*super().shard_env_keys(), "offset")
+
+    def check_env_keys(self, keys):
+        self.called.append("check_env_keys")
+        super().check_env_keys(keys)
+
+
+class _CurrentNames(ScaleSumRunner):
+    """Written for the current names: ``shard_resources``, ``shard_resource_keys``, ``check_resource_keys``."""
+
+    called: list[str]
+    forward = staticmethod(_plus)
+
+    def shard_resources(self, shard, resources):
+        self.called.append("shard_resources")
+        return {**super().shard_resources(shard, resources), "offset": 100.0}
+
+    def shard_resource_keys(self):
+        self.called.append("shard_resource_keys")
+        return (*super().shard_resource_keys(), "offset")
+
+    def check_resource_keys(self, keys):
+        self.called.append("check_resource_keys")
+        super().check_resource_keys(keys)
+
+
+class _EarlierOverCurrent(_CurrentNames):
+    """A subclass written for the earlier names over a runner with the current ones (as a user's
+    subclass of a built-in job's runner): both are called, its ``super()`` reaching the current ones."""
+
+    def shard_env(self, shard, env):
+        self.called.append("shard_env")
+        return {**super().shard_env(shard, env), "bonus": 1000.0}
+
+    def shard_env_keys(self):
+        return (*super().shard_env_keys(), "bonus")
+
+
+class _CurrentOverEarlier(_EarlierNames):
+    """The other way round: the current names over a runner written for the earlier ones."""
+
+    def shard_resources(self, shard, resources):
+        self.called.append("shard_resources")
+        return {**super().shard_resources(shard, resources), "bonus": 1000.0}
+
+    def shard_resource_keys(self):
+        return (*super().shard_resource_keys(), "bonus")
+
+
+@pytest.mark.parametrize(("cls", "bonus", "called"), [
+    (_EarlierNames, 0.0, {"shard_env", "shard_env_keys", "check_env_keys"}),
+    (_CurrentNames, 0.0, {"shard_resources", "shard_resource_keys", "check_resource_keys"}),
+    (_EarlierOverCurrent, 1000.0, {"shard_env", "shard_resources", "shard_resource_keys", "check_resource_keys"}),
+    (_CurrentOverEarlier, 1000.0, {"shard_resources", "shard_env", "shard_env_keys", "check_env_keys"}),
+])
+def test_a_runner_written_for_either_hook_name_is_called(cls, bonus, called, tmp_path):
+    """``forward`` needs ``offset`` (and ``bonus``), which only the overrides add: a hook not called
+    fails the key check or the shard."""
+    runner = cls(ArrayProvider({"n": 10}), output_dir=str(tmp_path), shard_size=4)
+    runner.called = []
+    out = runner.run(range(10), progress=False)
+    assert out.merged == {"sum": 3.0 * 0.5 * sum(range(10)) + (100.0 + bonus) * 10, "n": 10}
+    assert set(runner.called) == called
+
+
+def test_get_env_is_the_earlier_name_of_worker_resources():
+    from espnet3_flows.parallel import get_env, worker_resources
+
+    assert get_env is worker_resources
+    provider = ArrayProvider({"n": 3})
+    assert sorted(get_env(provider, local=True)) == ["data", "kill_at", "kill_marker", "pid", "scale"]

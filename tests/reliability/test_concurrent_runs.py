@@ -64,7 +64,7 @@ def test_a_shard_published_by_another_run_while_this_one_computed_it_is_kept(dem
     """The interleaving of two runs behind the test above, made certain: run B found shard 0 not
     done and computed it; run A published it meanwhile (and may be merging). B keeps A's record and
     files (it never removes the record A's merge reads) and publishes nothing of its own."""
-    from espnet3_flows.parallel.worker_env import get_env
+    from espnet3_flows.parallel.worker_registry import worker_resources
 
     out = tmp_path / "out"
     cfg = load_config(CollectStatsConfig, overrides=[f"manifests.train={demo_corpus['train']}", f"output_dir={out}",
@@ -77,7 +77,7 @@ def test_a_shard_published_by_another_run_while_this_one_computed_it_is_kept(dem
     files = sorted(p for p in done.parent.iterdir() if p.is_file())
     before = {p.name: (p.stat().st_ino, p.read_bytes()) for p in files}
 
-    kept = runner_b.run_shard(shard, get_env(runner_b.provider, local=True), run_id="run-b")
+    kept = runner_b.run_shard(shard, worker_resources(runner_b.provider, local=True), run_id="run-b")
 
     assert kept.run_id != "run-b" and kept.shard.hash == shard.hash
     after = {p.name: (p.stat().st_ino, p.read_bytes()) for p in sorted(done.parent.iterdir()) if p.is_file()}
@@ -87,7 +87,7 @@ def test_a_shard_published_by_another_run_while_this_one_computed_it_is_kept(dem
 
 def test_a_forced_recompute_still_replaces_the_shard(demo_corpus, tmp_path):
     """``resume=False`` asks for the computation again: the record is replaced, not kept."""
-    from espnet3_flows.parallel.worker_env import get_env
+    from espnet3_flows.parallel.worker_registry import worker_resources
 
     out = tmp_path / "out"
     overrides = [f"manifests.train={demo_corpus['train']}", f"output_dir={out}", "shard_size=4", "parallel.env=serial"]
@@ -95,7 +95,7 @@ def test_a_forced_recompute_still_replaces_the_shard(demo_corpus, tmp_path):
     runner = CollectStatsRunner(load_config(CollectStatsConfig, overrides=overrides), "train")
     runner.resume = False  # BaseRunner(resume=False), as ESPnet3's runners take it
     shard = runner.plan().shards[0]
-    rec = runner.run_shard(shard, get_env(runner.provider, local=True), run_id="forced")
+    rec = runner.run_shard(shard, worker_resources(runner.provider, local=True), run_id="forced")
     assert rec.run_id == "forced"
     assert runner.read_done(shard.hash).run_id == "forced"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.reliability.test_deployment_workdir import PREFECT, _worker_env
+from tests.reliability.test_deployment_workdir import PREFECT, _worker_environ
 from tests.support.servers import PrefectServer, PrefectWorker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_a_killed_api_server_ends_a_deployment_run_in_one_line_after_its_merge(d
         _prefect(server, "work-pool", "create", "espnet3", "--type", "process", cwd=tmp_path)
         _prefect(server, "deploy", "--all", cwd=tmp_path)
         # the slow model is importable from the checkout; Prefect's client keeps its default retries
-        worker = PrefectWorker("espnet3", _worker_env(server, PYTHONPATH=str(ROOT)), tmp_path,
+        worker = PrefectWorker("espnet3", _worker_environ(server, PYTHONPATH=str(ROOT)), tmp_path,
                                log_dir=tmp_path / "logs").start()
         params = {"manifests": {"valid": demo_corpus["valid"]}, "output_dir": str(out)}
         started = _prefect(server, "deployment", "run", "collect-stats/slow", "--params", json.dumps(params),

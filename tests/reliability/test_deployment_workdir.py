@@ -67,7 +67,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory):
         yield server
 
 
-def _worker_env(server: PrefectServer, **extra: str) -> dict[str, str]:
+def _worker_environ(server: PrefectServer, **extra: str) -> dict[str, str]:
     """A worker's environment as a user's shell gives it, without PYTHONPATH (the installed
     package is all it needs), and with a PWD that is not its directory: a worker started by a
     program (systemd, a supervisor, Popen(cwd=...)) inherits a stale one, so the run must not
@@ -122,7 +122,7 @@ def test_relative_paths_resolve_in_the_worker_start_directory(deployed, demo_cor
     _manifest_at(start, demo_corpus["valid"])
     (start / "data" / "broken.tsv").write_text(  # a missing file: the run stops on it (on_error: fail)
         (start / "data" / "train.tsv").read_text() + f"gone\t{start / 'gone.wav'}\n")
-    with PrefectWorker("espnet3", _worker_env(deployed), start, log_dir=tmp_path / "logs"):
+    with PrefectWorker("espnet3", _worker_environ(deployed), start, log_dir=tmp_path / "logs"):
         run, text = _run(deployed, "collect-stats/collect-stats", README_PARAMS | FAST, tmp_path)
         again, again_text = _run(deployed, "collect-stats/collect-stats", README_PARAMS | FAST, tmp_path)
         failed, failed_text = _run(deployed, "collect-stats/collect-stats",
@@ -161,7 +161,7 @@ def test_workdir_setting_wins_and_a_temporary_directory_is_refused(deployed, dem
     start, workdir = (tmp_path / "start").resolve(), (tmp_path / "work").resolve()
     start.mkdir()
     _manifest_at(workdir, demo_corpus["valid"])
-    env = _worker_env(deployed, ESPNET3_FLOWS_WORKDIR=str(workdir))
+    env = _worker_environ(deployed, ESPNET3_FLOWS_WORKDIR=str(workdir))
     with PrefectWorker("espnet3", env, start, log_dir=tmp_path / "logs"):
         run, text = _run(deployed, "collect-stats/collect-stats", README_PARAMS | FAST, tmp_path)
         refused, refused_text = _run(deployed, "collect-stats/temporary", README_PARAMS | FAST, tmp_path)

@@ -175,9 +175,9 @@ def scenario(tmp_path_factory, moto_server, demo_corpus) -> Scenario:
             _prefect_cli(client_env, "deploy", "--all", "--prefect-file", str(prefect_file))
         if "deploy" not in sc.errors:
             with _stage(sc, "deployment run"):
-                worker_env = client_env | {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+                worker_environ = client_env | {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
                                            "AWS_ENDPOINT_URL_S3": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
-                worker = PrefectWorker(POOL, worker_env, ROOT, log_dir=logs)
+                worker = PrefectWorker(POOL, worker_environ, ROOT, log_dir=logs)
                 worker.start()
                 sc.deployed_run_id, sc.deployed_state = asyncio.run(_trigger_and_wait(
                     server.api_url, worker, timeout=420, parameters={

@@ -612,3 +612,24 @@ def test_an_utterance_with_nan_features_on_the_device_is_skipped_alone(corpus, t
     skipped = (tmp_path / "bad" / "train" / "skipped.tsv").read_text().splitlines()[1:]
     assert sorted(line.split("\t")[1] for line in skipped) == sorted(u for u, _ in rows if lengths[u] > limit)
     assert all("NaN or Inf" in line for line in skipped)
+
+
+def test_a_subclass_written_for_the_earlier_hook_names_extends_the_jobs_own(corpus, tmp_path):
+    """A user's subclass of the job's runner that overrides ``shard_env`` / ``shard_env_keys`` (the
+    hooks' earlier names) is called where the engine asks for ``shard_resources`` /
+    ``shard_resource_keys``, and its ``super()`` gets what the job itself adds (the shard's
+    ``dataset``, ``feats_format``)."""
+
+    class Tagged(CollectStatsRunner):
+        def shard_env(self, shard, env):
+            return {**super().shard_env(shard, env), "tag": "mine"}
+
+        def shard_env_keys(self):
+            return (*super().shard_env_keys(), "tag")
+
+    runner = Tagged(_config(corpus[0], str(tmp_path), "shard_size=7"), "train")
+    shard = runner.plan().shards[0]
+    resources = runner.shard_resources(shard, {"frontend": None})
+    assert resources["tag"] == "mine" and resources["feats_format"] is None and resources["frontend"] is None
+    assert len(resources["dataset"]) == shard.num_items and resources["split"] == "train"
+    assert runner.shard_resource_keys() == ("dataset", "split", "outputs_rel", "tag")

@@ -567,7 +567,7 @@ class PrefectWorker(_ServerBase):
             raise ValueError("PrefectWorker needs PREFECT_API_URL in env (PrefectServer.env())")
         super().__init__(log_dir, startup_timeout)
         self.pool = pool
-        self.worker_env = dict(env)
+        self.worker_environ = dict(env)
         self.cwd = cwd
         self.worker_name = name or f"test-worker-{uuid.uuid4().hex[:8]}"
         self.worker_type = worker_type
@@ -576,14 +576,14 @@ class PrefectWorker(_ServerBase):
 
     @property
     def api_url(self) -> str:
-        return self.worker_env["PREFECT_API_URL"].rstrip("/")
+        return self.worker_environ["PREFECT_API_URL"].rstrip("/")
 
     def _argv(self) -> list[str]:
         return [*_cli("prefect", "prefect"), "worker", "start", "--pool", self.pool,
                 "--type", self.worker_type, "--name", self.worker_name, *self.extra_args]
 
     def _process_env(self) -> dict[str, str]:
-        return {**self.worker_env,
+        return {**self.worker_environ,
                 "PREFECT_WORKER_QUERY_SECONDS": str(self.query_seconds),
                 "PREFECT_WORKER_PREFETCH_SECONDS": str(max(self.query_seconds, 1))}
 

@@ -1,7 +1,8 @@
-"""Env injection by parameter name, as ESPnet3 does it: one implementation for ``forward``, the
-writer hooks and the state hooks of a runner (and anything else that receives a worker's env).
+"""Injection by parameter name, as ESPnet3 does it: one implementation for ``forward``, the
+writer hooks and the state hooks of a runner (and anything else that receives a worker's
+resources: the dict an ``EnvironmentProvider`` or a ``setup_fn`` builds, ESPnet3's "env").
 
-A function receives the env entries whose names are its parameters; one that takes ``**kwargs``
+A function receives the resources whose names are its parameters; one that takes ``**kwargs``
 receives all of them. Positional arguments are passed as far as the function takes them, so a
 hook written with fewer parameters than the engine offers (``close_writers(writers)`` of the
 older ESPnet3 pages) is called with what it asks for.
@@ -52,24 +53,24 @@ def parameters_of(func: Callable[..., Any]) -> Parameters:
         var_keyword=any(p.kind == p.VAR_KEYWORD for p in params))
 
 
-def injected(func: Callable[..., Any], env: Mapping[str, Any], n_args: int = 0) -> dict[str, Any]:
-    """The entries of ``env`` that ``func`` receives when ``n_args`` arguments are passed
+def injected(func: Callable[..., Any], resources: Mapping[str, Any], n_args: int = 0) -> dict[str, Any]:
+    """The entries of ``resources`` that ``func`` receives when ``n_args`` arguments are passed
     positionally: all of them when it takes ``**kwargs``, else those named by its parameters
     (never one already bound to a positional argument)."""
     p = parameters_of(func)
     bound = set(p.positional[:n_args])
     if p.var_keyword:
-        return {k: v for k, v in env.items() if k not in bound}
-    return {k: v for k, v in env.items() if k in p.keywords and k not in bound}
+        return {k: v for k, v in resources.items() if k not in bound}
+    return {k: v for k, v in resources.items() if k in p.keywords and k not in bound}
 
 
-def call_with_env(func: Callable[..., Any], *args: Any, **env: Any) -> Any:
-    """Call ``func`` with as many of ``args`` as it takes positionally and the env entries it
+def call_with_resources(func: Callable[..., Any], *args: Any, **resources: Any) -> Any:
+    """Call ``func`` with as many of ``args`` as it takes positionally and the resources it
     accepts by name (see :func:`injected`)."""
     p = parameters_of(func)
     if not p.var_positional:
         args = args[:len(p.positional)]
-    return func(*args, **injected(func, env, len(args)))
+    return func(*args, **injected(func, resources, len(args)))
 
 
 def missing_keys(func: Callable[..., Any], keys: Collection[str], n_args: int = 1) -> list[str]:
@@ -80,8 +81,8 @@ def missing_keys(func: Callable[..., Any], keys: Collection[str], n_args: int = 
     return [name for name in p.required if name not in bound and name not in keys]
 
 
-def conflicting_keys(func: Callable[..., Any], env_keys: Collection[str], kwargs: Collection[str]) -> list[str]:
-    """Names given both in ``kwargs`` and by the env that ``func`` would receive from both."""
+def conflicting_keys(func: Callable[..., Any], resource_keys: Collection[str], kwargs: Collection[str]) -> list[str]:
+    """Names given both in ``kwargs`` and by the resources that ``func`` would receive from both."""
     p = parameters_of(func)
     considered = set(kwargs) if p.var_keyword else set(kwargs) & p.keywords
-    return sorted(considered & set(env_keys))
+    return sorted(considered & set(resource_keys))
