@@ -12,37 +12,37 @@ from collections.abc import Callable, Sequence
 from espnet3_flows.frontends.frontend import build_frontend, frontend_modules
 from espnet3_flows.parallel.results import ShardResult
 from espnet3_flows.inputs.audio_config import AudioConfig
-from espnet3_flows.utterance_job import JobEnvProvider, UtteranceRunner, audio_env, audio_settings
+from espnet3_flows.utterance_job import JobEnvProvider, UtteranceRunner, audio_resources, audio_settings
 
 _LOG = logging.getLogger(__name__)
 
 
-def frontend_env(cfg: Any) -> dict[str, Any]:
+def frontend_resources(cfg: Any) -> dict[str, Any]:
     """``audio``, ``storage_options`` and ``frontend`` for ``cfg.frontend`` (its rate, channel,
     longest duration and device), built once per worker."""
-    return {**audio_env(cfg, **frontend_audio(cfg)), "frontend": build_frontend(cfg.frontend)}
+    return {**audio_resources(cfg, **frontend_audio(cfg)), "frontend": build_frontend(cfg.frontend)}
 
 
 def frontend_audio(cfg: Any) -> dict[str, Any]:
-    """How ``cfg.frontend`` reads audio, as :func:`audio_env` and :func:`audio_settings` take it."""
+    """How ``cfg.frontend`` reads audio, as :func:`audio_resources` and :func:`audio_settings` take it."""
     fe = cfg.frontend
     return {"sampling_rate": fe.sampling_rate, "channel": fe.channel, "max_duration": fe.max_duration,
             "device": fe.device}
 
 
 class FrontendRunner(UtteranceRunner):
-    """A runner of one split of a job with a ``frontend`` config: its resources are ``build_env(cfg)``
-    (a module-level function, :func:`frontend_env` and the job's own keys), its batches
-    ``cfg.batch_size``.
+    """A runner of one split of a job with a ``frontend`` config: its resources are
+    ``build_resources(cfg)`` (a module-level function, :func:`frontend_resources` and the job's own
+    keys), its batches ``cfg.batch_size``.
 
     Args:
         cfg: The job's config (``manifests``, ``frontend``, ``batch_size`` and the engine's keys).
         split: The split this runner computes.
-        build_env: Builds the worker's resources of ``forward`` (ESPnet3's "env").
+        build_resources: Builds the worker's resources of ``forward`` (ESPnet3's "env").
     """
 
-    def __init__(self, cfg: Any, split: str, build_env: Callable[[Any], dict[str, Any]], **kwargs: Any):
-        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env), batch_size=cfg.batch_size,
+    def __init__(self, cfg: Any, split: str, build_resources: Callable[[Any], dict[str, Any]], **kwargs: Any):
+        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_resources), batch_size=cfg.batch_size,
                          **kwargs)
 
     def input_audio(self) -> tuple[str, AudioConfig]:

@@ -24,8 +24,8 @@ from espnet3_flows.storage import Storage
 GPU_DECODE_THREADS = 4  #: ``decode_threads: 0`` where the job's model runs on a GPU
 
 
-def audio_env(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration: float | None,
-              resampler: str = "", device: str = "cpu") -> dict[str, Any]:
+def audio_resources(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration: float | None,
+                    resampler: str = "", device: str = "cpu") -> dict[str, Any]:
     """The resources every audio job's workers share: ``audio`` (how to load and check an
     utterance's audio, on ``decode_threads`` threads: see :class:`EngineConfig`; ``device`` is
     where the job's model runs) and ``storage_options``. Torch runs one thread per worker
@@ -38,9 +38,13 @@ def audio_env(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration:
             "storage_options": dict(cfg.storage_options)}
 
 
+#: :func:`audio_resources`' earlier name, kept for job plugins that import it
+audio_env = audio_resources
+
+
 def audio_settings(cfg: EngineConfig, sampling_rate: int, channel: Any, max_duration: float | None,
                    resampler: str = "", device: str = "cpu") -> AudioConfig:
-    """How the workers of ``cfg``'s job load and check audio (:func:`audio_env`'s ``audio``)."""
+    """How the workers of ``cfg``'s job load and check audio (:func:`audio_resources`'s ``audio``)."""
     threads = cfg.decode_threads or (GPU_DECODE_THREADS if device != "cpu" else 1)
     return AudioConfig(sampling_rate, channel, max_duration, cfg.allow_pipes, cfg.pipe_timeout,
                        **({"resampler": resampler} if resampler else {}), decode_threads=threads)

@@ -15,21 +15,23 @@ from collections.abc import Mapping
 from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.features.config import ExtractFeaturesConfig
 from espnet3_flows.features.outputs import FeatureShardWriter, publish_split, shard_ark_rel
-from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_env
+from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_resources
 from espnet3_flows.frontends.frontend import extract_features
 from espnet3_flows.frontends.wave_frontends import hop_samples
 from espnet3_flows.utterance_job import ShardDataset
 
 
 #: The resources of ``forward``: ``frontend``, ``audio`` and ``storage_options``, once per worker
-build_env = frontend_env
+build_resources = frontend_resources
+#: :data:`build_resources`' earlier name, kept for code that imports it
+build_env = build_resources
 
 
 class FeatureRunner(FrontendRunner):
     """Per shard: one Kaldi ark/scp of the features and a row per utterance."""
 
     def __init__(self, cfg: ExtractFeaturesConfig, split: str, **kwargs: Any):
-        super().__init__(cfg, split, build_env, **kwargs)
+        super().__init__(cfg, split, build_resources, **kwargs)
 
     def hash_config(self) -> Mapping[str, Any]:
         return {"job": "extract_features/1", "split": self.split, "frontend": self.cfg.frontend.hashed(),
@@ -86,4 +88,4 @@ def feature_runners(cfg: ExtractFeaturesConfig) -> list[FeatureRunner]:
     return [FeatureRunner(cfg, split) for split in cfg.manifests]
 
 
-__all__ = ["ExtractFeaturesConfig", "FeatureRunner", "build_env", "feature_runners"]
+__all__ = ["ExtractFeaturesConfig", "FeatureRunner", "build_env", "build_resources", "feature_runners"]

@@ -10,7 +10,7 @@ from espnet3_flows.inputs.audio import audio_header
 from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
-from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_env
+from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_resources
 from espnet3_flows.frontends.frontend import MomentsBatch, extract_features, extract_moments
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
@@ -20,12 +20,12 @@ from espnet3_flows.utterance_job import ShardDataset
 from espnet3_flows.stats.config import CollectStatsConfig
 from espnet3_flows.stats.outputs import StatsShardWriter, publish_split
 
-def build_env(cfg: CollectStatsConfig) -> dict[str, Any]:
+def build_resources(cfg: CollectStatsConfig) -> dict[str, Any]:
     """The resources of collect-stats' ``forward``: ``frontend``, ``audio``, ``storage_options``,
     ``collect_stats_kwargs`` and ``tokens`` (a :class:`~espnet3_flows.stats.tokens.TokenCounter`
     or ``None``), built once per worker (``dataset``, a shard's utterances, comes with each shard)."""
     return {
-        **frontend_env(cfg),
+        **frontend_resources(cfg),
         "collect_stats_kwargs": dict(cfg.collect_stats_kwargs),
         "tokens": _token_counter(cfg.tokens),
     }
@@ -43,7 +43,7 @@ class CollectStatsRunner(FrontendRunner):
     """Per shard: feature shapes, exact count/mean/M2, optional Kaldi ark/scp of the features."""
 
     def __init__(self, cfg: CollectStatsConfig, split: str, **kwargs: Any):
-        super().__init__(cfg, split, build_env, **kwargs)
+        super().__init__(cfg, split, build_resources, **kwargs)
 
     def hash_config(self) -> Mapping[str, Any]:
         fe = self.cfg.frontend.hashed()

@@ -16,7 +16,7 @@ from espnet3_flows.config import ConfigError, to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.parallel.base_runner import WHOLE_SHARD, BaseRunner
 from espnet3_flows.utterance_job import (JobEnvProvider, ShardDataset, UtteranceRunner,
-                                         audio_env, audio_settings)
+                                         audio_resources, audio_settings)
 from espnet3_flows.xvector.config import XVectorConfig
 from espnet3_flows.xvector.job_config import XVectorJobConfig
 from espnet3_flows.xvector.outputs import EmbeddingWriter
@@ -66,17 +66,17 @@ def with_precision(embed: Any, device: str, precision: str) -> Any:
     return run
 
 
-def build_env(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
+def build_resources(cfg: XVectorJobConfig, split: str) -> dict[str, Any]:
     """The resources of the x-vector ``forward``: ``embedder`` (the model, loaded once per worker),
     ``audio``, ``storage_options`` and ``model_batch`` (``dataset`` comes with each shard)."""
     xv = cfg.xvector
     batch = xv.batch_size or (16 if xv.device.startswith("cuda") else 1)
-    return {**audio_env(cfg, **xvector_audio(cfg)), "embedder": build_embedder(xv),
+    return {**audio_resources(cfg, **xvector_audio(cfg)), "embedder": build_embedder(xv),
             "model_batch": (batch, xv.max_padded_samples)}
 
 
 def xvector_audio(cfg: XVectorJobConfig) -> dict[str, Any]:
-    """How the x-vector job reads audio, as :func:`audio_env` and :func:`audio_settings` take it."""
+    """How the x-vector job reads audio, as :func:`audio_resources` and :func:`audio_settings` take it."""
     xv = cfg.xvector
     return {"sampling_rate": xv.sampling_rate, "channel": xv.channel, "max_duration": xv.max_duration,
             "resampler": xv.resampler, "device": xv.device}
@@ -91,7 +91,7 @@ class XVectorRunner(UtteranceRunner):
 
     def __init__(self, cfg: XVectorJobConfig, split: str, **kwargs: Any):
         # forward receives the whole shard, so utterances are length-sorted across it
-        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env, {"split": split}),
+        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_resources, {"split": split}),
                          shard_subdir=f"{cfg.xvector.spk_embed_tag}/{split}/shards", batch_size=WHOLE_SHARD,
                          **kwargs)
 

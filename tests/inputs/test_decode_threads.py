@@ -13,7 +13,7 @@ from espnet3_flows.config import ConfigError
 from espnet3_flows.inputs.audio import AudioConfig, AudioError, RecordingCache, load_audio, load_many, recording_key
 from espnet3_flows.inputs.records import Utterance
 from espnet3_flows.stats.job import CollectStatsConfig
-from espnet3_flows.utterance_job import GPU_DECODE_THREADS, audio_env
+from espnet3_flows.utterance_job import GPU_DECODE_THREADS, audio_resources
 
 SR = 16000
 
@@ -72,6 +72,14 @@ def test_decode_threads_config(tmp_path):
     with pytest.raises(ConfigError, match="decode_threads must be >= 0"):
         CollectStatsConfig(**base, decode_threads=-1)
     auto = CollectStatsConfig(**base)
-    assert audio_env(auto, SR, None, None)["audio"].decode_threads == 1
-    assert audio_env(auto, SR, None, None, device="cuda:0")["audio"].decode_threads == GPU_DECODE_THREADS
-    assert audio_env(CollectStatsConfig(**base, decode_threads=3), SR, None, None)["audio"].decode_threads == 3
+    assert audio_resources(auto, SR, None, None)["audio"].decode_threads == 1
+    assert audio_resources(auto, SR, None, None, device="cuda:0")["audio"].decode_threads == GPU_DECODE_THREADS
+    assert audio_resources(CollectStatsConfig(**base, decode_threads=3), SR, None, None)["audio"].decode_threads == 3
+
+
+def test_the_earlier_names_of_the_job_resource_builders_still_import():
+    """Job plugins written before the rename import ``audio_env`` and ``build_env``."""
+    from espnet3_flows.features.job import build_env, build_resources
+    from espnet3_flows.utterance_job import audio_env, audio_resources
+
+    assert audio_env is audio_resources and build_env is build_resources

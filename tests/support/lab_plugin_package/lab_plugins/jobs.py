@@ -13,7 +13,7 @@ from espnet3_flows.inputs.audio import load_many
 from espnet3_flows.job_registry import JobSpec
 from espnet3_flows.parallel.results import shard_summary
 from espnet3_flows.split_outputs import publish_split_files
-from espnet3_flows.utterance_job import EngineConfig, InputsConfig, JobEnvProvider, UtteranceRunner, audio_env
+from espnet3_flows.utterance_job import EngineConfig, InputsConfig, JobEnvProvider, UtteranceRunner, audio_resources
 
 
 @dataclass
@@ -29,16 +29,16 @@ class PeakConfig(EngineConfig, InputsConfig):
     sampling_rate: int = 16000
 
 
-def build_env(cfg: PeakConfig) -> dict[str, Any]:
+def build_resources(cfg: PeakConfig) -> dict[str, Any]:
     """``audio`` and ``storage_options``, once per worker."""
-    return audio_env(cfg, cfg.sampling_rate, None, None)
+    return audio_resources(cfg, cfg.sampling_rate, None, None)
 
 
 class PeakRunner(UtteranceRunner):
     """Per shard, ``peaks.tsv``: ``utt_id<TAB>peak``."""
 
     def __init__(self, cfg: PeakConfig, split: str):
-        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_env), batch_size=cfg.batch_size)
+        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_resources), batch_size=cfg.batch_size)
 
     def hash_config(self) -> dict[str, Any]:
         return {"job": "peak_levels/1", "split": self.split, "sampling_rate": self.cfg.sampling_rate}
