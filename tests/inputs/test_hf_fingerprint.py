@@ -30,9 +30,12 @@ def test_the_fingerprint_follows_the_switch_and_the_data(tmp_path, monkeypatch, 
 
 def test_an_embedded_dataset_runs_the_same_with_every_patch_off(tmp_path, monkeypatch):
     """The rows' fingerprints are planned and checked in the driver and on the workers with the
-    public kind alone; the outputs equal those of a run with the patches on."""
+    public kind alone; the outputs equal those of a run with the patches on (the stats to float32
+    rounding: with the patches off lhotse's own ``Fbank.extract`` computes the features, the fast
+    path's equal to that rounding)."""
     from espnet3_flows.inputs.demo import make_demo_corpus
-    from tests.inputs.test_hf_format import _assert_same, _outputs, _run
+    from tests.inputs.test_hf_format import _outputs, _run
+    from tests.support.floats import assert_same_floats
 
     tsv = make_demo_corpus(tmp_path / "c", n_utts=4, n_speakers=2, min_seconds=0.3, max_seconds=0.5, seed=5,
                            splits={"train": 1.0})["train"]
@@ -43,4 +46,8 @@ def test_an_embedded_dataset_runs_the_same_with_every_patch_off(tmp_path, monkey
     _run(str(tmp_path / "ds"), tmp_path / "on")
     monkeypatch.setenv(patches.VAR, "off")
     _run(str(tmp_path / "ds"), tmp_path / "off")
-    _assert_same(_outputs(tmp_path / "on"), _outputs(tmp_path / "off"))
+    on, off = _outputs(tmp_path / "on"), _outputs(tmp_path / "off")
+    assert on["feats_shape"] == off["feats_shape"] and on["speech_shape"] == off["speech_shape"]
+    assert int(on["stats"]["count"]) == int(off["stats"]["count"])
+    for key in ("sum", "sum_square"):
+        assert_same_floats(on["stats"][key], off["stats"][key], rel=1e-6)
