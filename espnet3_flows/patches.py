@@ -41,7 +41,6 @@ PATCHES = {
     "cache_settings_serialization": "espnet3_flows.orchestration.prefect_private.contexts:cache_settings_serialization",
     "cache_settings_hydration": "espnet3_flows.orchestration.prefect_private.contexts:cache_settings_hydration",
     "skip_pending_events": "espnet3_flows.orchestration.prefect_private.events:skip_pending_events",
-    "uncompressed_event_sockets": "espnet3_flows.orchestration.prefect_private.events:uncompressed_event_sockets",
     "exit_now": "espnet3_flows.orchestration.entry:exit_now",
     "keep_dask_preload": "espnet3_flows.parallel.dask_private:keep_dask_preload",
     "forks_workers": "espnet3_flows.parallel.backends.local:LocalProcesses.forks_workers",

@@ -34,7 +34,7 @@ from espnet3_flows.orchestration.jobs import get_job, preflight
 from espnet3_flows.orchestration.local_server import prefect_api
 from espnet3_flows.orchestration.prefect_private.client import share_tls_contexts, untokenized_task_keys
 from espnet3_flows.orchestration.prefect_private.contexts import cache_settings_serialization
-from espnet3_flows.orchestration.prefect_private.events import skip_pending_events, uncompressed_event_sockets
+from espnet3_flows.orchestration.prefect_private.events import skip_pending_events
 from espnet3_flows.orchestration.prefect_private.gate import patched_run
 from espnet3_flows.orchestration.prefect_private.lifecycle import forked_children_exit_cleanly, prompt_heartbeat_stop
 from espnet3_flows.orchestration.run_log import job_logger, run_log
@@ -212,7 +212,6 @@ def _run_flow(run: PlannedFlow, name: str, shown: dict[str, Any], progress: bool
         forked_children_exit_cleanly()  # before the run starts Prefect's services and their exit hooks
         cache_settings_serialization()
         skip_pending_events()  # (shards that run here, the merge)
-        uncompressed_event_sockets()
         return _run_patched_flow(run, name, shown, progress)
 
 

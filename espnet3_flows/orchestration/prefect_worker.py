@@ -13,7 +13,7 @@ from espnet3_flows.orchestration import console
 from espnet3_flows.orchestration.local_server import drain_prefect_clients
 from espnet3_flows.orchestration.prefect_private.client import share_tls_contexts
 from espnet3_flows.orchestration.prefect_private.contexts import cache_settings_hydration
-from espnet3_flows.orchestration.prefect_private.events import skip_pending_events, uncompressed_event_sockets
+from espnet3_flows.orchestration.prefect_private.events import skip_pending_events
 from espnet3_flows.orchestration.prefect_private.gate import enter_run, leave_run
 from espnet3_flows.orchestration.task_runner import PREFECT_WORKER_MODULES
 
@@ -43,7 +43,6 @@ class PrefectWorkerSetup(WorkerPlugin):
         share_tls_contexts()
         cache_settings_hydration()
         skip_pending_events()
-        uncompressed_event_sockets()
         for module in PREFECT_WORKER_MODULES:
             importlib.import_module(module)
 

@@ -39,12 +39,9 @@ def test_an_unverified_prefect_gets_no_patch(monkeypatch, caplog):
         assert not contexts.cache_settings_hydration()
         assert not client_patches.untokenized_task_keys()
         assert not lifecycle.prompt_heartbeat_stop()
-        assert not events.skip_pending_events() and not events.uncompressed_event_sockets()
+        assert not events.skip_pending_events()
     assert (client_module.ssl, SettingsContext.__dict__["serialize"], task_engine.hydrated_context,
             PrefectDaskClient.__dict__["submit"], flow_engine._send_heartbeats) == before
-    import prefect.events.clients as event_clients
-
-    assert "websocket_connect" not in " ".join(gate.installed_patches()) and event_clients.websocket_connect
     # one warning, not one per call (none with every patch switched off: the version is not looked at)
     assert sum("99.0.0" in r.getMessage() for r in caplog.records) == (1 if patches_enabled() else 0)
 
@@ -353,15 +350,11 @@ def test_after_a_run_prefect_is_as_installed(prefect_harness):
 
 def test_the_event_targets_are_where_prefect_calls_them():
     """``skip_pending_events`` wraps the task engine's module-level ``emit_task_run_state_change_event``,
-    which the engine calls by that name with no initial state only when it creates a run, and
-    ``uncompressed_event_sockets`` the events client module's ``websocket_connect``, which its
-    client calls to connect."""
+    which the engine calls by that name with no initial state only when it creates a run."""
     import inspect
 
-    import prefect.events.clients as event_clients
     import prefect.task_engine as task_engine
 
     engine = inspect.getsource(task_engine.SyncTaskRunEngine)
     assert engine.count("initial_state=None") == 1 and "_create_task_run_locally" in engine
     assert "emit_task_run_state_change_event(" in inspect.getsource(task_engine.SyncTaskRunEngine.set_state)
-    assert "websocket_connect(self._events_socket_url" in inspect.getsource(event_clients.PrefectEventsClient)

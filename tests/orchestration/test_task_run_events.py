@@ -1,10 +1,9 @@
 """The events a task run sends (:mod:`espnet3_flows.orchestration.prefect_private.events`): no
 Pending event at creation, the run still recorded by the API server from its Running event with
-its states as the UI shows them; event websockets without compression."""
+its states as the UI shows them."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -74,18 +73,3 @@ def test_a_retried_task_keeps_every_later_state(prefect_harness):
     run()
     assert _states_of(seen[0]) == ["Running", "Retrying", "Completed"]
 
-
-@pytest.mark.patch
-def test_event_websockets_negotiate_no_compression(prefect_harness):
-    from prefect.events.clients import PrefectEventsClient
-
-    async def extensions() -> list:
-        async with PrefectEventsClient() as client:
-            return list(client._websocket.protocol.extensions)
-
-    try:
-        assert events.uncompressed_event_sockets() and events.uncompressed_event_sockets()  # idempotent
-        assert asyncio.run(extensions()) == []
-    finally:
-        gate.restore_prefect()
-    assert [type(e).__name__ for e in asyncio.run(extensions())] == ["PerMessageDeflate"]  # Prefect's own

@@ -17,6 +17,8 @@ each target against the installed versions.
   forked after a run that exit 0 (``forked_children_exit_cleanly``); no drain into a lost API
   server (``drop_undeliverable_api_work``), its shippers' failures kept off the console
   (``quiet_shipper_failures``); a run failed on purpose logged once (``quiet_failed_run_exit``).
+- :mod:`.events`: no event for the Pending state a worker creates a task run in
+  (``skip_pending_events``).
 
 What each buys is in ``benchmarks/README.md``, "Figures behind settings in the code".
 """

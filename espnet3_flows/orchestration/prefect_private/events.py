@@ -1,5 +1,5 @@
-"""The events a task run sends: one fewer per task (:func:`skip_pending_events`), and uncompressed
-(:func:`uncompressed_event_sockets`). Installed through :mod:`.gate`."""
+"""The events a task run sends: one fewer per task (:func:`skip_pending_events`). Installed through
+:mod:`.gate`."""
 
 from __future__ import annotations
 
@@ -39,28 +39,3 @@ def skip_pending_events() -> bool:
 
     return install_wrapper(task_engine, "emit_task_run_state_change_event", emit_task_run_state_change_event, original)
 
-
-def uncompressed_event_sockets() -> bool:
-    """Open Prefect's event websockets without per-message compression (idempotent).
-
-    Prefect 3.8 connects its events client with the ``websockets`` library's default, which offers
-    permessage-deflate: every event is compressed by the process that sends it and inflated by the
-    API server, a few KB of JSON each, one to three per shard task. Between a worker and its API
-    server (one machine, a cluster's network) that is CPU spent on both ends to save bandwidth no
-    one lacks; over the internet too, a run's events are a few MB. Events are the same bytes,
-    uncompressed.
-
-    Returns:
-        Whether installed (``False`` when turned off or Prefect's events client connects otherwise).
-    """
-    import prefect.events.clients as clients
-
-    ok, original = unpatched_target(clients, "websocket_connect", "uncompressed_event_sockets")
-    if original is None:
-        return ok
-
-    def websocket_connect(uri: str, **kwargs: Any) -> Any:
-        kwargs.setdefault("compression", None)
-        return original(uri, **kwargs)
-
-    return install_wrapper(clients, "websocket_connect", websocket_connect, original)
