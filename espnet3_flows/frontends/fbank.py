@@ -199,6 +199,7 @@ class FastFbank:
         import torch
 
         arrays = [self._checked(w) for w in waves]
+        samples = sum(a.size for a in arrays)  # computed as they are: gathered frames pad nothing
         dev = torch.device(device)
         frames, nonfinite, total = [], [], Moments()
         dim = self._num_mel_bins if self.fast else 0
@@ -209,7 +210,7 @@ class FastFbank:
                 dim = int(rows.shape[1])
                 nonfinite.append(not bool(torch.isfinite(rows).all()))
                 total = total if nonfinite[-1] else total.merge(Moments.of_rows(rows))
-            return FrameMoments(frames, dim, total, nonfinite, sum(a.size for a in arrays), sum(a.size for a in arrays))
+            return FrameMoments(frames, dim, total, nonfinite, samples, samples)
         for feats, counts in self._gathered(arrays, dev, max_batch_samples):
             with torch.inference_mode():
                 owner = torch.repeat_interleave(torch.arange(len(counts), device=dev),
@@ -221,7 +222,7 @@ class FastFbank:
                     total = total.merge(Moments.of_rows(feats))
             frames.extend(counts)
             nonfinite.extend(flags)
-        return FrameMoments(frames, dim, total, nonfinite, sum(a.size for a in arrays), sum(a.size for a in arrays))
+        return FrameMoments(frames, dim, total, nonfinite, samples, samples)
 
     def _gathered(self, arrays: Sequence[np.ndarray], dev: Any, max_batch_samples: int) -> Iterator[tuple[Any, list[int]]]:
         """``(features [frames, num_mel_bins] on dev, frames of each array)`` per batch of at most

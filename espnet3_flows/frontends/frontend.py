@@ -62,16 +62,12 @@ def extract_features(utts: Sequence[Any], frontend: Callable[..., Sequence[np.nd
         BadItemError: unreadable audio, or features that are empty, not 2-D, NaN or Inf.
     """
     from espnet3_flows.inputs.audio import load_many
-    from espnet3_flows.errors import BadItemError
 
     loaded = load_many(utts, audio, storage_options, cache)
     feats = frontend([w for w, _ in loaded], dict(kwargs or {}))
     out = []
     for u, (w, rate), f in zip(utts, loaded, feats, strict=True):
-        if f.ndim != 2 or f.shape[0] == 0:
-            raise BadItemError(f"utt {u.utt_id!r}: the frontend returned features of shape {tuple(f.shape)}")
-        if not np.isfinite(f).all():
-            raise BadItemError(f"utt {u.utt_id!r}: features contain NaN or Inf")
+        _check_features(u.utt_id, tuple(f.shape), bool(np.isfinite(f).all()))
         out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f})
     return out
 
@@ -101,17 +97,24 @@ def extract_moments(utts: Sequence[Any], frontend: Any, audio: Any, storage_opti
     """
     if not getattr(frontend, "computes_moments", False):
         return None
-    from espnet3_flows.errors import BadItemError
     from espnet3_flows.inputs.audio import load_many
 
     loaded = load_many(utts, audio, storage_options, cache)
     got = frontend.moments([w for w, _ in loaded], dict(kwargs or {}))
     rows = []
     for u, (w, rate), frames, bad in zip(utts, loaded, got.frames, got.nonfinite, strict=True):
-        if frames == 0:
-            raise BadItemError(f"utt {u.utt_id!r}: the frontend returned features of shape {(0, got.dim)}")
-        if bad:
-            raise BadItemError(f"utt {u.utt_id!r}: features contain NaN or Inf")
+        _check_features(u.utt_id, (frames, got.dim), not bad)
         rows.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": None,
                      "shape": (frames, got.dim)})
     return MomentsBatch(rows, got.moments, (got.samples, got.computed_samples))
+
+
+def _check_features(utt_id: str, shape: tuple[int, ...], finite: bool) -> None:
+    """Raise :class:`~espnet3_flows.errors.BadItemError` for an utterance whose features are not
+    ``(frames >= 1, dim)`` or hold NaN or Inf (shape and finiteness as its extractor knows them)."""
+    from espnet3_flows.errors import BadItemError
+
+    if len(shape) != 2 or shape[0] == 0:
+        raise BadItemError(f"utt {utt_id!r}: the frontend returned features of shape {shape}")
+    if not finite:
+        raise BadItemError(f"utt {utt_id!r}: features contain NaN or Inf")

@@ -18,7 +18,7 @@ from espnet3_flows.stats.tokens import TokenConfig
 from espnet3_flows.utterance_job import ShardDataset
 
 from espnet3_flows.stats.config import CollectStatsConfig
-from espnet3_flows.stats.outputs import StatsShardWriter, publish_split
+from espnet3_flows.stats.outputs import StatsShardWriter, publish_split, row_shape
 
 def build_resources(cfg: CollectStatsConfig) -> dict[str, Any]:
     """The resources of collect-stats' ``forward``: ``frontend``, ``audio``, ``storage_options``,
@@ -111,9 +111,9 @@ class CollectStatsRunner(FrontendRunner):
             _extend(state.setdefault("samples", [0, None, None]), int(r["speech_len"]))
             if f is not None:
                 acc.update(f)
-            frames = f.shape[0] if f is not None else (r["shape"][0] if r.get("shape") else None)
-            if frames is not None:
-                _extend(state.setdefault("frames", [0, None, None]), int(frames))
+            shape = row_shape(r)
+            if shape is not None:
+                _extend(state.setdefault("frames", [0, None, None]), shape[0])
 
     @staticmethod
     def close_writers(writers: dict[str, Any], state: dict[str, Any], **resources: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -25,6 +26,14 @@ from espnet3_flows.utterance_job import UtteranceRunner, publish_split_files
 SHAPES = "shapes.tsv"  # a shard's per-utterance rows (written by StatsShardWriter)
 
 EPS = 1e-20  # ESPnet2 GlobalMVN's floor on the variance
+
+
+def row_shape(row: Mapping[str, Any]) -> tuple[int, int] | None:
+    """An utterance row's ``(frames, dim)``: its features' shape, or the ``shape`` a frontend that
+    kept the features gave (:class:`~espnet3_flows.frontends.frontend.MomentsBatch`); ``None``
+    without a frontend."""
+    f = row["feats"]
+    return (int(f.shape[0]), int(f.shape[1])) if f is not None else row.get("shape")
 
 
 class StatsShardWriter:
@@ -58,7 +67,7 @@ class StatsShardWriter:
         """Write one ``forward`` result's utterances."""
         for r in result:
             f = r["feats"]
-            dims = f.shape if f is not None else r.get("shape")  # (frames, dim); none without a frontend
+            dims = row_shape(r)
             shape = "" if dims is None else f"{dims[0]},{dims[1]}"
             tokens = "" if r.get("tokens") is None else f"\t{r['tokens']}"
             self.shapes.write(f"{r['utt_id']}\t{r['speech_len']}\t{shape}{tokens}\n")

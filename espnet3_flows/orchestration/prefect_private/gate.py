@@ -93,15 +93,19 @@ def restore_prefect(*, everything: bool = False) -> list[str]:
                 continue
             setattr(owner, name, original)
             del _INSTALLED.replaced[key]
-            restored.append(f"{getattr(owner, '__name__', type(owner).__name__)}.{name}")
+            restored.append(_label(owner, name))
     return restored
 
 
 def installed_patches() -> list[str]:
     """The Prefect attributes replaced now, as ``owner.name``."""
     with _INSTALLED.lock:
-        return [f"{getattr(owner, '__name__', type(owner).__name__)}.{name}"
-                for owner, name, _, _ in _INSTALLED.replaced.values()]
+        return [_label(owner, name) for owner, name, _, _ in _INSTALLED.replaced.values()]
+
+
+def _label(owner: Any, name: str) -> str:
+    """``owner.name`` as :func:`installed_patches` names a replaced attribute."""
+    return f"{getattr(owner, '__name__', type(owner).__name__)}.{name}"
 
 
 def enter_run() -> None:
