@@ -21,7 +21,7 @@ import numpy as np
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.frontends.device_moments import FrameMoments, Moments
 from espnet3_flows.frontends.lhotse_private import FbankLayout, LayoutUnavailable, fbank_layout
-from espnet3_flows.frontends.pinned import PinnedStaging
+from espnet3_flows.frontends.pinned import PinnedStaging, overlapped
 
 
 #: Samples per batch of :meth:`FastFbank.batch` (~17 min of 16 kHz audio: ~0.7 GB of frames on a GPU)
@@ -226,20 +226,26 @@ class FastFbank:
 
     def _gathered(self, arrays: Sequence[np.ndarray], dev: Any, max_batch_samples: int) -> Iterator[tuple[Any, list[int]]]:
         """``(features [frames, num_mel_bins] on dev, frames of each array)`` per batch of at most
-        ``max_batch_samples`` samples (one longer array goes alone). The caller waits for each
-        batch (a copy to the host) before asking for the next: the staging memory is reused."""
+        ``max_batch_samples`` samples (one longer array goes alone); on a GPU the next batch's
+        waveforms are concatenated and copied while the device computes this one
+        (:func:`~espnet3_flows.frontends.pinned.overlapped`)."""
         import torch
 
+        spans: list[tuple[int, int]] = []
         start = 0
         while start < len(arrays):
             end, total = start + 1, arrays[start].size
             while end < len(arrays) and total + arrays[end].size <= max_batch_samples:
                 total += arrays[end].size
                 end += 1
-            with torch.inference_mode():
-                computed = self._batch_features(arrays[start:end], dev)
-            yield computed
+            spans.append((start, end))
             start = end
+
+        def launch(span: tuple[int, int], wave: Any) -> tuple[Any, list[int]]:
+            with torch.inference_mode():
+                return self._batch_features(wave, [a.size for a in arrays[span[0]:span[1]]], dev)
+
+        return overlapped(spans, lambda span: self._uploaded(arrays[span[0]:span[1]], dev), launch)
 
     def _frame_positions(self, lengths: Sequence[int], dev: Any) -> tuple[Any, list[int]]:
         """Index of every frame sample in the concatenated waveforms ``[frames, length]`` (lhotse's
@@ -254,26 +260,29 @@ class FastFbank:
         c = torch.tensor(counts, dtype=torch.int64, device=dev)
         offsets = torch.cumsum(n, 0) - n
         utt = torch.repeat_interleave(torch.arange(len(lengths), device=dev), c)
-        frame = torch.arange(int(c.sum()), device=dev) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
+        frame = torch.arange(sum(counts), device=dev) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
         pos = (frame * shift - left)[:, None] + torch.arange(length, device=dev)[None, :]
         size = n[utt][:, None]
         pos = torch.where(pos < 0, -pos - 1, pos)
         pos = torch.where(pos >= size, 2 * size - 1 - pos, pos)
         return pos + offsets[utt][:, None], counts
 
-    def _batch_features(self, arrays: Sequence[np.ndarray], dev: Any) -> tuple[Any, list[int]]:
-        """``([frames of all arrays, num_mel_bins], frame counts)`` on ``dev``."""
+    def _uploaded(self, arrays: Sequence[np.ndarray], dev: Any) -> Any:
+        """The arrays concatenated on ``dev``: on a GPU through pinned memory, copied on a side stream."""
         import torch
 
-        total = sum(a.size for a in arrays)
-        if dev.type == "cuda":
-            host = self._staging.take(total)
-            np.concatenate(arrays, out=host.numpy())
-        else:
-            host = torch.from_numpy(np.concatenate(arrays))
-        # (batch() copies the features back before the next batch: the buffer is free by then)
-        wave = host.to(dev, non_blocking=True)
-        positions, counts = self._frame_positions([a.size for a in arrays], dev)
+        if dev.type != "cuda":
+            return torch.from_numpy(np.concatenate(arrays))
+        host = self._staging.take(sum(a.size for a in arrays))
+        np.concatenate(arrays, out=host.numpy())
+        return self._staging.to_device(host, dev)
+
+    def _batch_features(self, wave: Any, lengths: Sequence[int], dev: Any) -> tuple[Any, list[int]]:
+        """``([frames of all waveforms, num_mel_bins], frame counts)`` on ``dev`` of ``wave``, the
+        concatenated waveforms of ``lengths`` samples each."""
+        import torch
+
+        positions, counts = self._frame_positions(lengths, dev)
         frames = wave[positions]
         if self._remove_dc:
             frames -= frames.mean(dim=1, keepdim=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from espnet3_flows.frontends.device_moments import FrameMoments, Moments, nonfinite_rows
-from espnet3_flows.frontends.pinned import PinnedStaging
+from espnet3_flows.frontends.pinned import PinnedStaging, overlapped
 from espnet3_flows.frontends.precision import check_precision, precision_scope
 
 if TYPE_CHECKING:
@@ -99,29 +99,27 @@ class TorchFrontend:
 
     def _computed(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> Iterator[tuple[list[int], Any, Any]]:
         """Per call (:meth:`batches`): ``(positions, feats [B, T', D], lengths [B])`` on the device, the
-        lengths the extractor's or, where it gives none, ``T'`` for every row."""
-        import numpy as np
+        lengths the extractor's or, where it gives none, ``T'`` for every row. On a GPU the next
+        call's batch is assembled and copied while the device computes this one
+        (:func:`~espnet3_flows.frontends.pinned.overlapped`)."""
         import torch
 
-        for group in self.batches([len(w) for w in waves]):
-            lengths = torch.tensor([len(waves[i]) for i in group], dtype=torch.long)
-            speech = self._padded(len(group), int(lengths.max()))
-            for row, i in enumerate(group):
-                speech[row, : len(waves[i])] = torch.from_numpy(np.asarray(waves[i], dtype=np.float32))
+        def launch(group: list[int], staged: tuple[Any, Any]) -> tuple[list[int], Any, Any]:
+            speech, lengths = staged
             with torch.inference_mode():
                 with precision_scope(self.device, self.precision):
-                    feats, flens = self.extract(speech.to(self.device, non_blocking=True),
-                                                lengths.to(self.device), kwargs)
+                    feats, flens = self.extract(speech, lengths, kwargs)
                 if flens is None:
                     flens = torch.full((feats.shape[0],), feats.shape[1], dtype=torch.long, device=feats.device)
-            yield group, feats.detach(), flens.detach()
+            return group, feats.detach(), flens.detach()
+
+        return overlapped(self.batches([len(w) for w in waves]), lambda group: self._staged(waves, group), launch)
 
     def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
         import numpy as np
 
         out: list[np.ndarray] = [np.empty(0)] * len(waves)
         for group, feats, flens in self._computed(waves, kwargs):
-            # (the copy to the host waits for the model: the staging memory is free again after it)
             host = feats.float().cpu().numpy()
             for row, (i, n) in enumerate(zip(group, flens.cpu().tolist(), strict=True)):
                 out[i] = host[row, : int(n)]
@@ -150,14 +148,24 @@ class TorchFrontend:
                 frames[i], nonfinite[i] = int(host[0][row]), bool(host[1][row])
         return FrameMoments(frames, dim, total, nonfinite, sum(len(w) for w in waves), computed)
 
-    def _padded(self, rows: int, samples: int) -> Any:
-        """A zeroed ``[rows, samples]`` float32 batch: in reused pinned memory on a GPU
-        (:class:`~espnet3_flows.frontends.pinned.PinnedStaging`), else a new tensor."""
+    def _staged(self, waves: Sequence[np.ndarray], group: list[int]) -> tuple[Any, Any]:
+        """``(speech [rows, longest], lengths [rows])`` of ``group``'s waveforms, zero-padded, on the
+        device: on a GPU assembled in pinned memory and copied on a side stream
+        (:class:`~espnet3_flows.frontends.pinned.PinnedStaging`)."""
+        import numpy as np
         import torch
 
-        if self.device.type != "cuda":
-            return torch.zeros(rows, samples, dtype=torch.float32)
-        return self._staging.take(rows * samples).view(rows, samples).zero_()
+        sizes = [len(waves[i]) for i in group]
+        rows, longest = len(group), max(sizes)
+        gpu = self.device.type == "cuda"
+        speech = self._staging.take(rows * longest).view(rows, longest) if gpu else torch.empty(rows, longest)
+        for row, (i, n) in enumerate(zip(group, sizes, strict=True)):
+            speech[row, :n] = torch.from_numpy(np.asarray(waves[i], dtype=np.float32))
+            speech[row, n:] = 0.0
+        lengths = torch.tensor(sizes, dtype=torch.long)
+        if not gpu:
+            return speech, lengths
+        return self._staging.to_device(speech, self.device), lengths.to(self.device, non_blocking=True)
 
 
 def espnet2_frontend(frontend: Any, device: str = "cpu", max_batch_samples: int = 0,

@@ -52,7 +52,8 @@ def build_embedder(xv: XVectorConfig) -> Any:
 
 def with_precision(embed: Any, device: str, precision: str) -> Any:
     """``embed`` (an `~espnet3_flows.xvector.model.EmbeddingModel`) called in ``precision`` on
-    ``device``, its embeddings float32; its attributes (``encoder``, ``model``) kept."""
+    ``device``, its embeddings float32; its attributes (``encoder``, ``model``) kept, and ``device``
+    set (where `~espnet3_flows.xvector.model.embed_waveforms` assembles the batches)."""
     import torch
 
     from espnet3_flows.frontends.precision import precision_scope
@@ -63,6 +64,7 @@ def with_precision(embed: Any, device: str, precision: str) -> Any:
         return out.float() if isinstance(out, torch.Tensor) else out
 
     run.__dict__.update(getattr(embed, "__dict__", {}))
+    run.device = device  # type: ignore[attr-defined]
     return run
 
 

@@ -278,30 +278,47 @@ def embed_waveforms(
     batch_size: int,
     max_padded_samples: int | None = None,
     ids: Sequence[str] | None = None,
+    device: str | None = None,
 ) -> np.ndarray:
     """Embed ``waves`` (1-D float arrays) with ``model``; returns float32 [N, D] in input order.
 
     Utterances are grouped by `length_sorted_batches`, zero-padded, and passed with relative
     lengths ``len / max_len``. ``ids`` (optional, one per wave) name items in error messages.
+    ``device`` (default: the model's ``device`` attribute, as `~espnet3_flows.xvector.job.with_precision`
+    sets it; else the host): on a CUDA GPU each batch is assembled in pinned memory and copied to the
+    GPU while the model works on the previous one (`~espnet3_flows.frontends.pinned.overlapped`).
     An empty ``waves`` gives an array of shape [0, 0].
     """
+    from espnet3_flows.frontends.pinned import PinnedStaging, overlapped
+
     if ids is not None and len(ids) != len(waves):
         raise ValueError(f"got {len(ids)} ids for {len(waves)} waveforms")
     arrays = [_as_waveform(w, i, ids) for i, w in enumerate(waves)]
     if not arrays:
         return np.zeros((0, 0), dtype=np.float32)
+    device = device or getattr(model, "device", None)
+    staging = PinnedStaging() if device is not None and str(device).startswith("cuda") else None
 
-    result: np.ndarray | None = None
-    for batch in length_sorted_batches([a.shape[0] for a in arrays], batch_size, max_padded_samples):
+    def stage(batch: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = arrays[batch[0]].shape[0]
-        wavs = torch.zeros(len(batch), longest, dtype=torch.float32)
+        wavs = (staging.take(len(batch) * longest).view(len(batch), longest) if staging is not None
+                else torch.empty(len(batch), longest, dtype=torch.float32))
         for row, i in enumerate(batch):
             wavs[row, : arrays[i].shape[0]] = torch.from_numpy(arrays[i])
+            wavs[row, arrays[i].shape[0]:] = 0.0
         wav_lens = torch.tensor([arrays[i].shape[0] / longest for i in batch], dtype=torch.float32)
-        out = model(wavs, wav_lens)
+        return (wavs if staging is None else staging.to_device(wavs, device)), wav_lens
+
+    def launch(batch: list[int], staged: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        out = model(*staged)
         if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != len(batch):
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise XVectorModelError(f"embedding model returned {shape} for a batch of {len(batch)}, expected [B, D]")
+        return out
+
+    batches = length_sorted_batches([a.shape[0] for a in arrays], batch_size, max_padded_samples)
+    result: np.ndarray | None = None
+    for batch, out in zip(batches, overlapped(batches, stage, launch), strict=True):
         emb = out.detach().to("cpu", torch.float32).numpy()
         if result is None:
             result = np.empty((len(arrays), emb.shape[1]), dtype=np.float32)
