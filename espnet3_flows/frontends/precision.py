@@ -7,7 +7,13 @@ mantissa bits). ``tf32`` switches them on: float32 storage, products on tensor c
 ``fp16`` run the model under ``torch.autocast`` to that dtype (and TF32 for what autocast keeps in
 float32). The ``gpu`` benchmark measures each one's speed and its error against float32.
 
-The TF32 switches are torch's process-wide flags: set for the call and restored after it.
+Under autocast on a GPU, torch's cuDNN attention kernels are switched off: cuDNN builds a plan for
+each new shape of its inputs (~200 ms), and padded batches of utterances have a new shape nearly
+every call. Measured on an H200 (HuBERT-base, bf16, batches of 4M samples whose shapes it had not
+seen): 252-1,787x real time with cuDNN's attention, 2,618-3,719x without; on shapes seen before the
+two are within 3 % (``python -m benchmarks.bench_gpu --only hubert``).
+
+These switches are torch's process-wide flags: set for the call and restored after it.
 """
 
 from __future__ import annotations
@@ -38,9 +44,13 @@ def precision_scope(device: Any, precision: str) -> Iterator[None]:
     dtype = AUTOCAST_DTYPES[precision]
     tf32 = precision != "float32"
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    cudnn_attention = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    if dtype is not None and device_type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)  # (a plan per new input shape: see above)
     try:
         with torch.autocast(device_type, dtype=getattr(torch, dtype) if dtype else None, enabled=dtype is not None):
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
