@@ -360,11 +360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"parts to run ({', '.join(PARTS)}; default: all)")
     parser.add_argument("--table", type=Path, metavar="GPU_JSON", help="only print the tables of a gpu.json")
     args = parser.parse_args(argv)
-    if args.table:
-        print(table(json.loads(args.table.read_text())))
+    if args.table:  # (the README's section adds the targets itself: benchmarks.run.section)
+        result = json.loads(args.table.read_text())
+        print(table(result) + "\n\n" + common.targets_table(result.get("targets") or []))
         return 0
     result = run(args.quick, args.device, args.only)
-    print(table(result), flush=True)
+    print(table(result) + "\n\n" + common.targets_table(result["targets"]), flush=True)
     return 1 if result["failures"] else 0
 
 

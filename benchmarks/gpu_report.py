@@ -52,6 +52,32 @@ def sci(value: float | None) -> str:
     return "–" if value is None else f"{value:.1e}"
 
 
+def audio_hours(rows: list[dict[str, Any]]) -> list[tuple[str, float | None, float | None, str]]:
+    """Audio hours per GPU hour of each job's product path (= audio seconds per second), exact
+    float32 and fastest: ``(job, exact, fastest, the fastest's precision and batch)``."""
+    def speed(r: dict[str, Any]) -> float:
+        return r["x_realtime"] if "x_realtime" in r else r["audio_s"] / r["wall_s"]
+
+    def pick(job: str, chosen: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]):
+        if not chosen:
+            return []
+        exact = [speed(r) for r in chosen if r.get("precision", "float32") == "float32"]
+        best = max(chosen, key=speed)
+        return [(job, max(exact) if exact else None, speed(best), label(best))]
+
+    def of(part: str, mode: str | None = None) -> list[dict[str, Any]]:
+        return [r for r in rows if r["part"] == part and (mode is None or r.get("mode") == mode)]
+
+    fbank = [r for r in of("fbank") if r.get("mode", "").startswith(("cuda", "cpu,"))]
+    return (pick("collect-stats, fbank", [r for r in fbank if "moments" in r["mode"]], lambda r: "float32")
+            + pick("fbank features written", [r for r in fbank if "gathered" in r["mode"]], lambda r: "float32")
+            + pick("collect-stats, HuBERT-base", of("hubert", "collect-stats moments"), lambda r: r["precision"])
+            + pick("HuBERT-base features written", of("hubert", "batched"),
+                   lambda r: f"{r['precision']}, {r['max_batch_samples']:,} samples per batch")
+            + pick("x-vectors, ECAPA-TDNN", of("ecapa"), lambda r: f"{r['precision']}, batch {r['batch']}")
+            + pick("x-vectors, RawNet3", of("rawnet3"), lambda r: f"{r['precision']}, batch {r['batch']}"))
+
+
 def table(result: dict[str, Any]) -> str:
     """One table per part."""
     rows = result["rows"]
@@ -89,7 +115,11 @@ def table(result: dict[str, Any]) -> str:
             ["decoding FLAC (load_many)", "utts", "audio s", "audio s/s", "per core used"],
             [[f"{r['threads']} thread(s) of {r['cores']} cores", r["utts"], f"{r['audio_s']:.0f}",
               f"{r['audio_s_per_s']:,.0f}", f"{r['per_core']:,.0f}"] for r in dp]))
-    if result.get("targets"):
-        out.append(common.targets_table(result["targets"]))
+    hours = audio_hours(rows)
+    if hours and any(str(result.get("device") or "").startswith(k) for k in ("NVIDIA", "AMD Instinct")):
+        out.append(common.markdown_table(
+            ["audio hours per GPU hour (product path)", "exact float32", "fastest", "fastest at"],
+            [[job, "–" if exact is None else f"{exact:,.0f}", "–" if fast is None else f"{fast:,.0f}", how]
+             for job, exact, fast, how in hours]))
     out += [f"FAILED {part}: {why}" for part, why in (result.get("failures") or {}).items()]
     return "\n\n".join(out)
