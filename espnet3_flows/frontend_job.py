@@ -10,6 +10,7 @@ from typing import Any
 from collections.abc import Callable, Sequence
 
 from espnet3_flows.frontends.frontend import build_frontend, frontend_modules
+from espnet3_flows.parallel.base_runner import WHOLE_SHARD
 from espnet3_flows.parallel.results import ShardResult
 from espnet3_flows.inputs.audio_config import AudioConfig
 from espnet3_flows.utterance_job import JobEnvProvider, UtteranceRunner, audio_resources, audio_settings
@@ -33,16 +34,22 @@ def frontend_audio(cfg: Any) -> dict[str, Any]:
 class FrontendRunner(UtteranceRunner):
     """A runner of one split of a job with a ``frontend`` config: its resources are
     ``build_resources(cfg)`` (a module-level function, :func:`frontend_resources` and the job's own
-    keys), its batches ``cfg.batch_size``.
+    keys), its batches ``cfg.batch_size``, or with ``whole_shard`` a whole shard per ``forward``
+    call where the frontend makes batches of its own
+    (:meth:`~espnet3_flows.frontends.config.FrontendType.own_batches`).
 
     Args:
         cfg: The job's config (``manifests``, ``frontend``, ``batch_size`` and the engine's keys).
         split: The split this runner computes.
         build_resources: Builds the worker's resources of ``forward`` (ESPnet3's "env").
+        whole_shard: Whether ``forward`` may take a whole shard (a job that keeps no features of
+            a call: their memory is the frontend's batches', not the shard's).
     """
 
-    def __init__(self, cfg: Any, split: str, build_resources: Callable[[Any], dict[str, Any]], **kwargs: Any):
-        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_resources), batch_size=cfg.batch_size,
+    def __init__(self, cfg: Any, split: str, build_resources: Callable[[Any], dict[str, Any]],
+                 whole_shard: bool = False, **kwargs: Any):
+        batch_size = WHOLE_SHARD if whole_shard and cfg.frontend.kind.own_batches(cfg.frontend) else cfg.batch_size
+        super().__init__(cfg, split, cfg.manifests[split], JobEnvProvider(cfg, build_resources), batch_size=batch_size,
                          **kwargs)
 
     def input_audio(self) -> tuple[str, AudioConfig]:

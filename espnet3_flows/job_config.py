@@ -49,7 +49,13 @@ class InputsConfig(SplitsConfig):
     """The input and output keys of jobs configured like collect-stats (a manifest per split).
 
     Attributes:
-        batch_size: Utterances per ``forward`` call.
+        batch_size: Utterances per ``forward`` call. In collect-stats without
+            ``write_collected_feats``, a frontend that makes its own batches
+            (``frontend.max_batch_samples`` above 0 for ``model`` and ``espnet2``, ``fbank`` on a
+            GPU) takes a whole shard per call instead, so that its batches are full and
+            length-sorted over the shard (padding: ``summary.json``'s ``padding_fraction``); the
+            shard's audio is then in memory at once (float32: ``shard_size`` x mean seconds x
+            64 KB at 16 kHz, ~0.6 GB for 1,000 utterances of 10 s).
         demo_utterances: Size of the generated demo corpus when ``manifests`` is empty.
     """
 

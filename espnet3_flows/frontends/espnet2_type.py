@@ -78,6 +78,9 @@ class Espnet2Type(FrontendType):
             return fast if espnet2_module.espnet_version() in VERIFIED_ESPNET else (*fast, *espnet2)  # (the latter for its probe)
         return espnet2
 
+    def own_batches(self, cfg: FrontendConfig) -> str:
+        return "padded" if cfg.max_batch_samples > 0 and not fast_default(cfg) else ""
+
     def label(self, cfg: FrontendConfig) -> str:
         return f"espnet2-{cfg.name}"
 

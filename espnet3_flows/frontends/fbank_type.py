@@ -77,6 +77,9 @@ class FbankType(FrontendType):
     def modules(self, cfg: FrontendConfig) -> tuple[str, ...]:
         return ("lhotse",)  # its framing and config
 
+    def own_batches(self, cfg: FrontendConfig) -> str:
+        return "gathered" if cfg.device != "cpu" else ""
+
     def build(self, cfg: FrontendConfig) -> Frontend:
         return FbankFrontend(cfg)
 

@@ -44,6 +44,9 @@ class ModelType(FrontendType):
         target = str((cfg.model or {}).get("_target_") or "")
         return (target.rpartition(".")[0],) if "." in target else ()
 
+    def own_batches(self, cfg: FrontendConfig) -> str:
+        return "padded" if cfg.max_batch_samples > 0 else ""
+
     def build(self, cfg: FrontendConfig) -> Frontend:
         return model_frontend(instantiate(cfg.model, "frontend.model"), cfg.device, cfg.max_batch_samples,
                               cfg.precision)

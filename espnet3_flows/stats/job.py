@@ -12,6 +12,7 @@ from espnet3_flows.config import to_plain
 from espnet3_flows.errors import BadItemError
 from espnet3_flows.frontend_job import FrontendRunner, count_native_rate, frontend_resources
 from espnet3_flows.frontends.frontend import MomentsBatch, extract_features, extract_moments
+from espnet3_flows.parallel.base_runner import WHOLE_SHARD
 from espnet3_flows.sharding import Shard
 from espnet3_flows.stats.accumulator import StatsAccumulator
 from espnet3_flows.stats.tokens import TokenConfig
@@ -43,7 +44,9 @@ class CollectStatsRunner(FrontendRunner):
     """Per shard: feature shapes, exact count/mean/M2, optional Kaldi ark/scp of the features."""
 
     def __init__(self, cfg: CollectStatsConfig, split: str, **kwargs: Any):
-        super().__init__(cfg, split, build_resources, **kwargs)
+        # without features written, a call's features are summed up where they are computed: a
+        # frontend with batches of its own gets a whole shard, its batches full and least padded
+        super().__init__(cfg, split, build_resources, whole_shard=not cfg.write_collected_feats, **kwargs)
 
     def hash_config(self) -> Mapping[str, Any]:
         fe = self.cfg.frontend.hashed()
@@ -54,6 +57,8 @@ class CollectStatsRunner(FrontendRunner):
             hashed["tokens"] = self.cfg.tokens.hashed()
         if self.cfg.write_collected_feats and self.cfg.collected_feats_format != "ark":
             hashed["collected_feats_format"] = self.cfg.collected_feats_format
+        if self.batch_size == WHOLE_SHARD and self.cfg.frontend.kind.own_batches(self.cfg.frontend) == "padded":
+            hashed["batches"] = "per shard"  # (which utterances share a padded batch may change features)
         return hashed
 
     # -- worker side --
