@@ -95,28 +95,20 @@ def _kept(state: Any, returned: Any) -> Any:
 
 def _forward_checked(runner: ShardRunner, idx: Any, kwargs: dict[str, Any], resources: Mapping[str, Any],
                      skipped: list[dict[str, Any]]) -> list[Any]:
-    """``forward``'s result for ``idx`` (a list, one result or none): a bad item is found and
-    skipped or raised per ``on_error``; a batch with a bad item runs again without it."""
+    """``forward``'s results for ``idx`` (a list of them, or none): a bad item is found and skipped
+    or raised per ``on_error``. A batch with a bad item is cut in halves, each run again (cut
+    again where it fails), so the good items keep being computed in batches: one bad item of a
+    whole shard's call costs about two more passes over the shard, not a call per item."""
     try:
         return [runner.forward(idx, **kwargs)]
     except runner.item_errors as exc:
         if isinstance(idx, list) and len(idx) > 1:
-            kept = [i for i in idx if not _item_fails(runner, i, kwargs, resources, skipped)]
-            return [runner.forward(kept, **kwargs)] if kept else []
+            half = len(idx) // 2
+            return (_forward_checked(runner, idx[:half], kwargs, resources, skipped)
+                    + _forward_checked(runner, idx[half:], kwargs, resources, skipped))
         first = idx[0] if isinstance(idx, list) else idx
         _bad_item(runner, first, resources, exc, skipped)
         return []
-
-
-def _item_fails(runner: ShardRunner, item: Any, kwargs: dict[str, Any], resources: Mapping[str, Any],
-                skipped: list[dict[str, Any]]) -> bool:
-    """True when ``item`` alone fails ``forward`` (it is then skipped or raised per policy)."""
-    try:
-        runner.forward([item], **kwargs)
-        return False
-    except runner.item_errors as exc:
-        _bad_item(runner, item, resources, exc, skipped)
-        return True
 
 
 def _bad_item(runner: ShardRunner, item: Any, resources: Mapping[str, Any], exc: BaseException,

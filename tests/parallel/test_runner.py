@@ -255,3 +255,52 @@ def test_get_env_is_the_earlier_name_of_worker_resources():
     assert get_env is worker_resources
     provider = ArrayProvider({"n": 3})
     assert sorted(get_env(provider, local=True)) == ["data", "kill_at", "kill_marker", "pid", "scale"]
+
+
+BAD = {7, 40, 41}
+CALLS: list[list[int]] = []
+
+
+class BadItemsRunner(ScaleSumRunner):
+    """``forward`` over a list fails as a whole when it holds an item of ``BAD`` (a model that
+    finds a corrupt utterance mid-batch); every call is recorded."""
+
+    @staticmethod
+    def forward(idx, data, scale, kill_marker, kill_at):
+        from espnet3_flows.errors import BadItemError
+
+        CALLS.append(list(idx))
+        bad = sorted(BAD.intersection(idx))
+        if bad:
+            raise BadItemError(f"item {bad[0]} is corrupt")
+        return [(i, float(scale * data[i])) for i in idx]
+
+
+def test_a_whole_shard_with_bad_items_is_cut_in_halves_not_into_single_items(tmp_path):
+    from espnet3_flows.parallel.base_runner import WHOLE_SHARD
+
+    CALLS.clear()
+    runner = BadItemsRunner(ArrayProvider({"n": N}), batch_size=WHOLE_SHARD, output_dir=str(tmp_path),
+                            shard_size=1000, on_error="skip")
+    out = runner.run(range(N), progress=False)
+    assert len(out.plan.shards) == 1 and out.merged["n"] == N - len(BAD)
+    assert out.merged["sum"] == pytest.approx(3.0 * 0.5 * sum(set(range(N)) - BAD))
+    lines = (tmp_path / out.plan.shards[0].name / "values.txt").read_text().splitlines()
+    assert [int(line.split()[0]) for line in lines] == sorted(set(range(N)) - BAD)  # in order
+    done = json.loads((tmp_path / out.plan.shards[0].name / DONE).read_text())
+    assert [s["idx"] for s in done["skipped"]] == sorted(BAD)
+    # halves of halves: 53 items, three bad in two places: 23 calls over 210 items, each call batched
+    # (a call per item, as before: 55 calls over 156 items, 53 of them alone)
+    assert len(CALLS) <= 2 * len(BAD) * (N - 1).bit_length() + 1, CALLS
+    assert sum(len(c) for c in CALLS) <= 4 * N, CALLS  # about 2 passes over the shard per bad place
+    assert all([b] in CALLS for b in BAD)  # each bad item was found alone
+
+
+def test_a_bad_item_in_a_batch_fails_the_run_naming_it_under_on_error_fail(tmp_path):
+    from espnet3_flows.errors import ItemFailure
+    from espnet3_flows.parallel.base_runner import WHOLE_SHARD
+
+    runner = BadItemsRunner(ArrayProvider({"n": N}), batch_size=WHOLE_SHARD, output_dir=str(tmp_path),
+                            shard_size=1000)
+    with pytest.raises(ItemFailure, match="item 7"):
+        runner.run(range(N), progress=False)
