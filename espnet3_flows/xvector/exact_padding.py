@@ -5,9 +5,9 @@ every "same" convolution pads each utterance by reflection when it runs alone, b
 padding's features when batched; and a relative length `len / max_len` can turn into one frame too
 many in the masks of InputNormalization, SE blocks and attentive pooling (`arange < rel * T`
 with rel * T = 254.05 for an utterance of 254 frames).
-`PaddingAligner` fixes both: it gives encode_batch frame-exact relative lengths, and forward
-pre-hooks on every "same"-padded speechbrain Conv1d overwrite the frames just past each
-utterance's end with what that convolution's own padding would have put there.
+`PaddingAligner` fixes both: it gives encode_batch frame-exact relative lengths, and every
+"same"-padded speechbrain Conv1d, while it encodes, pads its input and overwrites the frames just
+past each utterance's end with what its own padding would have put there, in one gather.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SUPPORTED_PADDING_MODES = ("reflect", "replicate", "circular", "zeros", "constant")
-# Layers that mix time steps in ways the hooks cannot align; their presence disables exact padding.
+# Layers that mix time steps in ways the aligned convolutions cannot follow; their presence disables exact padding.
 _UNALIGNABLE_LAYERS = (
     torch.nn.RNNBase,
     torch.nn.MultiheadAttention,
@@ -84,34 +84,34 @@ def alignment_problem(encoder: Any) -> str | None:
     return None
 
 
-def _fill_past_end(x: torch.Tensor, frames: torch.Tensor, time_dim: int, mode: str) -> torch.Tensor:
-    """Copy of ``x`` whose frames at and after each utterance's end hold its own padding values."""
-    n_time = x.shape[time_dim]
-    t = torch.arange(n_time, device=x.device).unsqueeze(0)  # [1, T]
+def padded_past_ends(x: torch.Tensor, frames: torch.Tensor, halo: int, mode: str) -> torch.Tensor:
+    """``x [B, C, T]`` padded by ``halo`` frames on each side, each utterance's frames (the first
+    ``frames[b]``) bordered by what a "same" convolution pads that utterance with alone (``mode``,
+    as ``F.pad``): one gather, the input of the convolution's own product (speechbrain's
+    ``Conv1d`` pads by a copy of its own). Frames more than ``halo`` past an utterance's end
+    hold any of its frames: its outputs there are cut off."""
+    n_time = x.shape[2]
+    t = torch.arange(-halo, n_time + halo, device=x.device).unsqueeze(0)  # [1, T + 2 halo]
     ends = frames.to(x.device).unsqueeze(1)  # [B, 1]
-    inside = t < ends
-    if mode in ("zeros", "constant"):
-        shape = [x.shape[0], 1, 1]
-        shape[time_dim] = n_time
-        return x * inside.reshape(shape).to(x.dtype)
     if mode == "reflect":
-        src = (2 * (ends - 1) - t).clamp(min=0)
+        src = torch.where(t < 0, -t, torch.where(t < ends, t, 2 * (ends - 1) - t))
     elif mode == "replicate":
-        src = (ends - 1).expand_as(t)
-    else:  # circular
-        src = t % ends
-    src = torch.where(inside, t, src)  # [B, T]
-    if time_dim == 2:
-        index = src.unsqueeze(1).expand(-1, x.shape[1], -1)
-    else:
-        index = src.unsqueeze(2).expand(-1, -1, x.shape[2])
-    return torch.gather(x, time_dim, index)
+        src = torch.where(t < ends, t.clamp(min=0), ends - 1)
+    elif mode == "circular":
+        src = torch.remainder(t, ends)
+    else:  # zeros, constant: masked below
+        src = t.expand(ends.shape[0], -1)
+    src = src.clamp(0, n_time - 1)
+    out = torch.gather(x, 2, src.unsqueeze(1).expand(-1, x.shape[1], -1))
+    if mode in ("zeros", "constant"):
+        out = out * ((t >= 0) & (t < ends)).unsqueeze(1).to(out.dtype)
+    return out
 
 
 class PaddingAligner:
     """Encodes zero-padded waveform batches with a speechbrain encoder, frame-exactly.
 
-    Built once per encoder (hooks are installed on it and stay dormant outside ``encode``).
+    Built once per encoder (its convolutions' aligned forwards stay dormant outside ``encode``).
     ``encode`` is thread-safe: the frame lengths live in thread-local storage.
     """
 
@@ -121,30 +121,31 @@ class PaddingAligner:
         problem = alignment_problem(encoder)
         if problem is not None:
             raise ValueError(f"exact padding is not possible for this encoder: {problem}")
-        self._encoder = weakref.ref(encoder)  # the encoder owns the hooks; no cycle through the cache
+        self._encoder = weakref.ref(encoder)  # the encoder owns the forwards; no cycle through the cache
         self.hop = int(encoder.mods.compute_features.compute_STFT.hop_length)
         self._lengths = _FrameLengths()
         self.halo = 0
         for module in encoder.mods.embedding_model.modules():
             if isinstance(module, SbConv1d) and module.kernel_size > 1:
                 self.halo = max(self.halo, _conv_halo(module))
-                module.register_forward_pre_hook(self._make_hook(module))
+                module.forward = self._aligned_forward(module)
 
-    def _make_hook(self, conv: Any):
-        time_dim = 2 if conv.skip_transpose else 1
+    def _aligned_forward(self, conv: Any):
+        """``conv``'s forward while :meth:`encode` runs in this thread: its input padded and
+        filled past each utterance's end in one gather (:func:`padded_past_ends`), then its
+        product; otherwise speechbrain's own."""
+        own, lengths = conv.forward, self._lengths
         halo, mode = _conv_halo(conv), conv.padding_mode
-        lengths = self._lengths
 
-        def hook(_module: Any, args: tuple) -> tuple | None:
+        def forward(x: torch.Tensor) -> torch.Tensor:
             frames = lengths.frames
-            if frames is None or halo == 0:
-                return None
-            x = args[0]
-            if x.dim() != 3 or x.shape[0] != frames.shape[0]:
-                return None
-            return (_fill_past_end(x, frames, time_dim, mode),) + tuple(args[1:])
+            if frames is None or halo == 0 or x.dim() != 3 or x.shape[0] != frames.shape[0]:
+                return own(x)
+            channels_first = x if conv.skip_transpose else x.transpose(1, -1)  # [B, C, T]
+            out = conv.conv(padded_past_ends(channels_first, frames, halo, mode))
+            return out if conv.skip_transpose else out.transpose(1, -1)
 
-        return hook
+        return forward
 
     def encode(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
         """``encoder.encode_batch`` on zero-padded ``wavs`` [B, T] with relative ``wav_lens`` [B].
@@ -160,7 +161,7 @@ class PaddingAligner:
             return encoder.encode_batch(wavs, torch.ones_like(wav_lens))  # no padding to align
         frames = samples // self.hop + 1  # frames of a centered STFT over each utterance alone
         # Extra zeros so that every utterance, the longest included, ends `halo` frames before the
-        # tensor does: the hooks then fill each halo and the convs' own padding never matters.
+        # tensor does: the aligned convolutions then fill each halo and the tensor's padding never matters.
         extra = self.halo * self.hop
         padded = torch.nn.functional.pad(wavs, (0, extra))
         n_frames = (n_samples + extra) // self.hop + 1
@@ -175,7 +176,7 @@ class PaddingAligner:
             self._lengths.frames = None
 
 
-# One aligner (one set of hooks) per encoder, however many embedders wrap it.
+# One aligner (one set of aligned convolutions) per encoder, however many embedders wrap it.
 _ALIGNERS: weakref.WeakKeyDictionary[Any, PaddingAligner] = weakref.WeakKeyDictionary()
 
 

@@ -274,3 +274,19 @@ def test_exact_padding_for_tdnn_xvector_with_statistics_pooling() -> None:
     waves = make_waves(7, seed=5)
     batched = embed_waveforms(speechbrain_embedder(encoder, exact_padding=True), waves, batch_size=4)
     assert cosine_rows(batched, encode_alone(encoder, waves)).min() >= 0.9999
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular", "zeros"])
+def test_one_gather_pads_each_utterance_as_its_convolution_alone(mode: str) -> None:
+    """What the aligned convolutions compute on (``exact_padding.padded_past_ends``): each
+    utterance's frames and ``halo`` frames either side equal ``F.pad`` of the utterance alone."""
+    from espnet3_flows.xvector.exact_padding import padded_past_ends
+
+    torch.manual_seed(0)
+    halo, frames = 4, torch.tensor([30, 9, 17, 5])
+    x = torch.randn(4, 3, 30 + halo)
+    out = padded_past_ends(x, frames, halo, mode)
+    assert out.shape == (4, 3, 30 + 3 * halo)
+    for b, n in enumerate(frames.tolist()):
+        alone = torch.nn.functional.pad(x[b:b + 1, :, :n], (halo, halo), mode="constant" if mode == "zeros" else mode)
+        assert torch.equal(out[b:b + 1, :, : n + 2 * halo], alone), b
