@@ -6,8 +6,11 @@ Parts (``--only``), each timed through the product's own code on ``--device``:
 - ``hubert``: collect-stats features of a HuBERT-base-sized model (``torchaudio.models.hubert_base``
   built from its config, random weights: ``espnet3_flows.frontends.ssl.SSLFeatures``) through
   ``frontend.type: model``: one utterance at a time vs padded batches (``max_batch_samples``),
-  float32 vs ``bf16`` / ``fp16`` autocast; audio-seconds per second, peak GPU memory, and the
-  error of each against float32 one at a time (max |Δ| / max |ref| and relative RMS).
+  float32 vs ``bf16`` / ``fp16`` autocast; audio-seconds per second, the model's achieved TFLOP/s
+  (its FLOPs per audio second, counted on the CPU by ``torch.utils.flop_counter``, times that), the
+  padding of the batches, the share of the product path's time the model alone does not take
+  (host work: staging, copies, cutting), peak GPU memory, and the error of each against float32
+  one at a time (max |Δ| / max |ref| and relative RMS).
 - ``fbank``: 80-dim lhotse fbank through ``frontend.device`` (frames of a call's utterances
   gathered into one matrix: ``FastFbank.batch``) vs the CPU path on one core; the collect-stats
   sums (float64) of both.
@@ -47,7 +50,8 @@ import torch
 
 from benchmarks import common
 from benchmarks.gpu_measure import (
-    feature_error, min_cosine, moments_error, peak_memory_mb, profile_table, reset_peak, timed,
+    feature_error, flops_per_audio_second, min_cosine, moments_error, padding_fraction, peak_memory_mb, profile_table,
+    reset_peak, timed,
 )
 from benchmarks.gpu_report import table, targets
 
@@ -75,12 +79,14 @@ def part_hubert(device: str, quick: bool) -> dict[str, Any]:
 
     torch.manual_seed(0)
     model = SSLFeatures("hubert_base")
+    flops = flops_per_audio_second(model)  # (per audio second: x real time makes it FLOP/s)
     # (quick: bf16 on a CPU without bf16 matrix units runs at ~0.1x real time)
     data = waves(2 if quick else 384, 0.5 if quick else 2, 1 if quick else 16, seed=1)
     subset = data if quick else data[:48]
     batch_sizes = [64_000] if quick else [4_000_000, 16_000_000]
     precisions = ["float32", "tf32", "bf16", "fp16"] if device.startswith("cuda") else ["float32", "bf16"]
     rows: list[dict[str, Any]] = []
+    lengths = [len(w) for w in data]
     alone = model_frontend(model, device)
     alone(subset[:1], {})  # warm-up: kernels, cuDNN plans
     elapsed, ref = timed(device, lambda: alone(subset, {}))
@@ -98,7 +104,8 @@ def part_hubert(device: str, quick: bool) -> dict[str, Any]:
             err = feature_error(frontend(subset, {}), ref)
             rows.append({"part": "hubert", "mode": "batched", "precision": precision, "max_batch_samples": mbs,
                          "utts": len(data), "audio_s": seconds(data), "wall_s": elapsed,
-                         "x_realtime": seconds(data) / elapsed, "peak_mb": peak, **err})
+                         "x_realtime": seconds(data) / elapsed, "peak_mb": peak, **err,
+                         "padding": padding_fraction(frontend.batches(lengths), lengths)})
     for precision in ("float32", "bf16"):  # collect-stats: only the moments come back
         frontend = model_frontend(model, device, batch_sizes[-1], precision)
         frontend.moments(data[:2], {})
@@ -106,7 +113,8 @@ def part_hubert(device: str, quick: bool) -> dict[str, Any]:
         rows.append({"part": "hubert", "mode": "collect-stats moments", "precision": precision,
                      "max_batch_samples": batch_sizes[-1], "utts": len(data), "audio_s": seconds(data),
                      "wall_s": elapsed, "x_realtime": seconds(data) / elapsed, "peak_mb": None,
-                     **moments_error(frontend.moments(subset, {}).moments, ref)})
+                     **moments_error(frontend.moments(subset, {}).moments, ref),
+                     "padding": padding_fraction(frontend.batches(lengths), lengths)})
     # the model alone on padded batches already on the device: what the frontend's host work costs
     frontend = model_frontend(model, device, batch_sizes[-1])
     groups = frontend.batches([len(w) for w in data])
@@ -134,7 +142,10 @@ def part_hubert(device: str, quick: bool) -> dict[str, Any]:
     profile = profile_table(device, lambda: model_only(low))
     print(f"[gpu] hubert: busiest operators, {low}, model only:\n{profile}", flush=True)
     batches.clear()  # (their device memory)
-    return {"rows": rows, "model_parameters": sum(p.numel() for p in model.parameters()), "profile": profile}
+    for row in rows:
+        row["tflops"] = flops * row["x_realtime"] / 1e12
+    return {"rows": rows, "model_parameters": sum(p.numel() for p in model.parameters()), "profile": profile,
+            "gflop_per_audio_s": flops / 1e9}
 
 
 def part_fbank(device: str, quick: bool) -> dict[str, Any]:

@@ -91,3 +91,27 @@ def moments_error(moments: Any, ref: Sequence[np.ndarray]) -> dict[str, float]:
     var, ref_var = m2 / count, acc.variance()
     return {"stats_rel_diff": float(max(np.abs(mean - acc.mean).max() / np.abs(acc.mean).max(),
                                         np.abs(var - ref_var).max() / np.abs(ref_var).max()))}
+
+
+def flops_per_audio_second(model: torch.nn.Module, samples: int = 8 * 16000) -> float:
+    """Floating-point operations per audio second of ``model.collect_feats`` on one utterance of
+    ``samples`` samples (8 s at 16 kHz: attention grows with length), counted by
+    ``torch.utils.flop_counter`` on the CPU (matrix products, convolutions, attention): what a
+    GPU's achieved FLOP/s is computed from. (Under ``no_grad``: the counter fails on weight-norm
+    parametrizations under ``inference_mode``.)"""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    device = next(model.parameters()).device
+    model.to("cpu")
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model.collect_feats(torch.zeros(1, samples), torch.tensor([samples]))
+    finally:
+        model.to(device)
+    return float(counter.get_total_flops()) * 16000 / samples
+
+
+def padding_fraction(groups: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
+    """The share of padding in the samples of padded batches ``groups`` (positions into ``lengths``)."""
+    computed = sum(len(g) * max(lengths[i] for i in g) for g in groups)
+    return 1.0 - sum(lengths[i] for g in groups for i in g) / computed if computed else 0.0

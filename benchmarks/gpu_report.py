@@ -84,11 +84,19 @@ def table(result: dict[str, Any]) -> str:
     out = [f"Device: {result.get('device')}"]
     hub = [r for r in rows if r["part"] == "hubert"]
     if hub:
+        alone = {r["precision"]: r["x_realtime"] for r in hub if r["mode"].startswith("model only")}
+
+        def host_share(r: dict[str, Any]) -> str:  # of the product path's time: what the model alone does not take
+            model = alone.get(r["precision"]) if r["mode"] in ("batched", "collect-stats moments") else None
+            return "–" if not model else f"{max(0.0, 1 - r['x_realtime'] / model):.0%}"
+
         out.append(common.markdown_table(
-            ["HuBERT-base", "precision", "max_batch_samples", "audio s", "x real time", "peak MB", "max |Δ|/max", "rel RMS",
-             "stats rel. diff"],
+            ["HuBERT-base", "precision", "max_batch_samples", "audio s", "x real time", "TFLOP/s", "padding",
+             "host share", "peak MB", "max |Δ|/max", "rel RMS", "stats rel. diff"],
             [[r["mode"], r["precision"], r["max_batch_samples"], f"{r['audio_s']:.0f}", f"{r['x_realtime']:,.0f}",
-              common.fmt(r["peak_mb"], 0), sci(r.get("max_rel")), sci(r.get("rel_rms")), sci(r.get("stats_rel_diff"))]
+              common.fmt(r.get("tflops"), 1), "–" if r.get("padding") is None else f"{r['padding']:.1%}",
+              host_share(r), common.fmt(r["peak_mb"], 0), sci(r.get("max_rel")), sci(r.get("rel_rms")),
+              sci(r.get("stats_rel_diff"))]
              for r in hub]))
     fb = [r for r in rows if r["part"] == "fbank"]
     if fb:
