@@ -170,9 +170,9 @@ class FrontendConfig:
         max_batch_samples: For ``model`` and ``espnet2``: 0 runs the model on one utterance at
             a time, so features never depend on padding (ESPnet2's padded batches shift the last
             frames of ``center=True`` STFTs); above 0, utterances are length-sorted within each
-            ``forward`` call (collect-stats without written features: within each shard) and
-            padded into batches of at most this many samples (batch x longest; padding 1.7 % of
-            a test's shard of 300 utterances of 0.5-2 s, 15.8 % in calls of 16): faster on a GPU, features of the shorter
+            ``forward`` call (collect-stats without written features: within each shard, so
+            that batches are full) and padded into batches of at most this many samples (batch x
+            longest) and at most 5 % padding: faster on a GPU, features of the shorter
             utterances of a batch may differ in their last frames. Not used by ``default``'s fast path (always one utterance at a
             time on one CPU thread: padding would only add work). For ``fbank`` on a GPU: the most
             samples computed together (0: 16M, ~17 min of 16 kHz audio); batching never changes

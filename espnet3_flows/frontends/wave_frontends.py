@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 #: Version of how model and ESPnet2 frontends are run (one utterance per call unless batched)
 TORCH_FRONTEND_IMPLEMENTATION = "espnet3_flows.stats.frontend.TorchFrontend/1"
+#: The most padding a padded batch of :meth:`TorchFrontend.batches` holds, as a share of its samples
+MAX_PADDING = 0.05
 
 
 class PerUtterance:
@@ -86,15 +88,21 @@ class TorchFrontend:
             module.eval()
 
     def batches(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Positions grouped into calls: alone, or length-sorted up to ``max_batch_samples``."""
+        """Positions grouped into calls: alone, or length-sorted into padded batches of at most
+        ``max_batch_samples`` samples (batch x longest) and :data:`MAX_PADDING` of padding."""
         if self.max_batch_samples <= 0:
             return [[i] for i in range(len(lengths))]
         groups: list[list[int]] = []
+        total = 0  # the samples of the last group
         for i in sorted(range(len(lengths)), key=lambda k: lengths[k]):
-            if groups and (len(groups[-1]) + 1) * lengths[i] <= self.max_batch_samples:
+            n = int(lengths[i])
+            padded = (len(groups[-1]) + 1) * n if groups else 0  # (ascending: n is the longest)
+            if groups and padded <= self.max_batch_samples and total + n >= (1 - MAX_PADDING) * padded:
                 groups[-1].append(i)
+                total += n
             else:
                 groups.append([i])
+                total = n
         return groups
 
     def _computed(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> Iterator[tuple[list[int], Any, Any]]:
@@ -181,6 +189,8 @@ def espnet2_frontend(frontend: Any, device: str = "cpu", max_batch_samples: int 
 
 def torch_batching(cfg: FrontendConfig) -> dict[str, Any]:
     """What of a torch frontend's run decides its features, for the shard hashes (``precision``
-    only when set: float32 shards keep the hashes they had before precision existed)."""
+    only when set: float32 shards keep the hashes they had before precision existed; the padding
+    bound of the batches only where there are batches)."""
     return {"max_batch_samples": cfg.max_batch_samples, "implementation": TORCH_FRONTEND_IMPLEMENTATION,
-            **({"precision": cfg.precision} if cfg.precision != "float32" else {})}
+            **({"precision": cfg.precision} if cfg.precision != "float32" else {}),
+            **({"max_padding": MAX_PADDING} if cfg.max_batch_samples > 0 else {})}

@@ -108,7 +108,7 @@ def test_a_torch_frontends_moments_equal_its_features_accumulated_on_the_host(ma
 
 
 def test_a_torch_frontends_nan_is_flagged_and_its_batch_not_counted():
-    waves = [np.zeros(400, np.float32), np.ones(800, np.float32)]
+    waves = [np.zeros(780, np.float32), np.ones(800, np.float32)]  # (one batch: 2.5 % padding)
     module = _Frames(poison=True)
     frontend = TorchFrontend(lambda s, n, kw: module(s, n), module, "cpu", 10 ** 6)
     got = frontend.moments(waves, {})
@@ -147,10 +147,10 @@ def test_dithered_fbank_moments_take_each_utterance_alone():
 def test_a_torch_frontend_counts_the_samples_it_computed_padding_included():
     module = _Frames()
     frontend = TorchFrontend(lambda s, n, kw: module(s, n), module, "cpu", max_batch_samples=700)
-    waves = [np.zeros(n, np.float32) for n in (1000, 100, 300)]
+    waves = [np.zeros(n, np.float32) for n in (1000, 290, 300)]
     assert frontend.batches([len(w) for w in waves]) == [[1, 2], [0]]  # 2 x 300 fit in 700, 3 x 1000 do not
     got = frontend.moments(waves, {})
-    assert (got.samples, got.computed_samples) == (1400, 2 * 300 + 1000)
+    assert (got.samples, got.computed_samples) == (1590, 2 * 300 + 1000)
 
 
 def test_gathered_fbank_frames_compute_no_padding():

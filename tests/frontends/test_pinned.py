@@ -37,3 +37,4 @@ def test_a_failing_batch_fails_after_the_batches_before_it_were_handed_over():
         for result in overlapped(range(4), lambda b: b, launch):
             got.append(result)
     assert got == [0, 1]
+
