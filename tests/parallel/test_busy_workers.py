@@ -117,3 +117,31 @@ def test_a_hundred_slow_items_run_on_every_worker(tmp_path):
         range(100), parallel={"env": "local", "n_workers": 4}, progress=False)
     assert len(out.merged) == 4, f"every worker computed shards: {len(out.merged)} did"
     assert len(out.plan.shards) >= 8
+
+
+@pytest.mark.dask
+def test_local_gpu_starts_a_worker_per_gpu_and_every_one_computes_shards(monkeypatch, tmp_path):
+    """Issue 62, part 5, on the CPU: with three GPUs counted (a fake count) and ``parallel.env:
+    local_gpu`` (dask-cuda's cluster stood in for by a ``LocalCluster`` that, as dask-cuda does,
+    starts a worker per GPU), a small split is cut for three workers and every one of them computes
+    shards. (On a GPU, each worker's own device: ``tests/parallel/test_local_gpu.py``.)"""
+    import importlib.machinery
+    import sys
+    import types
+
+    from distributed import LocalCluster
+
+    gpus = 3
+
+    def local_cuda_cluster(n_workers=None, **kwargs):
+        return LocalCluster(n_workers=n_workers or gpus, **kwargs)
+
+    module = types.ModuleType("dask_cuda")
+    module.__spec__ = importlib.machinery.ModuleSpec("dask_cuda", None)
+    module.LocalCUDACluster = local_cuda_cluster
+    monkeypatch.setitem(sys.modules, "dask_cuda", module)
+    monkeypatch.setattr("espnet3_flows.parallel.backends.local_gpu.visible_gpu_count", lambda: gpus)
+    out = SlowPidRunner(ArrayProvider({"n": 60}), output_dir=str(tmp_path)).run(
+        range(60), parallel={"env": "local_gpu"}, progress=False)
+    assert len(out.plan.shards) >= 2 * gpus
+    assert len(out.merged) == gpus, f"every GPU's worker computed shards: {len(out.merged)} did"
