@@ -172,7 +172,7 @@ class FrontendConfig:
             frames of ``center=True`` STFTs); above 0, utterances are length-sorted within each
             ``forward`` call (collect-stats without written features: within each shard, so
             that batches are full) and padded into batches of at most this many samples (batch x
-            longest) and at most 5 % padding: faster on a GPU, features of the shorter
+            longest), a batch a quarter full closing before 5 % of padding: faster on a GPU, features of the shorter
             utterances of a batch may differ in their last frames. Not used by ``default``'s fast path (always one utterance at a
             time on one CPU thread: padding would only add work). For ``fbank`` on a GPU: the most
             samples computed together (0: 16M, ~17 min of 16 kHz audio); batching never changes

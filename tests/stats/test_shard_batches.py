@@ -1,8 +1,8 @@
 """A frontend that makes its own batches gets a whole shard per ``forward`` call, so that its
 padded batches are full and hold utterances of nearly one length (issue 62, part 2): here 36
 batches of 177k samples on average (of 200k at most) with 1.4 % padding, where calls of
-``batch_size`` utterances, as before, gave 133 batches of 48k; the padding, measured in
-``summary.json``, is at most 5 % either way (``TorchFrontend.batches``)."""
+``batch_size`` utterances, as before, gave 86 batches of 74k with 7.3 % padding
+(``TorchFrontend.batches``); the shard's padding is measured in ``summary.json``."""
 
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ def test_a_batching_frontend_takes_a_whole_shard_and_pads_it_by_at_most_five_per
     lengths = [sf.info(line.split("\t")[1]).frames for line in manifest.read_text().splitlines()]
     whole, per_16 = batches(lengths, len(lengths)), batches(lengths, 16)
     assert abs(summary["padding_fraction"] - whole[1]) < 1e-6
-    assert summary["padding_fraction"] <= 0.05 and per_16[1] <= 0.05
+    assert summary["padding_fraction"] <= 0.05 < per_16[1]
     assert sum(lengths) / whole[0] >= 0.8 * MAX_BATCH_SAMPLES  # full batches
-    assert whole[0] * 3 < per_16[0]  # what 16 utterances per call gave: 3.7 times as many batches
+    assert whole[0] * 2 < per_16[0]  # what 16 utterances per call gave: 2.4 times as many batches
 
     assert runner.hash_config()["batches"] == "per shard"  # (padded batches: their grouping is hashed)
 
