@@ -286,7 +286,8 @@ def embed_waveforms(
     lengths ``len / max_len``. ``ids`` (optional, one per wave) name items in error messages.
     ``device`` (default: the model's ``device`` attribute, as `~espnet3_flows.xvector.job.with_precision`
     sets it; else the host): on a CUDA GPU each batch is assembled in pinned memory and copied to the
-    GPU while the model works on the previous one (`~espnet3_flows.frontends.pinned.overlapped`).
+    GPU while the model works on the previous one (`~espnet3_flows.frontends.pinned.overlapped`),
+    unless the model says it takes its batches on the host (a true ``host_input`` attribute).
     An empty ``waves`` gives an array of shape [0, 0].
     """
     from espnet3_flows.frontends.pinned import PinnedStaging, overlapped
@@ -296,7 +297,7 @@ def embed_waveforms(
     arrays = [_as_waveform(w, i, ids) for i, w in enumerate(waves)]
     if not arrays:
         return np.zeros((0, 0), dtype=np.float32)
-    device = device or getattr(model, "device", None)
+    device = None if getattr(model, "host_input", False) else device or getattr(model, "device", None)
     staging = PinnedStaging() if device is not None and str(device).startswith("cuda") else None
 
     def stage(batch: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -155,4 +155,5 @@ def rawnet_embedder(model: RecipeRawNet3) -> Any:
         return out.view(len(samples), N_WINDOWS, -1).mean(dim=1)
 
     embed.model = model  # type: ignore[attr-defined]
+    embed.host_input = True  # type: ignore[attr-defined]  # (it cuts its windows on the host: no GPU staging)
     return embed

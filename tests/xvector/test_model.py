@@ -290,3 +290,16 @@ def test_one_gather_pads_each_utterance_as_its_convolution_alone(mode: str) -> N
     for b, n in enumerate(frames.tolist()):
         alone = torch.nn.functional.pad(x[b:b + 1, :, :n], (halo, halo), mode="constant" if mode == "zeros" else mode)
         assert torch.equal(out[b:b + 1, :, : n + 2 * halo], alone), b
+
+
+def test_a_model_that_takes_host_batches_is_not_staged_on_its_gpu() -> None:
+    """RawNet3 cuts its windows on the host (``host_input``): its batches stay there whatever its
+    device (here a CUDA device this machine lacks: staging would need one, and fail without it)."""
+    def embed(wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
+        assert wavs.device.type == "cpu"
+        return wavs[:, :2] * 1.0
+
+    embed.device = "cuda"  # type: ignore[attr-defined]
+    embed.host_input = True  # type: ignore[attr-defined]
+    out = embed_waveforms(embed, make_waves(3, seed=1), batch_size=2)
+    assert out.shape == (3, 2)
