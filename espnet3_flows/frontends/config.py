@@ -165,18 +165,18 @@ class FrontendConfig:
             ``conf/stats_slurm_gpu.yaml``). For ``model`` and ``espnet2`` the model is loaded once
             per worker onto it. For ``fbank``, each ``forward`` call's utterances (collect-stats
             without written features: each shard's) are computed on it together, their frames
-            gathered into matrices (no padding, so each utterance's features are its own: equal to the CPU's
-            within float32 rounding, 1e-5).
+            gathered into matrices (no padding, so each utterance's features are its own: equal
+            to the CPU's within float32 rounding, 1e-5).
         max_batch_samples: For ``model`` and ``espnet2``: 0 runs the model on one utterance at
             a time, so features never depend on padding (ESPnet2's padded batches shift the last
             frames of ``center=True`` STFTs); above 0, utterances are length-sorted within each
             ``forward`` call (collect-stats without written features: within each shard, so
             that batches are full) and padded into batches of at most this many samples (batch x
-            longest), a batch a quarter full closing before 5 % of padding: faster on a GPU, features of the shorter
-            utterances of a batch may differ in their last frames. Not used by ``default``'s fast path (always one utterance at a
-            time on one CPU thread: padding would only add work). For ``fbank`` on a GPU: the most
-            samples computed together (0: 16M, ~17 min of 16 kHz audio); batching never changes
-            fbank features.
+            longest), a batch a quarter full closing before 5 % of padding: faster on a GPU,
+            features of the shorter utterances of a batch may differ in their last frames. Not
+            used by ``default``'s fast path (always one utterance at a time on one CPU thread:
+            padding would only add work). For ``fbank`` on a GPU: the most samples computed
+            together (0: 16M, ~17 min of 16 kHz audio); batching never changes fbank features.
         precision: For ``model`` and ``espnet2``: ``float32`` (the default; exact float32, TF32
             off also on a GPU), ``tf32`` (float32 with a GPU's TF32 tensor cores), or ``bf16`` /
             ``fp16`` (the model under ``torch.autocast`` to that dtype): faster on a GPU, features
