@@ -174,7 +174,7 @@ def part_fbank(device: str, quick: bool) -> dict[str, Any]:
     dev = torch.device(device)
 
     def no_copy_back() -> None:  # the features stay on the device (what collect-stats could sum there)
-        for _ in ours.fbank._gathered(data, dev, DEFAULT_BATCH_SAMPLES):
+        for _ in ours.fbank._gathered(data, dev, DEFAULT_BATCH_SAMPLES, lambda *done: done):
             if dev.type == "cuda":  # (what a caller does per batch: wait for it)
                 torch.cuda.synchronize(dev)
 

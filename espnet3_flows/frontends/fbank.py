@@ -13,15 +13,18 @@ Configurations it does not cover (energy features, magnitude spectra) run lhotse
 
 from __future__ import annotations
 
-from typing import Any
-from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from espnet3_flows.errors import BadItemError
+from espnet3_flows.frontends.checked import CheckedFeatures
 from espnet3_flows.frontends.device_moments import FrameMoments, Moments
 from espnet3_flows.frontends.lhotse_private import FbankLayout, LayoutUnavailable, fbank_layout
-from espnet3_flows.frontends.pinned import PinnedStaging, overlapped
+from espnet3_flows.frontends.pinned import HostCopy, PinnedStaging, overlapped
+
+Done = TypeVar("Done")
 
 
 #: Samples per batch of :meth:`FastFbank.batch` (~17 min of 16 kHz audio: ~0.7 GB of frames on a GPU)
@@ -169,7 +172,10 @@ class FastFbank:
         the device's FFT and matrix products aside: within 1e-5 on a CUDA GPU). Batches hold at
         most ``max_batch_samples`` samples (one longer utterance goes alone). ``gather`` (default:
         on a GPU only) takes that path; without it each waveform runs through :meth:`__call__`,
-        which is ~15x faster on a CPU core than gathering frames into one matrix.
+        which is ~15x faster on a CPU core than gathering frames into one matrix. Gathered, each
+        batch's features come back in one copy (into pinned memory from a GPU, while it computes
+        the next batch), each array a view of it, checked for NaN and Inf on the device
+        (:class:`~espnet3_flows.frontends.checked.CheckedFeatures`).
 
         Raises:
             FbankTooShortError: a waveform has fewer than ``min_samples`` samples.
@@ -182,10 +188,17 @@ class FastFbank:
             gather = dev.type != "cpu"
         if not gather or not self.fast or self._dither != 0.0:  # (dither draws per call: keep __call__'s)
             return [self._alone(a) for a in arrays]
+
+        def to_host(feats: Any, counts: list[int]) -> tuple[HostCopy, HostCopy, list[int]]:
+            flags = self._nonfinite_arrays(feats, counts)
+            return self._staging.to_host(feats), self._staging.to_host(flags), counts
+
         out: list[np.ndarray] = []
-        for feats, counts in self._gathered(arrays, dev, max_batch_samples):
-            out.extend(np.split(feats.cpu().numpy(), np.cumsum(counts)[:-1]))
-        return out
+        nonfinite: list[bool] = []
+        for feats, flags, counts in self._gathered(arrays, dev, max_batch_samples, to_host):
+            nonfinite.extend(b > 0 for b in flags.wait().tolist())
+            out.extend(np.split(feats.wait().numpy(), np.cumsum(counts)[:-1]))
+        return CheckedFeatures(out, nonfinite)
 
     def moments(self, waves: Sequence[np.ndarray], device: str,
                 max_batch_samples: int = DEFAULT_BATCH_SAMPLES) -> FrameMoments:
@@ -211,24 +224,21 @@ class FastFbank:
                 nonfinite.append(not bool(torch.isfinite(rows).all()))
                 total = total if nonfinite[-1] else total.merge(Moments.of_rows(rows))
             return FrameMoments(frames, dim, total, nonfinite, samples, samples)
-        for feats, counts in self._gathered(arrays, dev, max_batch_samples):
+        for feats, counts in self._gathered(arrays, dev, max_batch_samples, lambda *done: done):
             with torch.inference_mode():
-                owner = torch.repeat_interleave(torch.arange(len(counts), device=dev),
-                                                torch.tensor(counts, device=dev))
-                bad = torch.zeros(len(counts), dtype=torch.long, device=dev)
-                bad.index_add_(0, owner, (~torch.isfinite(feats)).any(dim=1).to(torch.long))
-                flags = [b > 0 for b in bad.cpu().tolist()]  # the one wait per batch
+                flags = [b > 0 for b in self._nonfinite_arrays(feats, counts).cpu().tolist()]  # the one wait per batch
                 if not any(flags):
                     total = total.merge(Moments.of_rows(feats))
             frames.extend(counts)
             nonfinite.extend(flags)
         return FrameMoments(frames, dim, total, nonfinite, samples, samples)
 
-    def _gathered(self, arrays: Sequence[np.ndarray], dev: Any, max_batch_samples: int) -> Iterator[tuple[Any, list[int]]]:
-        """``(features [frames, num_mel_bins] on dev, frames of each array)`` per batch of at most
-        ``max_batch_samples`` samples (one longer array goes alone); on a GPU the next batch's
-        waveforms are concatenated and copied while the device computes this one
-        (:func:`~espnet3_flows.frontends.pinned.overlapped`)."""
+    def _gathered(self, arrays: Sequence[np.ndarray], dev: Any, max_batch_samples: int,
+                  then: Callable[[Any, list[int]], Done]) -> Iterator[Done]:
+        """``then(features [frames, num_mel_bins] on dev, frames of each array)`` per batch of at most
+        ``max_batch_samples`` samples (one longer array goes alone), queued right after the batch's
+        compute; on a GPU the next batch's waveforms are concatenated, copied and launched before
+        this one's result is handed over (:func:`~espnet3_flows.frontends.pinned.overlapped`)."""
         import torch
 
         spans: list[tuple[int, int]] = []
@@ -241,11 +251,22 @@ class FastFbank:
             spans.append((start, end))
             start = end
 
-        def launch(span: tuple[int, int], wave: Any) -> tuple[Any, list[int]]:
+        def launch(span: tuple[int, int], wave: Any) -> Done:
             with torch.inference_mode():
-                return self._batch_features(wave, [a.size for a in arrays[span[0]:span[1]]], dev)
+                return then(*self._batch_features(wave, [a.size for a in arrays[span[0]:span[1]]], dev))
 
         return overlapped(spans, lambda span: self._uploaded(arrays[span[0]:span[1]], dev), launch)
+
+    @staticmethod
+    def _nonfinite_arrays(feats: Any, counts: list[int]) -> Any:
+        """``[arrays]`` counts, on ``feats``' device, of the frames holding NaN or Inf in each
+        array's ``counts`` rows of the gathered ``feats``."""
+        import torch
+
+        dev = feats.device
+        owner = torch.repeat_interleave(torch.arange(len(counts), device=dev), torch.tensor(counts, device=dev))
+        bad = torch.zeros(len(counts), dtype=torch.long, device=dev)
+        return bad.index_add_(0, owner, (~torch.isfinite(feats)).any(dim=1).to(torch.long))
 
     def _frame_positions(self, lengths: Sequence[int], dev: Any) -> tuple[Any, list[int]]:
         """Index of every frame sample in the concatenated waveforms ``[frames, length]`` (lhotse's

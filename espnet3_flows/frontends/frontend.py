@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from espnet3_flows.frontends.checked import CheckedFeatures
 from espnet3_flows.frontends.config import (  # noqa: F401 - importable from here too
     FRONTEND_TYPES,
     FRONTENDS,
@@ -57,6 +58,8 @@ def extract_features(utts: Sequence[Any], frontend: Callable[..., Sequence[np.nd
 
     Returns:
         Per utterance ``{utt_id, speech_len (samples), rate (native), feats (frames × dim)}``.
+        NaN and Inf are looked for in each array on the host, unless the frontend returned
+        :class:`~espnet3_flows.frontends.checked.CheckedFeatures` (checked where it computed them).
 
     Raises:
         BadItemError: unreadable audio, or features that are empty, not 2-D, NaN or Inf.
@@ -65,9 +68,10 @@ def extract_features(utts: Sequence[Any], frontend: Callable[..., Sequence[np.nd
 
     loaded = load_many(utts, audio, storage_options, cache)
     feats = frontend([w for w, _ in loaded], dict(kwargs or {}))
+    checked = feats.nonfinite if isinstance(feats, CheckedFeatures) else [None] * len(feats)
     out = []
-    for u, (w, rate), f in zip(utts, loaded, feats, strict=True):
-        _check_features(u.utt_id, tuple(f.shape), bool(np.isfinite(f).all()))
+    for u, (w, rate), f, bad in zip(utts, loaded, feats, checked, strict=True):
+        _check_features(u.utt_id, tuple(f.shape), not bad if bad is not None else bool(np.isfinite(f).all()))
         out.append({"utt_id": u.utt_id, "speech_len": int(len(w)), "rate": rate, "feats": f})
     return out
 

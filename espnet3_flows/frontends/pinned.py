@@ -5,6 +5,11 @@ memory costs more than the copy it speeds up, so each frontend keeps two buffers
 grows one only when a batch is larger. The copy runs on a side stream: the GPU's compute stream
 waits for it, the host does not, so the host assembles batch k+1 in the other buffer while the GPU
 copies and computes batch k (:func:`overlapped` runs a frontend's batches in that order).
+
+Results come back the same way (:meth:`PinnedStaging.to_host`): each batch's features in one copy
+into pinned memory on a side stream, queued behind its compute, so that the copy of batch k runs
+while the GPU computes batch k+1, and the host waits only when it takes batch k. That pinned memory
+comes from torch's caching host allocator: reused once its copy is done and its arrays are dropped.
 """
 
 from __future__ import annotations
@@ -17,8 +22,23 @@ Staged = TypeVar("Staged")
 Result = TypeVar("Result")
 
 
+class HostCopy:
+    """A tensor on its way to page-locked host memory (:meth:`PinnedStaging.to_host`); :meth:`wait` gives it."""
+
+    def __init__(self, host: Any, done: Any = None):
+        self._host, self._done = host, done
+
+    def wait(self) -> Any:
+        """The host tensor, once its copy has finished (waits on the host for that copy alone)."""
+        if self._done is not None:
+            self._done.synchronize()
+            self._done = None
+        return self._host
+
+
 class PinnedStaging:
-    """Float32 buffers of pinned host memory (two, used in turn) and their copies to a GPU.
+    """Float32 buffers of pinned host memory (two, used in turn) and their copies to a GPU; and
+    results copied back (:meth:`to_host`).
 
     Use :meth:`take`, fill the buffer, then :meth:`to_device`; the next :meth:`take` hands out the
     other buffer, waiting first (on the host) until the copy last made out of it has finished.
@@ -49,9 +69,7 @@ class PinnedStaging:
         import torch
 
         device = torch.device(device)
-        stream = self._streams.get(str(device))
-        if stream is None:
-            stream = self._streams[str(device)] = torch.cuda.Stream(device=device)
+        stream = self._stream(str(device), device)
         current = torch.cuda.current_stream(device)
         with torch.cuda.stream(stream):
             out = host.to(device, non_blocking=True)
@@ -63,17 +81,45 @@ class PinnedStaging:
         self._slot = (self._slot + 1) % len(self._buffers)
         return out
 
+    def to_host(self, tensor: Any) -> HostCopy:
+        """Start copying ``tensor`` to the host: from a CUDA GPU into pinned memory on a side stream
+        (not the one of :meth:`to_device`) that first waits for the work queued so far on the
+        current stream, so that work queued on the current stream afterwards runs beside the copy;
+        a host tensor as it is."""
+        import torch
+
+        if tensor.device.type != "cuda":
+            return HostCopy(tensor)
+        stream = self._stream(f"to host {tensor.device}", tensor.device)
+        stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        with torch.cuda.stream(stream):
+            host.copy_(tensor, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        tensor.record_stream(stream)  # (its memory is not reused before the copy has read it)
+        return HostCopy(host, done)
+
+    def _stream(self, key: str, device: Any) -> Any:
+        import torch
+
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = torch.cuda.Stream(device=device)
+        return stream
+
 
 def overlapped(batches: Iterable[Batch], stage: Callable[[Batch], Staged],
                launch: Callable[[Batch, Staged], Result]) -> Iterator[Result]:
-    """``launch(batch, stage(batch))`` of each batch, in order, with the host's ``stage`` of batch
-    k+1 done before batch k's result is handed over: on a GPU, where ``launch`` only queues work
-    and the caller waits for batch k's result, the host's work on k+1 runs while the GPU works on k."""
+    """``launch(batch, stage(batch))`` of each batch, in order, with batch k+1 staged and launched
+    before batch k's result is handed over: on a GPU, where ``launch`` only queues work and the
+    caller waits for batch k's result, the GPU has batch k+1 queued while the host assembles the
+    next batch and takes batch k's results (a launch that fails fails before the batch before it
+    is handed over)."""
     pending: list[Result] = []
     for batch in batches:
-        staged = stage(batch)
-        if pending:
-            yield pending.pop()
-        pending.append(launch(batch, staged))
+        pending.append(launch(batch, stage(batch)))
+        if len(pending) > 1:
+            yield pending.pop(0)
     if pending:
         yield pending.pop()

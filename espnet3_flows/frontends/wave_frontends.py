@@ -7,17 +7,20 @@ The built-in ``frontend.type`` values are one module each: :mod:`.fbank_type`, :
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from espnet3_flows.frontends.checked import CheckedFeatures
 from espnet3_flows.frontends.device_moments import FrameMoments, Moments, nonfinite_rows
-from espnet3_flows.frontends.pinned import PinnedStaging, overlapped
+from espnet3_flows.frontends.pinned import HostCopy, PinnedStaging, overlapped
 from espnet3_flows.frontends.precision import check_precision, precision_scope
 
 if TYPE_CHECKING:
     import numpy as np
 
     from espnet3_flows.frontends.config import FrontendConfig
+
+Done = TypeVar("Done")
 
 #: Version of how model and ESPnet2 frontends are run (one utterance per call unless batched)
 TORCH_FRONTEND_IMPLEMENTATION = "espnet3_flows.stats.frontend.TorchFrontend/1"
@@ -113,33 +116,45 @@ class TorchFrontend:
                 total = n
         return groups
 
-    def _computed(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> Iterator[tuple[list[int], Any, Any]]:
-        """Per call (:meth:`batches`): ``(positions, feats [B, T', D], lengths [B])`` on the device, the
-        lengths the extractor's or, where it gives none, ``T'`` for every row. On a GPU the next
-        call's batch is assembled and copied while the device computes this one
-        (:func:`~espnet3_flows.frontends.pinned.overlapped`)."""
+    def _computed(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any],
+                  then: Callable[[list[int], Any, Any], Done]) -> Iterator[Done]:
+        """Per call (:meth:`batches`): ``then(positions, feats [B, T', D], lengths [B])``, queued on
+        the device right after the call's compute; the lengths the extractor's or, where it gives
+        none, ``T'`` for every row. On a GPU the next call's batch is assembled, copied and launched
+        before this one's result is handed over (:func:`~espnet3_flows.frontends.pinned.overlapped`)."""
         import torch
 
-        def launch(group: list[int], staged: tuple[Any, Any]) -> tuple[list[int], Any, Any]:
+        def launch(group: list[int], staged: tuple[Any, Any]) -> Done:
             speech, lengths = staged
             with torch.inference_mode():
                 with precision_scope(self.device, self.precision):
                     feats, flens = self.extract(speech, lengths, kwargs)
                 if flens is None:
                     flens = torch.full((feats.shape[0],), feats.shape[1], dtype=torch.long, device=feats.device)
-            return group, feats.detach(), flens.detach()
+                return then(group, feats.detach(), flens.detach())
 
         return overlapped(self.batches([len(w) for w in waves]), lambda group: self._staged(waves, group), launch)
 
-    def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
+    def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> CheckedFeatures:
+        """Each waveform's features (float32, a view of its call's features) with its NaN/Inf flag.
+        On a GPU each call's padded features come back in one copy into pinned memory, cast to
+        float32 and checked on the device, while the GPU computes the next call."""
         import numpy as np
+        import torch
+
+        def to_host(group: list[int], feats: Any, flens: Any) -> tuple[list[int], HostCopy, HostCopy]:
+            lengths = flens.to(device=feats.device, dtype=torch.long)
+            meta = torch.stack([lengths, nonfinite_rows(feats, lengths).to(torch.long)])
+            return group, self._staging.to_host(feats.float()), self._staging.to_host(meta)
 
         out: list[np.ndarray] = [np.empty(0)] * len(waves)
-        for group, feats, flens in self._computed(waves, kwargs):
-            host = feats.float().cpu().numpy()
-            for row, (i, n) in enumerate(zip(group, flens.cpu().tolist(), strict=True)):
-                out[i] = host[row, : int(n)]
-        return out
+        nonfinite = [False] * len(waves)
+        for group, feats, meta in self._computed(waves, kwargs, to_host):
+            lengths, bad = meta.wait().tolist()
+            host = feats.wait().numpy()
+            for row, i in enumerate(group):
+                out[i], nonfinite[i] = host[row, : int(lengths[row])], bool(bad[row])
+        return CheckedFeatures(out, nonfinite)
 
     #: :meth:`moments` runs here: on the CPU as on a GPU, the same code (what CI tests of the GPU's)
     computes_moments = True
@@ -151,7 +166,7 @@ class TorchFrontend:
 
         frames, nonfinite = [0] * len(waves), [False] * len(waves)
         total, dim, computed = Moments(), 0, 0
-        for group, feats, flens in self._computed(waves, kwargs):
+        for group, feats, flens in self._computed(waves, kwargs, lambda *done: done):
             computed += len(group) * max(len(waves[i]) for i in group)
             with torch.inference_mode():
                 lengths = flens.to(torch.long)

@@ -235,8 +235,9 @@ def test_ecapa_on_the_gpu_batched_equals_alone(tmp_path):
 @pytest.mark.gpu
 def test_many_overlapped_batches_on_the_gpu_equal_the_cpu():
     """Batches assembled in two pinned buffers in turn, copied on a side stream while the previous
-    batch computes (``frontends.pinned``): over many batches of changing sizes (the buffers grow),
-    each utterance's features equal the CPU's, so no buffer was refilled before its copy ended."""
+    batch computes, their features copied back on another while the next one computes
+    (``frontends.pinned``): over many batches of changing sizes (the buffers grow), each
+    utterance's features and NaN flag equal the CPU's, so no buffer was reused before its copy ended."""
     import copy
 
     from espnet3_flows.frontends.wave_frontends import TorchFrontend
@@ -244,9 +245,11 @@ def test_many_overlapped_batches_on_the_gpu_equal_the_cpu():
     rng = np.random.default_rng(10)
     waves = noise([int(n) for n in rng.integers(400, 3 * SR, size=40)], seed=10)
     fbank = FastFbank(Fbank(FbankConfig(dither=0.0)))
+    waves[5][100] = np.nan  # found on the device, beside the features, as on the CPU
     got, ref = fbank.batch(waves, "cuda", max_batch_samples=2 * SR), fbank.batch(waves, "cpu", gather=True)
-    for g, r in zip(got, ref, strict=True):
-        assert g.shape == r.shape and np.abs(g - r).max() < 5e-3
+    assert got.nonfinite == ref.nonfinite == [i == 5 for i in range(len(waves))]
+    for i, (g, r) in enumerate(zip(got, ref, strict=True)):
+        assert g.shape == r.shape and (i == 5 or np.abs(g - r).max() < 5e-3)
     torch.manual_seed(0)
     module = torch.nn.Conv1d(1, 8, 400, stride=160)
 
@@ -257,5 +260,7 @@ def test_many_overlapped_batches_on_the_gpu_equal_the_cpu():
     gpu = TorchFrontend(extract, module_on["cuda"], "cuda", 3 * SR)
     cpu = TorchFrontend(extract, module_on["cpu"], "cpu", 3 * SR)
     assert len(gpu.batches([len(w) for w in waves])) > 10
-    for g, r in zip(gpu(waves, {}), cpu(waves, {}), strict=True):
-        assert g.shape == r.shape and np.abs(g - r).max() <= 1e-4 * np.abs(r).max()
+    got, ref = gpu(waves, {}), cpu(waves, {})
+    assert got.nonfinite == ref.nonfinite == [i == 5 for i in range(len(waves))]
+    for i, (g, r) in enumerate(zip(got, ref, strict=True)):
+        assert g.shape == r.shape and (i == 5 or np.abs(g - r).max() <= 1e-4 * np.abs(np.nan_to_num(r)).max())

@@ -593,12 +593,15 @@ class NaNForLongFrontend(TinyFrontend):
         return out
 
 
-def test_an_utterance_with_nan_features_on_the_device_is_skipped_alone(corpus, tmp_path):
+@pytest.mark.parametrize("written", [False, True], ids=["moments on the device", "features handed back"])
+def test_an_utterance_with_nan_features_on_the_device_is_skipped_alone(corpus, tmp_path, written):
+    """Found where the features were computed either way: with the moments, or with the features
+    handed back (``write_collected_feats``: one flag per utterance comes back with them)."""
     manifest, rows = corpus
     lengths = {utt: sf.info(path).frames for utt, path in rows}
     limit = sorted(lengths.values())[-3]  # the two longest get NaN features
     common = ["frontend.type=model", "frontend.model.hop=200", "frontend.model.dim=3", "collect_stats_kwargs.scale=1.0",
-              "frontend.max_batch_samples=40000", "shard_size=8", "batch_size=5"]
+              "frontend.max_batch_samples=40000", "shard_size=8", "batch_size=5", f"write_collected_feats={written}"]
     bad = _run(_config(manifest, str(tmp_path / "bad"), *common, "on_error=skip",
                        "frontend.model._target_=tests.stats.test_collect_stats.NaNForLongFrontend",
                        f"frontend.model.limit={limit}"))
