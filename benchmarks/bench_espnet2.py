@@ -33,8 +33,16 @@ depend on padding). Targets (issue "Faster than ESPnet2's own stage 10"): from
 below, ≥ 1.0× with one and ≥ 0.75× with none (issue "Everyday runs start fast"); the fast path's
 compute ≥ 2× ESPnet2's per core; the same statistics. The older ≥ 3× end to end stays listed.
 
+A **busy machine**: ``ESPNET3_BENCH_ESPNET2_HOGS=cores`` (or a number) runs that many CPU hogs
+(``python -c "while True: pass"``, normal priority) beside every row, ESPnet2's and ours, started
+before the first and killed after the last; the large-corpus targets are then :data:`BUSY`.
+``ESPNET3_BENCH_ESPNET2_ROWS=one,jobs,cold,cold_served`` leaves the other rows out (those four are
+always measured).
+
 Run ``python -m benchmarks --only espnet2 [--quick]``
-(``ESPNET3_BENCH_ESPNET2_UTTS=20000 python -m benchmarks --only espnet2`` for a large corpus).
+(``ESPNET3_BENCH_ESPNET2_UTTS=20000 python -m benchmarks --only espnet2`` for a large corpus;
+``ESPNET3_BENCH_ESPNET2_UTTS=20000 ESPNET3_BENCH_ESPNET2_HOGS=cores python -m benchmarks --only
+espnet2`` beside a hog per core).
 """
 
 from __future__ import annotations
@@ -58,6 +66,9 @@ FRONTEND = ["frontend.type=espnet2", "frontend.name=default", "frontend.conf.n_f
 UTTERANCES = 2000
 #: From this corpus size on, the end-to-end targets are those of a large corpus (2× / 1.5×)
 LARGE = 20000
+#: The end-to-end targets of a large corpus beside a CPU hog per core (no server, running server;
+#: issue "Prefect's cost per shard and per run")
+BUSY = (1.3, 1.6)
 
 
 def _data_dir(n: int, root: Path) -> Path:
@@ -167,21 +178,49 @@ ROWS = {"one": "ESPnet2 collect_stats, 1 process",
         "cold_small": "this flow, {cores} workers, cold, running server, shard_size=100"}
 
 
+#: The rows every run measures (the targets compare them); the others can be left out
+#: (``ESPNET3_BENCH_ESPNET2_ROWS``)
+REQUIRED = ("one", "jobs", "cold", "cold_served")
+
+
+def chosen_rows() -> list[str]:
+    """The rows to measure: ``ESPNET3_BENCH_ESPNET2_ROWS`` (comma-separated keys of :data:`ROWS`, the
+    :data:`REQUIRED` ones always added), else all of them."""
+    value = os.environ.get("ESPNET3_BENCH_ESPNET2_ROWS", "").strip()
+    if not value:
+        return list(ROWS)
+    wanted = {k.strip() for k in value.split(",") if k.strip()}
+    unknown = wanted - set(ROWS)
+    if unknown:
+        raise ValueError(f"ESPNET3_BENCH_ESPNET2_ROWS: unknown rows {sorted(unknown)}; known: {', '.join(ROWS)}")
+    return [k for k in ROWS if k in wanted or k in REQUIRED]
+
+
+def hog_count(cores: int) -> int:
+    """``ESPNET3_BENCH_ESPNET2_HOGS``: CPU hogs to run beside every measured row (``cores``: one per
+    usable core); 0 (quiet) when unset."""
+    value = os.environ.get("ESPNET3_BENCH_ESPNET2_HOGS", "").strip()
+    return cores if value == "cores" else int(value or 0)
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Measure, write ``espnet2.json`` and return the result."""
     import numpy as np
 
+    from benchmarks.machine import cpu_hogs
+
     n = corpus_size(quick)
     repeats = 1 if quick else int(os.environ.get("ESPNET3_BENCH_ESPNET2_REPEATS") or 3)
     cores = max(1, len(os.sched_getaffinity(0)))
+    keys, hogs = chosen_rows(), hog_count(cores)
     root = common.scratch("espnet2")
     server = contextlib.ExitStack()
     api_url = server.enter_context(common.running_server(quick))  # for the "running server" rows
     os.environ.pop("PREFECT_API_URL", None)  # "no server" rows (run.py restores the environment)
     env = process_tree.child_env()
     served = {**env, "PREFECT_API_URL": api_url}
-    walls: dict[str, list[float]] = {k: [] for k in ROWS}
-    busy: dict[str, list[float]] = {k: [] for k in ROWS}
+    walls: dict[str, list[float]] = {k: [] for k in keys}
+    busy: dict[str, list[float]] = {k: [] for k in keys}
     shards: dict[str, list[int]] = {"default": [], "small": []}
     try:
         data = _data_dir(n, root)
@@ -198,11 +237,14 @@ def run(quick: bool = False) -> dict[str, Any]:
                                                  busy["cold_class"], ("frontend.espnet2_class=true",)),
                    "cold_small": lambda r: _flow(data, root / f"flow_small{r}", cores, served, None,
                                                  busy["cold_small"], ("shard_size=100",), shards["small"])}
-        names = list(methods)
-        for rep in range(repeats):  # interleaved, in rotating order
-            for name in names[rep % len(names):] + names[:rep % len(names)]:
-                walls[name].append(methods[name](rep))
-        noop = _flow(data, root / "flow0", cores, env)
+        names = [k for k in methods if k in keys]
+        with cpu_hogs(hogs) as hog_cpu:
+            t0 = time.perf_counter()
+            for rep in range(repeats):  # interleaved, in rotating order
+                for name in names[rep % len(names):] + names[:rep % len(names)]:
+                    walls[name].append(methods[name](rep))
+            noop = _flow(data, root / "flow0", cores, env)
+            hog_share = hog_cpu() / max(time.perf_counter() - t0, 1e-9) / cores if hogs else 0.0
         ref = np.load(root / "espnet2_one0" / "train" / "feats_stats.npz")
         ours = np.load(root / "flow0" / "train" / "feats_stats.npz")
         count_equal = int(ref["count"]) == int(ours["count"])
@@ -215,7 +257,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     rate = {k: common.spread([n / b for b in v]) for k, v in busy.items()}
     one, jobs, cold, cold_served = (med[k]["median"] for k in ("one", "jobs", "cold", "cold_served"))
     best = min(one, jobs)
-    rows = [{"method": ROWS[k].format(cores=cores), "wall": med[k], "compute_utt_per_core_s": rate[k]} for k in ROWS]
+    rows = [{"method": ROWS[k].format(cores=cores), "wall": med[k], "compute_utt_per_core_s": rate[k]} for k in keys]
     rows.append({"method": f"this flow, {cores} workers, no-op rerun", "wall": common.spread([noop])})
     rows[2]["instants"], rows[3]["instants"] = ({k: float(np.median(v)) for k, v in instants[key].items()}
                                                 for key in ("cold", "cold_served"))
@@ -223,34 +265,40 @@ def run(quick: bool = False) -> dict[str, Any]:
         r["wall_s"] = r["wall"]["median"]
         r["utt_per_s"] = n / r["wall_s"]
         r["speedup_vs_espnet2_best"] = best / r["wall_s"]
-    fast_rate, class_rate = rate["cold_served"]["median"], rate["cold_class"]["median"]
+    fast_rate = rate["cold_served"]["median"]
     espnet2_rate = rate["jobs"]["median"]  # (the 1-process row's CPU seconds include its idle threads' spinning)
-    targets = _targets(n, cores, best, cold, cold_served, fast_rate / espnet2_rate, count_equal, mean_err)
+    targets = _targets(n, cores, best, cold, cold_served, fast_rate / espnet2_rate, count_equal, mean_err, hogs)
+    class_note = (f"The flow's fast path computes {fast_rate / rate['cold_class']['median']:.2f}x what ESPnet2's class "
+                  "does in the same flow per core, " if "cold_class" in rate else "The flow's fast path computes ")
     notes = [f"{n} utterances ({seconds:.0f} s of 16 kHz audio), {cores} usable cores, audio in the page cache; each "
              f"row a fresh process (start-up included), {repeats} repetitions interleaved in rotating order (cells: "
              "median [min–max]), all rows of one run side by side; the no-op rerun once.",
+             *([f"A busy machine: {hogs} CPU hog(s) (`python -c \"while True: pass\"` at normal priority, "
+                "ESPNET3_BENCH_ESPNET2_HOGS) ran beside every row, ESPnet2's as ours, started before the first row "
+                f"and killed after the no-op rerun; they took {hog_share:.0%} of the {cores} cores' time meanwhile."]
+               if hogs else []),
              "Compute per core: utterances per second of one core's compute (reading, the frontend, the sums): the "
              "ESPnet2 jobs' collect_stats wall summed (1 torch thread each), the flow's shard seconds summed "
              "(summary.json, 1 thread per worker), the 1-process row's collect_stats CPU seconds over its threads "
              "(torch's idle threads spin: a lower bound). "
-             f"The flow's fast path computes {fast_rate / class_rate:.2f}x what ESPnet2's class does in the same "
-             f"flow per core, {fast_rate / espnet2_rate:.2f}x ESPnet2's own collect_stats; "
+             f"{class_note}{fast_rate / espnet2_rate:.2f}x ESPnet2's own collect_stats; "
              "`benchmarks/bench_frontend_espnet2.py` measures the frontends alone.",
              f"Of the flow's cold {cold:.1f} s, its workers computed for {np.median(busy['cold']):.1f} s in all; the "
              "rest are fixed costs (interpreter and imports, the Prefect API server's start when none is configured, "
              "the flow run's bookkeeping, starting the workers, the merge): `startup` breaks them down. With the fast "
              "path the workers import torch but neither ESPnet2 nor librosa; with the class, both.",
-             _small_shards_note(shards, med["cold_small"]["median"], cold_served, cores)]
-    return common.write_result(NAME, quick, rows, targets, notes, plot=lambda path: _plot(rows, path))
+             *([_small_shards_note(shards, med["cold_small"]["median"], cold_served, cores)]
+               if "cold_small" in med else [])]
+    return common.write_result(NAME, quick, rows, targets, notes, plot=lambda path: _plot(rows, path), hogs=hogs)
 
 
 def _targets(n: int, cores: int, best: float, cold: float, cold_served: float, per_core: float,
-             count_equal: bool, mean_err: float) -> list[dict[str, Any]]:
-    """The targets: end to end against ESPnet2's best (stricter from :data:`LARGE` utterances),
-    compute per core, and equal statistics."""
+             count_equal: bool, mean_err: float, hogs: int = 0) -> list[dict[str, Any]]:
+    """The targets: end to end against ESPnet2's best (stricter from :data:`LARGE` utterances; on a
+    busy machine, :data:`BUSY`), compute per core, and equal statistics."""
     large = n >= LARGE
-    need_none, need_served = (1.5, 2.0) if large else (0.75, 1.0)
-    size = f"{'≥' if large else '<'} {LARGE:,} utterances"
+    need_none, need_served = (BUSY if hogs else (1.5, 2.0)) if large else (0.75, 1.0)
+    size = f"{'≥' if large else '<'} {LARGE:,} utterances" + (f", beside {hogs} CPU hog(s)" if hogs else "")
     targets = [common.target(f"cold flow, no server configured, vs ESPnet2's best, end to end ({size})",
                              f"≥ {need_none}×", f"{best / cold:.2f}×", best / cold >= need_none),
                common.target(f"cold flow, PREFECT_API_URL at a running server, vs ESPnet2's best ({size})",

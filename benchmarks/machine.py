@@ -6,6 +6,8 @@ import contextlib
 import os
 import platform
 import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +63,30 @@ def describe_machine(m: dict[str, Any] | None = None) -> str:
     return (f"{m['cpu']}, {m['usable_cores']} cores, {m['memory_gb']} GB RAM, {m['os']}, Python {m['python']}; "
             f"torch {v.get('torch')}, lhotse {v.get('lhotse')}, prefect {v.get('prefect')}, "
             f"distributed {v.get('distributed')}; load average at start {m['load_average_at_start']}")
+
+
+@contextlib.contextmanager
+def cpu_hogs(count: int) -> Iterator[Callable[[], float]]:
+    """``count`` processes that each spin one core at normal priority (``python -c "while True:
+    pass"``: a busy machine, as a login node or a shared workstation is), started on entry and
+    killed on exit. Yields a function that gives their CPU seconds so far (from ``/proc``), so that
+    a result can show they took their share."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(count)]
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu_seconds() -> float:
+        total = 0.0
+        for p in procs:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        return total
+
+    try:
+        yield cpu_seconds
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
