@@ -68,11 +68,14 @@ def describe_machine(m: dict[str, Any] | None = None) -> str:
 @contextlib.contextmanager
 def cpu_hogs(count: int) -> Iterator[Callable[[], float]]:
     """``count`` processes that each spin one core at normal priority (``python -c "while True:
-    pass"``: a busy machine, as a login node or a shared workstation is), started on entry and
-    killed on exit. Yields a function that gives their CPU seconds so far (from ``/proc``), so that
-    a result can show they took their share."""
+    pass"``: a busy machine, as a login node or a shared workstation is), each in a session of its
+    own, as other people's jobs are (a kernel that shares CPU time between sessions,
+    ``sched_autogroup``, gives each its part), started on entry and killed on exit. Yields a
+    function that gives their CPU seconds so far (from ``/proc``), so that a result can show the
+    share they took."""
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(count)]
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+             for _ in range(count)]
     tick = os.sysconf("SC_CLK_TCK")
 
     def cpu_seconds() -> float:
