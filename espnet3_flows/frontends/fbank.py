@@ -197,7 +197,7 @@ class FastFbank:
         nonfinite: list[bool] = []
         for feats, flags, counts in self._gathered(arrays, dev, max_batch_samples, to_host):
             nonfinite.extend(b > 0 for b in flags.wait().tolist())
-            out.extend(np.split(feats.wait().numpy(), np.cumsum(counts)[:-1]))
+            out.extend(np.split(feats.array(), np.cumsum(counts)[:-1]))
         return CheckedFeatures(out, nonfinite)
 
     def moments(self, waves: Sequence[np.ndarray], device: str,
@@ -264,7 +264,8 @@ class FastFbank:
         import torch
 
         dev = feats.device
-        owner = torch.repeat_interleave(torch.arange(len(counts), device=dev), torch.tensor(counts, device=dev))
+        owner = torch.repeat_interleave(torch.arange(len(counts), device=dev), _int64_on(counts, dev),
+                                        output_size=int(feats.shape[0]))  # (no wait for the device)
         bad = torch.zeros(len(counts), dtype=torch.long, device=dev)
         return bad.index_add_(0, owner, (~torch.isfinite(feats)).any(dim=1).to(torch.long))
 
@@ -277,11 +278,10 @@ class FastFbank:
         length, shift = self._length, self._shift
         counts = [1 + (n - length) // shift if self._snip_edges else (n + shift // 2) // shift for n in lengths]
         left = 0 if self._snip_edges else (length - shift) // 2
-        n = torch.tensor(lengths, dtype=torch.int64, device=dev)
-        c = torch.tensor(counts, dtype=torch.int64, device=dev)
+        n, c, total = _int64_on(lengths, dev), _int64_on(counts, dev), sum(counts)
         offsets = torch.cumsum(n, 0) - n
-        utt = torch.repeat_interleave(torch.arange(len(lengths), device=dev), c)
-        frame = torch.arange(sum(counts), device=dev) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c)
+        utt = torch.repeat_interleave(torch.arange(len(lengths), device=dev), c, output_size=total)
+        frame = torch.arange(total, device=dev) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c, output_size=total)
         pos = (frame * shift - left)[:, None] + torch.arange(length, device=dev)[None, :]
         size = n[utt][:, None]
         pos = torch.where(pos < 0, -pos - 1, pos)
@@ -322,6 +322,14 @@ class FastFbank:
         if cached is None:
             cached = self._device_tensors[str(dev)] = (self._window.to(dev), self._mel.to(dev))
         return cached
+
+
+def _int64_on(values: Sequence[int], dev: Any) -> Any:
+    """``values`` as an int64 tensor on ``dev``, copied without waiting for the device's queued
+    work (a blocking copy to a GPU would wait for the batch before to finish computing)."""
+    import torch
+
+    return torch.tensor(values, dtype=torch.int64).to(dev, non_blocking=True)
 
 
 def _min_samples(length: int, shift: int, snip_edges: bool) -> int:

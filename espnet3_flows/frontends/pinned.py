@@ -23,17 +23,28 @@ Result = TypeVar("Result")
 
 
 class HostCopy:
-    """A tensor on its way to page-locked host memory (:meth:`PinnedStaging.to_host`); :meth:`wait` gives it."""
+    """A tensor on its way to page-locked host memory (:meth:`PinnedStaging.to_host`); :meth:`wait`
+    gives it, :meth:`array` a NumPy copy of it in ordinary memory."""
 
     def __init__(self, host: Any, done: Any = None):
         self._host, self._done = host, done
+        #: whether the tensor is in page-locked memory (it came from a GPU)
+        self.pinned = done is not None
 
     def wait(self) -> Any:
-        """The host tensor, once its copy has finished (waits on the host for that copy alone)."""
+        """The host tensor, once its copy has finished (the host sleeps until then, on that copy
+        alone)."""
         if self._done is not None:
             self._done.synchronize()
             self._done = None
         return self._host
+
+    def array(self) -> Any:
+        """The tensor as a NumPy array that holds no page-locked memory: copied out of it (one
+        ``memcpy``, while the GPU computes on) when it came from a GPU, so that torch's caching
+        allocator takes the pinned block back at once; a host tensor's own memory otherwise."""
+        host = self.wait().numpy()
+        return host.copy() if self.pinned else host
 
 
 class PinnedStaging:
@@ -95,7 +106,7 @@ class PinnedStaging:
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
         with torch.cuda.stream(stream):
             host.copy_(tensor, non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(blocking=True)  # (its wait sleeps: a waiting worker spins no core)
             done.record(stream)
         tensor.record_stream(stream)  # (its memory is not reused before the copy has read it)
         return HostCopy(host, done)
@@ -114,8 +125,8 @@ def overlapped(batches: Iterable[Batch], stage: Callable[[Batch], Staged],
     """``launch(batch, stage(batch))`` of each batch, in order, with batch k+1 staged and launched
     before batch k's result is handed over: on a GPU, where ``launch`` only queues work and the
     caller waits for batch k's result, the GPU has batch k+1 queued while the host assembles the
-    next batch and takes batch k's results (a launch that fails fails before the batch before it
-    is handed over)."""
+    next batch and takes batch k's results. So two batches' results are alive at once (size
+    batches for it), and a launch that fails fails before the batch before it is handed over."""
     pending: list[Result] = []
     for batch in batches:
         pending.append(launch(batch, stage(batch)))

@@ -136,22 +136,22 @@ class TorchFrontend:
         return overlapped(self.batches([len(w) for w in waves]), lambda group: self._staged(waves, group), launch)
 
     def __call__(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any]) -> CheckedFeatures:
-        """Each waveform's features (float32, a view of its call's features) with its NaN/Inf flag.
-        On a GPU each call's padded features come back in one copy into pinned memory, cast to
-        float32 and checked on the device, while the GPU computes the next call."""
+        """Each waveform's features (float32, a view of its batch's features) with its NaN/Inf
+        flag. On a GPU each batch's padded features are cast to float32 and checked there, and
+        come back in one copy through pinned memory while the GPU computes the next batch."""
         import numpy as np
         import torch
 
         def to_host(group: list[int], feats: Any, flens: Any) -> tuple[list[int], HostCopy, HostCopy]:
-            lengths = flens.to(device=feats.device, dtype=torch.long)
+            lengths, feats = flens.to(device=feats.device, dtype=torch.long), feats.float()
             meta = torch.stack([lengths, nonfinite_rows(feats, lengths).to(torch.long)])
-            return group, self._staging.to_host(feats.float()), self._staging.to_host(meta)
+            return group, self._staging.to_host(feats), self._staging.to_host(meta)
 
         out: list[np.ndarray] = [np.empty(0)] * len(waves)
         nonfinite = [False] * len(waves)
         for group, feats, meta in self._computed(waves, kwargs, to_host):
             lengths, bad = meta.wait().tolist()
-            host = feats.wait().numpy()
+            host = feats.array()
             for row, i in enumerate(group):
                 out[i], nonfinite[i] = host[row, : int(lengths[row])], bool(bad[row])
         return CheckedFeatures(out, nonfinite)

@@ -44,5 +44,8 @@ def test_a_failing_batch_fails_once_the_batches_before_the_one_before_it_were_ha
 def test_a_host_tensor_goes_to_the_host_as_it_is():
     tensor = torch.arange(6.0).view(2, 3)
     copy = PinnedStaging().to_host(tensor)
-    assert copy.wait() is tensor and copy.wait() is tensor
+    assert copy.wait() is tensor and copy.wait() is tensor and not copy.pinned
+    array = copy.array()  # its own memory: nothing pinned to copy out of
+    array[0, 0] = 7.0
+    assert tensor[0, 0] == 7.0
 

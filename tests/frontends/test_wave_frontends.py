@@ -80,3 +80,13 @@ def test_extract_features_takes_the_frontends_own_nan_check(tmp_path, monkeypatc
     ok = extract_features(utts[:1], lambda waves, kw: [np.ones((3, 2), np.float32)], AudioConfig(), None,
                           RecordingCache(cwd=str(tmp_path)))
     assert ok[0]["utt_id"] == "u0" and ok[0]["feats"].shape == (3, 2)
+
+
+def test_features_beyond_float32_are_flagged_as_the_float32_arrays_handed_back_hold_inf():
+    def wide(speech, lengths, kwargs):
+        feats = speech[:, :, None].double()
+        feats[0, 0, 0] = 1e300  # finite in float64, Inf once cast to the float32 handed back
+        return feats, lengths
+
+    got = TorchFrontend(wide, object(), "cpu", max_batch_samples=100)([np.ones(5, np.float32)], {})
+    assert got.nonfinite == [True] and np.isinf(got[0][0, 0])
