@@ -283,11 +283,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         r["wall_s"] = r["wall"]["median"]
         r["utt_per_s"] = n / r["wall_s"]
         r["speedup_vs_espnet2_best"] = best / r["wall_s"]
-    fast_rate = rate["cold_served"]["median"]
-    espnet2_rate = rate["jobs"]["median"]  # (the 1-process row's CPU seconds include its idle threads' spinning)
-    targets = _targets(n, cores, best, cold, cold_served, fast_rate / espnet2_rate, count_equal, mean_err, hogs)
-    class_note = (f"The flow's fast path computes {fast_rate / rate['cold_class']['median']:.2f}x what ESPnet2's class "
-                  "does in the same flow per core, " if "cold_class" in rate else "The flow's fast path computes ")
+    per_core = rate["cold_served"]["median"] / rate["jobs"]["median"]  # (not the 1-process row: its threads spin)
+    targets = _targets(n, cores, best, cold, cold_served, per_core, count_equal, mean_err, hogs)
     notes = [f"{n} utterances ({seconds:.0f} s of 16 kHz audio), {cores} usable cores, audio in the page cache; each "
              f"row a fresh process (start-up included), {repeats} repetitions interleaved in rotating order (cells: "
              "median [min–max]), all rows of one run side by side; the no-op rerun once.",
@@ -295,12 +292,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                 "ESPNET3_BENCH_ESPNET2_HOGS) ran beside every row, ESPnet2's as ours, started before the first row "
                 f"and killed after the no-op rerun; they took {hog_share:.0%} of the {cores} cores' time meanwhile."]
                if hogs else []),
-             "Compute per core: utterances per second of one core's compute (reading, the frontend, the sums): the "
-             "ESPnet2 jobs' collect_stats wall summed (1 torch thread each), the flow's shard seconds summed "
-             "(summary.json, 1 thread per worker), the 1-process row's collect_stats CPU seconds over its threads "
-             "(torch's idle threads spin: a lower bound). "
-             f"{class_note}{fast_rate / espnet2_rate:.2f}x ESPnet2's own collect_stats; "
-             "`benchmarks/bench_frontend_espnet2.py` measures the frontends alone.",
+             _per_core_note(rate),
              f"Of the flow's cold {cold:.1f} s, its workers computed for {np.median(busy['cold']):.1f} s in all; the "
              "rest are fixed costs (interpreter and imports, the Prefect API server's start when none is configured, "
              "the flow run's bookkeeping, starting the workers, the merge): `startup` breaks them down. With the fast "
@@ -308,6 +300,19 @@ def run(quick: bool = False) -> dict[str, Any]:
              *([_small_shards_note(shards, med["cold_small"]["median"], cold_served, cores)]
                if "cold_small" in med else [])]
     return common.write_result(NAME, quick, rows, targets, notes, plot=lambda path: _plot(rows, path), hogs=hogs)
+
+
+def _per_core_note(rate: dict[str, dict[str, float]]) -> str:
+    """What the compute per core is, and the flow's fast path against ESPnet2's class and its jobs."""
+    fast_rate = rate["cold_served"]["median"]
+    versus_class = (f"{fast_rate / rate['cold_class']['median']:.2f}x what ESPnet2's class does in the same flow per "
+                    "core, " if "cold_class" in rate else "")
+    return ("Compute per core: utterances per second of one core's compute (reading, the frontend, the sums): the "
+            "ESPnet2 jobs' collect_stats wall summed (1 torch thread each), the flow's shard seconds summed "
+            "(summary.json, 1 thread per worker), the 1-process row's collect_stats CPU seconds over its threads "
+            f"(torch's idle threads spin: a lower bound). The flow's fast path computes {versus_class}"
+            f"{fast_rate / rate['jobs']['median']:.2f}x ESPnet2's own collect_stats; "
+            "`benchmarks/bench_frontend_espnet2.py` measures the frontends alone.")
 
 
 def _targets(n: int, cores: int, best: float, cold: float, cold_served: float, per_core: float,

@@ -10,7 +10,8 @@ Parts (``--only``), each timed through the product's own code on ``--device``:
   (its FLOPs per audio second, counted on the CPU by ``torch.utils.flop_counter``, times that), the
   padding of the batches, the share of the product path's time the model alone does not take
   (host work: staging, copies, cutting), peak GPU memory, and the error of each against float32
-  one at a time (max |Δ| / max |ref| and relative RMS).
+  one at a time (max |Δ| / max |ref| and relative RMS); and extract-features' own path: calls of
+  16 (the job's default ``batch_size``) and 256 utterances, features written into a Kaldi ark.
 - ``fbank``: 80-dim lhotse fbank through ``frontend.device`` (frames of a call's utterances
   gathered into one matrix: ``FastFbank.batch``) vs the CPU path on one core; the collect-stats
   sums (float64) of both.
@@ -51,7 +52,7 @@ import torch
 from benchmarks import common
 from benchmarks.gpu_measure import (
     feature_error, flops_per_audio_second, min_cosine, moments_error, padding_fraction, peak_memory_mb, profile_table,
-    reset_peak, timed,
+    reset_peak, timed, written_rows,
 )
 from benchmarks.gpu_report import table, targets
 
@@ -106,6 +107,7 @@ def part_hubert(device: str, quick: bool) -> dict[str, Any]:
                          "utts": len(data), "audio_s": seconds(data), "wall_s": elapsed,
                          "x_realtime": seconds(data) / elapsed, "peak_mb": peak, **err,
                          "padding": padding_fraction(frontend.batches(lengths), lengths)})
+    rows += written_rows(model, device, data, batch_sizes[0], seconds(data))
     for precision in ("float32", "bf16"):  # collect-stats: only the moments come back
         frontend = model_frontend(model, device, batch_sizes[-1], precision)
         frontend.moments(data[:2], {})

@@ -115,3 +115,43 @@ def padding_fraction(groups: Sequence[Sequence[int]], lengths: Sequence[int]) ->
     """The share of padding in the samples of padded batches ``groups`` (positions into ``lengths``)."""
     computed = sum(len(g) * max(lengths[i] for i in g) for g in groups)
     return 1.0 - sum(lengths[i] for g in groups for i in g) / computed if computed else 0.0
+
+
+def written_features(frontend: Any, data: Sequence[np.ndarray], device: str, call: int) -> float:
+    """Seconds of extract-features' product path over ``data``: calls of ``call`` waveforms (the
+    job's ``batch_size``) in their given order, each call's features written into a Kaldi ark as a
+    shard's are (``features.outputs.FeatureShardWriter``, into a temporary directory)."""
+    import tempfile
+    from pathlib import Path
+
+    from espnet3_flows.features.outputs import FeatureShardWriter
+
+    def run(tmp: Path) -> None:
+        writer = FeatureShardWriter(tmp, tmp / "feats.ark")
+        for start in range(0, len(data), call):
+            part = data[start:start + call]
+            writer.write([{"utt_id": f"u{start + i:07d}", "speech_len": len(w), "feats": f, "text": "",
+                           "speaker": ""} for i, (w, f) in enumerate(zip(part, frontend(part, {}), strict=True))])
+        writer.close()
+
+    with tempfile.TemporaryDirectory(prefix="gpu-written-") as tmp:
+        elapsed, _ = timed(device, lambda: run(Path(tmp)))
+    return elapsed
+
+
+def written_rows(model: Any, device: str, data: Sequence[np.ndarray], max_batch_samples: int,
+                 audio_s: float) -> list[dict[str, Any]]:
+    """The ``hubert`` part's rows of extract-features as a job runs it (:func:`written_features`):
+    calls of 16 (the default ``batch_size``) and of 256 utterances, in bf16 on a GPU (float32 on a
+    CPU core, where bf16 runs at ~0.1x real time)."""
+    from espnet3_flows.frontends.frontend import model_frontend
+
+    precision = "bf16" if device.startswith("cuda") else "float32"
+    rows = []
+    for call in (16, 256):
+        elapsed = written_features(model_frontend(model, device, max_batch_samples, precision), data, device, call)
+        rows.append({"part": "hubert", "mode": f"written, calls of {call}", "precision": precision,
+                     "max_batch_samples": max_batch_samples, "utts": len(data), "audio_s": audio_s,
+                     "wall_s": elapsed, "x_realtime": audio_s / elapsed, "peak_mb": None, "max_rel": None,
+                     "rel_rms": None})
+    return rows

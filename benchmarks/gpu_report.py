@@ -74,6 +74,9 @@ def audio_hours(rows: list[dict[str, Any]]) -> list[tuple[str, float | None, flo
             + pick("collect-stats, HuBERT-base", of("hubert", "collect-stats moments"), lambda r: r["precision"])
             + pick("HuBERT-base features written", of("hubert", "batched"),
                    lambda r: f"{r['precision']}, {r['max_batch_samples']:,} samples per batch")
+            + pick("HuBERT-base features into a Kaldi ark, extract-features' calls",
+                   [r for r in of("hubert") if r["mode"].startswith("written")],
+                   lambda r: f"{r['precision']}, {r['mode'].split(', ', 1)[1]}")
             + pick("x-vectors, ECAPA-TDNN", of("ecapa"), lambda r: f"{r['precision']}, batch {r['batch']}")
             + pick("x-vectors, RawNet3", of("rawnet3"), lambda r: f"{r['precision']}, batch {r['batch']}"))
 
@@ -87,7 +90,8 @@ def table(result: dict[str, Any]) -> str:
         alone = {r["precision"]: r["x_realtime"] for r in hub if r["mode"].startswith("model only")}
 
         def host_share(r: dict[str, Any]) -> str:  # of the product path's time: what the model alone does not take
-            model = alone.get(r["precision"]) if r["mode"] in ("batched", "collect-stats moments") else None
+            model = (alone.get(r["precision"]) if r["mode"] in ("batched", "collect-stats moments")
+                     or r["mode"].startswith("written") else None)
             return "–" if not model else f"{max(0.0, 1 - r['x_realtime'] / model):.0%}"
 
         out.append(common.markdown_table(

@@ -59,7 +59,9 @@ def test_rehearsal_measures_what_the_issue_asks(rehearsal):
     rows = json.loads((out / "gpu.json").read_text())["rows"]
     hubert = [r for r in rows if r["part"] == "hubert"]
     assert {r["mode"] for r in hubert} == {"one at a time", "batched", "collect-stats moments",
-                                           "model only (batches on the device)"}
+                                           "model only (batches on the device)", "written, calls of 16",
+                                           "written, calls of 256"}
+    assert all(r["x_realtime"] > 0 for r in hubert if r["mode"].startswith("written"))  # features were written
     batched = {r["precision"]: r for r in hubert if r["mode"] == "batched"}
     assert batched["float32"]["max_rel"] < 1e-5  # exact padded batches
     assert 1e-4 < batched["bf16"]["rel_rms"] < 0.1  # reduced precision: its error is measured, not zero
