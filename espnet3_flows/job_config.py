@@ -118,10 +118,12 @@ class EngineConfig:
         pipe_timeout: Seconds one audio command may run before it is killed with its children
             (the shard then fails and is retried).
         decode_threads: Threads in each worker that decode (and resample) a ``forward`` call's
-            audio files together, ahead of the model (soundfile and scipy release the GIL). 0
-            picks 4 where the job's model runs on a GPU (``frontend.device`` / ``xvector.device``
-            not ``cpu``: one GPU consumes audio faster than one core decodes it) and 1 elsewhere
-            (the workers are the CPU parallelism). Results never depend on it.
+            audio files together, ahead of the model (soundfile and scipy release the GIL); above
+            1, they also decode the shard's next call's files while the model works on this
+            call's (one call's audio more in memory). 0 picks 4 where the job's model runs on a
+            GPU (``frontend.device`` / ``xvector.device`` not ``cpu``: one GPU consumes audio
+            faster than one core decodes it) and 1 elsewhere (the workers are the CPU
+            parallelism). Results never depend on it.
     """
 
     #: old spellings read as their keys (see :func:`espnet3_flows.config.rename_aliases`)

@@ -124,7 +124,7 @@ class ShardDataset:
         self.utts = utts
         self.start = start
         uses = Counter(recording_key(u) for u in utts if u.recording)
-        self.audio_cache = RecordingCache(uses, cwd)
+        self.audio_cache = RecordingCache(uses, cwd, order=utts)
 
     def __len__(self) -> int:
         return len(self.utts)

@@ -16,7 +16,7 @@ import os
 import stat
 import struct
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from collections.abc import Mapping, Sequence
 
@@ -31,7 +31,7 @@ from espnet3_flows.inputs.audio_commands import _streamed_wav_sizes, run_pipe
 from espnet3_flows.inputs.audio_config import (RESAMPLERS, AudioConfig, AudioError, check_audio_settings,
                                               check_max_duration)
 from espnet3_flows.inputs.pcm_wav import read_pcm16_wav
-from espnet3_flows.inputs.recording_cache import RecordingCache, recording_key
+from espnet3_flows.inputs.recording_cache import RecordingCache, ahead_key, recording_key
 from espnet3_flows.inputs.resampling import resample
 from espnet3_flows.inputs.records import Utterance, entry_kind
 
@@ -48,18 +48,36 @@ def load_many(utts: Sequence[Utterance], config: AudioConfig, storage_options: M
     soundfile and scipy release the GIL, so a worker feeding a GPU decodes on several cores.
     Segments (their recordings are shared through ``cache``), commands (``cmd |``) and entries of
     a registered format are read in the calling thread. The first failing utterance's error is raised, as serially.
+
+    With those threads and a shard's ``cache``, the files of the shard's next call
+    (:meth:`~espnet3_flows.inputs.recording_cache.RecordingCache.following`) start decoding behind
+    these, so that they are decoded while the caller's model works on these ones; the next call
+    takes them (a failed one raises there, as if decoded then).
     """
-    if config.decode_threads <= 1 or len(utts) < 2:
+    if config.decode_threads <= 1:
         return [load_audio(u, config, storage_options, cache) for u in utts]
     pool = _decode_pool(config.decode_threads)
-    futures = {i: pool.submit(load_audio, u, config, storage_options, cache)  # (only cache.cwd is read)
-               for i, u in enumerate(utts) if not u.recording and not u.format and entry_kind(u.path) != "pipe"}
+    ahead = cache.ahead if cache is not None else {}
+
+    def decode(u: Utterance) -> Future:
+        return ahead.pop(ahead_key(u), None) or pool.submit(load_audio, u, config, storage_options, cache)
+
+    futures = {i: decode(u) for i, u in enumerate(utts) if _threaded(u)}  # (only cache.cwd is read)
+    for u in cache.following(utts) if cache is not None else ():
+        if _threaded(u) and ahead_key(u) not in ahead:
+            ahead[ahead_key(u)] = pool.submit(load_audio, u, config, storage_options, cache)
     try:
         return [futures[i].result() if i in futures else load_audio(u, config, storage_options, cache)
                 for i, u in enumerate(utts)]
     finally:
         for future in futures.values():
             future.cancel()
+
+
+def _threaded(utt: Utterance) -> bool:
+    """Whether :func:`load_many` decodes ``utt`` on its threads: a whole file, not a segment, a
+    command or an entry of a registered format."""
+    return not utt.recording and not utt.format and entry_kind(utt.path) != "pipe"
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}

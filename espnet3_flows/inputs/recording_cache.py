@@ -1,10 +1,12 @@
 """Decoded recordings kept for the segments of one shard (a Kaldi ``segments`` file cuts many
-utterances from one recording: each recording is decoded once per shard)."""
+utterances from one recording: each recording is decoded once per shard), and the shard's next
+call's files decoded ahead (:meth:`RecordingCache.following`, :attr:`RecordingCache.ahead`)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -23,9 +25,12 @@ class RecordingCache:
         uses: Recording key (:func:`recording_key`) → number of the shard's segments in it.
         cwd: Directory commands (``cmd |`` entries) run in; the current one when empty.
         max_bytes: Most bytes of decoded audio kept.
+        order: The shard's utterances in the order its calls take them (what :meth:`following`
+            looks ahead in); none: nothing is decoded ahead.
     """
 
-    def __init__(self, uses: Mapping[str, int] | None = None, cwd: str = "", max_bytes: int = 2 << 30):
+    def __init__(self, uses: Mapping[str, int] | None = None, cwd: str = "", max_bytes: int = 2 << 30,
+                 order: Sequence[Utterance] = ()):
         self.uses = dict(uses or {})
         self.cwd = cwd
         self.max_bytes = max_bytes
@@ -33,6 +38,21 @@ class RecordingCache:
         self._data: OrderedDict[str, tuple[np.ndarray, int]] = OrderedDict()
         self._headers: dict[str, tuple[int, int]] = {}
         self._bytes = 0
+        self._order = list(order)
+        self._positions: dict[str, int] | None = None
+        #: Decodes started ahead of their call (:func:`~espnet3_flows.inputs.audio.load_many`), by
+        #: :func:`ahead_key`; each is taken by the call that reads its utterance
+        self.ahead: dict[tuple[str, str], Future] = {}
+
+    def following(self, utts: Sequence[Utterance]) -> list[Utterance]:
+        """The shard's next call's utterances, as its calls go: as many as ``utts`` after the last
+        of them in the shard's order (none after the shard's last, or for an utterance not in it)."""
+        if not utts or not self._order:
+            return []
+        if self._positions is None:
+            self._positions = {u.utt_id: i for i, u in enumerate(self._order)}
+        last = self._positions.get(utts[-1].utt_id)
+        return [] if last is None else self._order[last + 1:last + 1 + len(utts)]
 
     def get(self, key: str, decode: Callable[[], tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
         """The recording ``(channels × samples, rate)`` of ``key``, decoded now if not kept."""
@@ -66,3 +86,8 @@ class RecordingCache:
 def recording_key(utt: Utterance) -> str:
     """The key of an utterance's recording in a :class:`RecordingCache`."""
     return f"{utt.recording}\0{utt.path}"
+
+
+def ahead_key(utt: Utterance) -> tuple[str, str]:
+    """The key of an utterance's decode in :attr:`RecordingCache.ahead`."""
+    return utt.utt_id, utt.path

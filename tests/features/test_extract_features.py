@@ -89,12 +89,15 @@ def test_resume_and_incremental_runs_on_a_local_cluster(prefect_harness, demo_co
     assert len(_cuts(tmp_path / "out" / "train" / "cuts.jsonl.gz")) == 48
 
 
-def test_bad_items_are_skipped_or_fail_the_run(prefect_harness, demo_corpus, tmp_path):
+@pytest.mark.parametrize("threads", [{}, {"decode_threads": 2, "batch_size": 2}], ids=["serial", "decoded ahead"])
+def test_bad_items_are_skipped_or_fail_the_run(prefect_harness, demo_corpus, tmp_path, threads):
+    """Also with the next call's files decoded ahead (``decode_threads``): the missing file is
+    read during the call before its own, and is still that call's bad item."""
     lines = Path(demo_corpus["valid"]).read_text().splitlines(keepends=True)
     manifest = tmp_path / "valid.tsv"
     manifest.write_text("".join(lines[:3]) + "zz-missing\t/nonexistent/audio.wav\n" + "".join(lines[3:6]))
     cfg = {"manifests": {"valid": str(manifest)}, "output_dir": str(tmp_path / "skip"), "shard_size": 4,
-           "on_error": "skip", "parallel": {"env": "serial"}}
+           "on_error": "skip", "parallel": {"env": "serial"}, **threads}
     summary = run_job("extract_features", cfg, progress=False)["valid"]
     assert summary["utterances"] == 6 and summary["skipped"] == 1
     assert "zz-missing" in (tmp_path / "skip" / "valid" / "skipped.tsv").read_text()

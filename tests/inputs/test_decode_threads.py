@@ -1,8 +1,10 @@
 """``load_many`` on decoding threads (``decode_threads``): the same audio, in order, as one at a
-time, for every kind of entry; the first bad utterance's error; the threads the config picks."""
+time, for every kind of entry; the first bad utterance's error; the threads the config picks; the
+shard's next call's files decoded ahead while the caller works on this call's."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -36,12 +38,12 @@ def utterances(tmp_path) -> list[Utterance]:
     return utts
 
 
-def _cache(utts: list[Utterance], cwd: str = "") -> RecordingCache:
+def _cache(utts: list[Utterance], cwd: str = "", order: bool = False) -> RecordingCache:
     uses: dict[str, int] = {}
     for u in utts:
         if u.recording:
             uses[recording_key(u)] = uses.get(recording_key(u), 0) + 1
-    return RecordingCache(uses, cwd)
+    return RecordingCache(uses, cwd, order=utts if order else ())
 
 
 def test_threads_give_the_serial_result_in_order(utterances, tmp_path):
@@ -83,3 +85,44 @@ def test_the_earlier_names_of_the_job_resource_builders_still_import():
     from espnet3_flows.utterance_job import audio_env, audio_resources
 
     assert audio_env is audio_resources and build_env is build_resources
+
+
+def test_the_next_calls_files_are_decoded_ahead_and_taken_by_that_call(utterances, tmp_path):
+    config = AudioConfig(allow_pipes=True, decode_threads=2)
+    serial = [load_audio(u, AudioConfig(allow_pipes=True), None, _cache(utterances, str(tmp_path)))
+              for u in utterances]
+    cache = _cache(utterances, str(tmp_path), order=True)
+    calls = [utterances[i:i + 4] for i in range(0, len(utterances), 4)]  # (the last: the segments and the command)
+    got = load_many(calls[0], config, None, cache)
+    assert sorted(cache.ahead) == sorted((u.utt_id, u.path) for u in calls[1])
+    for future in cache.ahead.values():
+        future.result()
+    for u in calls[1]:  # decoded already: the files may go
+        os.remove(u.path)
+    got += load_many(calls[1], config, None, cache)
+    assert sorted(cache.ahead) == sorted((u.utt_id, u.path) for u in calls[2])
+    got += load_many(calls[2], config, None, cache)
+    assert cache.ahead == {}  # segments and commands are read in the calling thread, never ahead
+    got += load_many(calls[3], config, None, cache)
+    assert cache.ahead == {} and cache.decodes == 1
+    for (a, ra), (b, rb) in zip(got, serial, strict=True):
+        assert ra == rb
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_bad_file_decoded_ahead_fails_the_call_that_reads_it(utterances, tmp_path):
+    (tmp_path / "u5.flac").write_bytes(b"not audio")
+    cache = _cache(utterances, order=True)
+    config = AudioConfig(decode_threads=2)
+    assert len(load_many(utterances[:4], config, None, cache)) == 4  # u5 is decoded ahead, and fails there
+    with pytest.raises(AudioError, match="u5"):
+        load_many(utterances[4:8], config, None, cache)
+
+
+def test_nothing_is_decoded_ahead_serially_after_the_shards_last_call_or_without_the_shards_order(utterances):
+    whole = [u for u in utterances if not u.recording and not u.path.endswith("|")]
+    for config, cache, call in ((AudioConfig(), _cache(whole, order=True), whole[:4]),
+                                (AudioConfig(decode_threads=2), _cache(whole, order=True), whole[-4:]),
+                                (AudioConfig(decode_threads=2), _cache(whole), whole[:4])):
+        load_many(call, config, None, cache)
+        assert cache.ahead == {}
