@@ -52,20 +52,27 @@ def load_many(utts: Sequence[Utterance], config: AudioConfig, storage_options: M
     With those threads and a shard's ``cache``, the files of the shard's next call
     (:meth:`~espnet3_flows.inputs.recording_cache.RecordingCache.following`) start decoding behind
     these, so that they are decoded while the caller's model works on these ones; the next call
-    takes them (a failed one raises there, as if decoded then).
+    takes them (a failed one raises there, as if decoded then), with the same settings only. Those
+    of an earlier call that no call took (its forward failed before reading them) are dropped. A
+    call of one file waits for the threads too.
     """
     if config.decode_threads <= 1:
         return [load_audio(u, config, storage_options, cache) for u in utts]
     pool = _decode_pool(config.decode_threads)
-    ahead = cache.ahead if cache is not None else {}
+    settings = (config, dict(storage_options or {}))
+    upcoming = [u for u in cache.following(utts) if _threaded(u)] if cache is not None else []
+    if cache is not None:
+        cache.keep_ahead({ahead_key(u) for u in (*utts, *upcoming)})
+
+    threads_cache = cache.detached() if cache is not None else None  # (whole files read only its cwd)
 
     def decode(u: Utterance) -> Future:
-        return ahead.pop(ahead_key(u), None) or pool.submit(load_audio, u, config, storage_options, cache)
+        return pool.submit(load_audio, u, config, storage_options, threads_cache)
 
-    futures = {i: decode(u) for i, u in enumerate(utts) if _threaded(u)}  # (only cache.cwd is read)
-    for u in cache.following(utts) if cache is not None else ():
-        if _threaded(u) and ahead_key(u) not in ahead:
-            ahead[ahead_key(u)] = pool.submit(load_audio, u, config, storage_options, cache)
+    futures = {i: (cache.take_ahead(u, settings) if cache is not None else None) or decode(u)
+               for i, u in enumerate(utts) if _threaded(u)}
+    for u in upcoming if cache is not None else ():
+        cache.start_ahead(u, settings, decode)
     try:
         return [futures[i].result() if i in futures else load_audio(u, config, storage_options, cache)
                 for i, u in enumerate(utts)]

@@ -4,9 +4,11 @@ call's files decoded ahead (:meth:`RecordingCache.following`, :attr:`RecordingCa
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
 
@@ -41,8 +43,40 @@ class RecordingCache:
         self._order = list(order)
         self._positions: dict[str, int] | None = None
         #: Decodes started ahead of their call (:func:`~espnet3_flows.inputs.audio.load_many`), by
-        #: :func:`ahead_key`; each is taken by the call that reads its utterance
-        self.ahead: dict[tuple[str, str], Future] = {}
+        #: :func:`ahead_key`, with the settings they decode with; each is taken by the call that
+        #: reads its utterance. Those still queued when the cache goes (its shard ended, or
+        #: failed) are cancelled.
+        self.ahead: dict[tuple[str, str], tuple[Future, Any]] = {}
+        self._detached: RecordingCache | None = None
+        weakref.finalize(self, _cancel_all, self.ahead)
+
+    def detached(self) -> RecordingCache:
+        """A cache with this one's ``cwd`` and nothing else, for whole files decoded on other
+        threads (they read only ``cwd``): work queued there then keeps this one, and what it
+        holds, from outliving its shard."""
+        if self._detached is None:
+            self._detached = RecordingCache(cwd=self.cwd, max_bytes=0)
+        return self._detached
+
+    def take_ahead(self, utt: Utterance, settings: Any) -> Future | None:
+        """The decode of ``utt`` started ahead with the same ``settings`` (taken out), else ``None``."""
+        got = self.ahead.pop(ahead_key(utt), None)
+        if got is None:
+            return None
+        if got[1] != settings:
+            got[0].cancel()
+            return None
+        return got[0]
+
+    def start_ahead(self, utt: Utterance, settings: Any, decode: Callable[[Utterance], Future]) -> None:
+        """Start decoding ``utt`` ahead of its call (``decode(utt)``), unless it is started already."""
+        if ahead_key(utt) not in self.ahead:
+            self.ahead[ahead_key(utt)] = (decode(utt), settings)
+
+    def keep_ahead(self, keys: set[tuple[str, str]]) -> None:
+        """Cancel and drop the decodes started ahead but for ``keys``'."""
+        for key in [k for k in self.ahead if k not in keys]:
+            self.ahead.pop(key)[0].cancel()
 
     def following(self, utts: Sequence[Utterance]) -> list[Utterance]:
         """The shard's next call's utterances, as its calls go: as many as ``utts`` after the last
@@ -91,3 +125,9 @@ def recording_key(utt: Utterance) -> str:
 def ahead_key(utt: Utterance) -> tuple[str, str]:
     """The key of an utterance's decode in :attr:`RecordingCache.ahead`."""
     return utt.utt_id, utt.path
+
+
+def _cancel_all(ahead: dict[tuple[str, str], tuple[Future, Any]]) -> None:
+    for future, _ in ahead.values():
+        future.cancel()
+    ahead.clear()

@@ -95,7 +95,7 @@ def test_the_next_calls_files_are_decoded_ahead_and_taken_by_that_call(utterance
     calls = [utterances[i:i + 4] for i in range(0, len(utterances), 4)]  # (the last: the segments and the command)
     got = load_many(calls[0], config, None, cache)
     assert sorted(cache.ahead) == sorted((u.utt_id, u.path) for u in calls[1])
-    for future in cache.ahead.values():
+    for future, _ in cache.ahead.values():
         future.result()
     for u in calls[1]:  # decoded already: the files may go
         os.remove(u.path)
@@ -126,3 +126,36 @@ def test_nothing_is_decoded_ahead_serially_after_the_shards_last_call_or_without
                                 (AudioConfig(decode_threads=2), _cache(whole), whole[:4])):
         load_many(call, config, None, cache)
         assert cache.ahead == {}
+
+
+def test_a_decode_ahead_is_taken_with_the_same_settings_only_and_dropped_when_no_call_takes_it(utterances):
+    whole = utterances[:12]
+    cache = _cache(whole, order=True)
+    load_many(whole[:2], AudioConfig(decode_threads=2), None, cache)
+    assert sorted(cache.ahead) == [("u2", whole[2].path), ("u3", whole[3].path)]
+    eight = AudioConfig(sampling_rate=8000, decode_threads=2)  # other settings: decoded again, with these
+    got = load_many(whole[2:4], eight, None, cache)
+    for (a, _), u in zip(got, whole[2:4], strict=True):
+        np.testing.assert_array_equal(a, load_audio(u, eight)[0])
+    load_many(whole[8:10], AudioConfig(decode_threads=2), None, cache)  # u4, u5 were never read: dropped
+    assert sorted(cache.ahead) == [("u10", whole[10].path), ("u11", whole[11].path)]
+
+
+def test_decodes_still_queued_when_the_shard_goes_are_cancelled(utterances):
+    from espnet3_flows.inputs.audio import _decode_pool
+
+    release = threading.Event()
+    blockers = [_decode_pool(2).submit(release.wait) for _ in range(2)]  # both threads busy
+    try:
+        segments = [u for u in utterances if u.recording]
+        shard = [*segments, *utterances[:4]]
+        cache = _cache(shard, order=True)
+        load_many(segments, AudioConfig(decode_threads=2), None, cache)  # read here; u0..u2 queued ahead
+        queued = [future for future, _ in cache.ahead.values()]
+        assert len(queued) == 3 and not any(f.done() for f in queued)
+        del cache  # the shard ended (or failed): nothing reads them
+        assert all(f.cancelled() for f in queued)
+    finally:
+        release.set()
+        for b in blockers:
+            b.result()
