@@ -13,7 +13,7 @@ Configurations it does not cover (energy features, magnitude spectra) run lhotse
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -22,9 +22,8 @@ from espnet3_flows.errors import BadItemError
 from espnet3_flows.frontends.checked import CheckedFeatures
 from espnet3_flows.frontends.device_moments import FrameMoments, Moments
 from espnet3_flows.frontends.lhotse_private import FbankLayout, LayoutUnavailable, fbank_layout
-from espnet3_flows.frontends.pinned import HostCopy, PinnedStaging, overlapped
+from espnet3_flows.frontends.pinned import HostCopy, PinnedStaging, Result, overlapped
 
-Done = TypeVar("Done")
 
 
 #: Samples per batch of :meth:`FastFbank.batch` (~17 min of 16 kHz audio: ~0.7 GB of frames on a GPU)
@@ -234,7 +233,7 @@ class FastFbank:
         return FrameMoments(frames, dim, total, nonfinite, samples, samples)
 
     def _gathered(self, arrays: Sequence[np.ndarray], dev: Any, max_batch_samples: int,
-                  then: Callable[[Any, list[int]], Done]) -> Iterator[Done]:
+                  then: Callable[[Any, list[int]], Result]) -> Iterator[Result]:
         """``then(features [frames, num_mel_bins] on dev, frames of each array)`` per batch of at most
         ``max_batch_samples`` samples (one longer array goes alone), queued right after the batch's
         compute; on a GPU the next batch's waveforms are concatenated, copied and launched before
@@ -251,7 +250,7 @@ class FastFbank:
             spans.append((start, end))
             start = end
 
-        def launch(span: tuple[int, int], wave: Any) -> Done:
+        def launch(span: tuple[int, int], wave: Any) -> Result:
             with torch.inference_mode():
                 return then(*self._batch_features(wave, [a.size for a in arrays[span[0]:span[1]]], dev))
 

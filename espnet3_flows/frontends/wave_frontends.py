@@ -7,12 +7,12 @@ The built-in ``frontend.type`` values are one module each: :mod:`.fbank_type`, :
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from espnet3_flows.frontends.checked import CheckedFeatures
 from espnet3_flows.frontends.device_moments import FrameMoments, Moments, nonfinite_rows
-from espnet3_flows.frontends.pinned import HostCopy, PinnedStaging, overlapped
+from espnet3_flows.frontends.pinned import HostCopy, PinnedStaging, Result, overlapped
 from espnet3_flows.frontends.precision import check_precision, precision_scope
 
 if TYPE_CHECKING:
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
     from espnet3_flows.frontends.config import FrontendConfig
 
-Done = TypeVar("Done")
 
 #: Version of how model and ESPnet2 frontends are run (one utterance per call unless batched)
 TORCH_FRONTEND_IMPLEMENTATION = "espnet3_flows.stats.frontend.TorchFrontend/1"
@@ -117,14 +116,14 @@ class TorchFrontend:
         return groups
 
     def _computed(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any],
-                  then: Callable[[list[int], Any, Any], Done]) -> Iterator[Done]:
+                  then: Callable[[list[int], Any, Any], Result]) -> Iterator[Result]:
         """Per call (:meth:`batches`): ``then(positions, feats [B, T', D], lengths [B])``, queued on
         the device right after the call's compute; the lengths the extractor's or, where it gives
         none, ``T'`` for every row. On a GPU the next call's batch is assembled, copied and launched
         before this one's result is handed over (:func:`~espnet3_flows.frontends.pinned.overlapped`)."""
         import torch
 
-        def launch(group: list[int], staged: tuple[Any, Any]) -> Done:
+        def launch(group: list[int], staged: tuple[Any, Any]) -> Result:
             speech, lengths = staged
             with torch.inference_mode():
                 with precision_scope(self.device, self.precision):

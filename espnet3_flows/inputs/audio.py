@@ -59,19 +59,17 @@ def load_many(utts: Sequence[Utterance], config: AudioConfig, storage_options: M
     if config.decode_threads <= 1:
         return [load_audio(u, config, storage_options, cache) for u in utts]
     pool = _decode_pool(config.decode_threads)
+    cache = cache if cache is not None else RecordingCache()  # (one of no shard: nothing to read ahead in)
     settings = (config, dict(storage_options or {}))
-    upcoming = [u for u in cache.following(utts) if _threaded(u)] if cache is not None else []
-    if cache is not None:
-        cache.keep_ahead({ahead_key(u) for u in (*utts, *upcoming)})
-
-    threads_cache = cache.detached() if cache is not None else None  # (whole files read only its cwd)
+    upcoming = [u for u in cache.following(utts) if _threaded(u)]
+    cache.keep_ahead({ahead_key(u) for u in (*utts, *upcoming)})
+    threads_cache = cache.detached()  # (whole files read only its cwd)
 
     def decode(u: Utterance) -> Future:
         return pool.submit(load_audio, u, config, storage_options, threads_cache)
 
-    futures = {i: (cache.take_ahead(u, settings) if cache is not None else None) or decode(u)
-               for i, u in enumerate(utts) if _threaded(u)}
-    for u in upcoming if cache is not None else ():
+    futures = {i: cache.take_ahead(u, settings) or decode(u) for i, u in enumerate(utts) if _threaded(u)}
+    for u in upcoming:
         cache.start_ahead(u, settings, decode)
     try:
         return [futures[i].result() if i in futures else load_audio(u, config, storage_options, cache)
