@@ -11,7 +11,9 @@ Parts (``--only``), each timed through the product's own code on ``--device``:
   padding of the batches, the share of the product path's time the model alone does not take
   (host work: staging, copies, cutting), peak GPU memory, and the error of each against float32
   one at a time (max |Δ| / max |ref| and relative RMS); and extract-features' own path: calls of
-  16 (the job's default ``batch_size``) and 256 utterances, features written into a Kaldi ark.
+  16 (the job's default ``batch_size``) and 256 utterances, features written into a Kaldi ark; and
+  ``frontend.bucket_shapes`` (batches padded to a few fixed shapes, cuDNN's attention on) beside the
+  same batches as they are, each on a second pass, with their padding and distinct shapes.
 - ``fbank``: 80-dim lhotse fbank through ``frontend.device`` (frames of a call's utterances
   gathered into one matrix: ``FastFbank.batch``) vs the CPU path on one core; the collect-stats
   sums (float64) of both.
@@ -51,8 +53,8 @@ import torch
 
 from benchmarks import common
 from benchmarks.gpu_measure import (
-    feature_error, flops_per_audio_second, min_cosine, moments_error, padding_fraction, peak_memory_mb, profile_table,
-    reset_peak, timed, written_rows,
+    bucket_shape_rows, feature_error, flops_per_audio_second, min_cosine, moments_error, padding_fraction,
+    peak_memory_mb, profile_table, reset_peak, timed, written_rows,
 )
 from benchmarks.gpu_report import table, targets
 
@@ -108,6 +110,7 @@ def part_hubert(device: str, quick: bool) -> dict[str, Any]:
                          "x_realtime": seconds(data) / elapsed, "peak_mb": peak, **err,
                          "padding": padding_fraction(frontend.batches(lengths), lengths)})
     rows += written_rows(model, device, data, batch_sizes[0], seconds(data))
+    rows += bucket_shape_rows(model, device, data, subset, ref, batch_sizes[0], seconds(data))
     for precision in ("float32", "bf16"):  # collect-stats: only the moments come back
         frontend = model_frontend(model, device, batch_sizes[-1], precision)
         frontend.moments(data[:2], {})

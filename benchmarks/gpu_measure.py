@@ -155,3 +155,28 @@ def written_rows(model: Any, device: str, data: Sequence[np.ndarray], max_batch_
                      "wall_s": elapsed, "x_realtime": audio_s / elapsed, "peak_mb": None, "max_rel": None,
                      "rel_rms": None})
     return rows
+
+
+def bucket_shape_rows(model: Any, device: str, data: Sequence[np.ndarray], subset: Sequence[np.ndarray],
+                      ref: Sequence[np.ndarray], max_batch_samples: int, audio_s: float) -> list[dict[str, Any]]:
+    """The ``hubert`` part's rows of ``frontend.bucket_shapes`` (issue 62, part 2), beside the same
+    call padded as the batches are: every utterance in one call, in bf16 on a GPU (float32 on a CPU
+    core), timed after a first pass that met every shape (so cuDNN's attention, on with fixed
+    shapes, has planned them), with the padding and the distinct shapes of the batches."""
+    from espnet3_flows.frontends.frontend import model_frontend
+
+    precision = "bf16" if device.startswith("cuda") else "float32"
+    lengths = [len(w) for w in data]
+    rows = []
+    for fixed in (False, True):
+        frontend = model_frontend(model, device, max_batch_samples, precision, bucket_shapes=fixed)
+        frontend(data, {})  # every shape once
+        elapsed, _ = timed(device, lambda frontend=frontend: frontend(data, {}))
+        shapes = [frontend.shape([lengths[i] for i in group]) for group in frontend.batches(lengths)]
+        rows.append({"part": "hubert", "mode": "bucket shapes" if fixed else "padded as they are, second pass",
+                     "precision": precision, "max_batch_samples": max_batch_samples, "utts": len(data),
+                     "audio_s": audio_s, "wall_s": elapsed, "x_realtime": audio_s / elapsed, "peak_mb": None,
+                     **feature_error(frontend(subset, {}), ref),
+                     "padding": 1.0 - sum(lengths) / sum(rows_ * length for rows_, length in shapes),
+                     "shapes": len(set(shapes))})
+    return rows

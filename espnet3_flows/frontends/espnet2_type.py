@@ -99,4 +99,4 @@ class Espnet2Type(FrontendType):
             if fast is not None:
                 return PerUtterance(fast)
         return espnet2_frontend(build_espnet2_frontend(cfg.name, cfg.conf), cfg.device, cfg.max_batch_samples,
-                                cfg.precision)
+                                cfg.precision, cfg.bucket_shapes)

@@ -12,7 +12,7 @@ from espnet3_flows.frontends.wave_frontends import TorchFrontend, torch_batching
 
 
 def model_frontend(model: Any, device: str = "cpu", max_batch_samples: int = 0,
-                   precision: str = "float32") -> TorchFrontend:
+                   precision: str = "float32", bucket_shapes: bool = False) -> TorchFrontend:
     """A frontend from any torch module with ESPnet's ``collect_feats(speech, speech_lengths, **kwargs)``."""
     if not hasattr(model, "collect_feats"):
         raise ConfigError(f"{type(model).__name__} has no collect_feats(speech, speech_lengths, **kwargs)")
@@ -21,7 +21,7 @@ def model_frontend(model: Any, device: str = "cpu", max_batch_samples: int = 0,
         out = model.collect_feats(speech=speech, speech_lengths=lengths, **dict(kwargs))
         return out["feats"], out.get("feats_lengths")
 
-    return TorchFrontend(extract, model, device, max_batch_samples, precision)
+    return TorchFrontend(extract, model, device, max_batch_samples, precision, bucket_shapes)
 
 
 class ModelType(FrontendType):
@@ -49,4 +49,4 @@ class ModelType(FrontendType):
 
     def build(self, cfg: FrontendConfig) -> Frontend:
         return model_frontend(instantiate(cfg.model, "frontend.model"), cfg.device, cfg.max_batch_samples,
-                              cfg.precision)
+                              cfg.precision, cfg.bucket_shapes)

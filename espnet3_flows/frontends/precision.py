@@ -35,8 +35,10 @@ def check_precision(precision: str, name: str = "precision") -> None:
 
 
 @contextlib.contextmanager
-def precision_scope(device: Any, precision: str) -> Iterator[None]:
-    """Run the block's torch calls on ``device`` (a ``torch.device`` or its name) in ``precision``."""
+def precision_scope(device: Any, precision: str, planned_shapes: bool = False) -> Iterator[None]:
+    """Run the block's torch calls on ``device`` (a ``torch.device`` or its name) in ``precision``;
+    ``planned_shapes``: the inputs come in a few fixed shapes (``frontend.bucket_shapes``), so
+    cuDNN's attention, which plans each shape once, stays on under autocast."""
     import torch
 
     check_precision(precision)
@@ -46,7 +48,7 @@ def precision_scope(device: Any, precision: str) -> Iterator[None]:
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     cudnn_attention = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-    if dtype is not None and device_type == "cuda":
+    if dtype is not None and device_type == "cuda" and not planned_shapes:
         torch.backends.cuda.enable_cudnn_sdp(False)  # (a plan per new input shape: see above)
     try:
         with torch.autocast(device_type, dtype=getattr(torch, dtype) if dtype else None, enabled=dtype is not None):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from espnet3_flows.frontends.bucket_shapes import (LADDER_ALIGN, LADDER_BASE, LADDER_STEP, bucket_capacity,
+                                                   bucket_length, bucket_shape)
 from espnet3_flows.frontends.checked import CheckedFeatures
 from espnet3_flows.frontends.device_moments import FrameMoments, Moments, nonfinite_rows
 from espnet3_flows.frontends.pinned import HostCopy, PinnedStaging, Result, overlapped
@@ -79,16 +81,21 @@ class TorchFrontend:
         max_batch_samples: 0: one utterance per call (features independent of padding);
             otherwise the most ``batch x longest`` samples per padded call.
         precision: What ``extract`` computes in (:data:`~espnet3_flows.frontends.precision.PRECISIONS`).
+        bucket_shapes: Pad each batch to a fixed shape (:mod:`.bucket_shapes`; with
+            ``max_batch_samples`` above 0): rows of zeros of the batch's length fill it, and
+            are computed and dropped.
     """
 
     def __init__(self, extract: Callable[[Any, Any, Mapping[str, Any]], tuple[Any, Any]], module: Any,
-                 device: str = "cpu", max_batch_samples: int = 0, precision: str = "float32"):
+                 device: str = "cpu", max_batch_samples: int = 0, precision: str = "float32",
+                 bucket_shapes: bool = False):
         import torch
 
         check_cuda(device)
         check_precision(precision)
         self.extract, self.device, self.max_batch_samples = extract, torch.device(device), max_batch_samples
         self.precision, self.module = precision, module
+        self.bucket_shapes = bucket_shapes and max_batch_samples > 0
         self._staging = PinnedStaging()  # where the padded batches are assembled on a GPU
         if hasattr(module, "to"):
             module.to(self.device)
@@ -98,7 +105,8 @@ class TorchFrontend:
     def batches(self, lengths: Sequence[int]) -> list[list[int]]:
         """Positions grouped into calls: alone, or length-sorted into padded batches of at most
         ``max_batch_samples`` samples (batch x longest); a batch that holds :data:`FULL_ENOUGH`
-        of them closes where the next utterance would take its padding past :data:`MAX_PADDING`."""
+        of them closes where the next utterance would take its padding past :data:`MAX_PADDING`.
+        With :attr:`bucket_shapes`, a batch holds at most its ladder length's capacity."""
         if self.max_batch_samples <= 0:
             return [[i] for i in range(len(lengths))]
         groups: list[list[int]] = []
@@ -106,7 +114,9 @@ class TorchFrontend:
         for i in sorted(range(len(lengths)), key=lambda k: lengths[k]):
             n = int(lengths[i])
             padded = (len(groups[-1]) + 1) * n if groups else 0  # (ascending: n is the longest)
-            if groups and padded <= self.max_batch_samples and (
+            fits = bool(groups) and padded <= self.max_batch_samples and (
+                not self.bucket_shapes or len(groups[-1]) < bucket_capacity(bucket_length(n), self.max_batch_samples))
+            if fits and (
                     total + n >= (1 - MAX_PADDING) * padded or total < FULL_ENOUGH * self.max_batch_samples):
                 groups[-1].append(i)
                 total += n
@@ -114,6 +124,11 @@ class TorchFrontend:
                 groups.append([i])
                 total = n
         return groups
+
+    def shape(self, sizes: list[int]) -> tuple[int, int]:
+        """``(rows, samples)`` a batch of utterances of ``sizes`` samples is computed in: as they
+        are, or with :attr:`bucket_shapes` a fixed shape (:func:`~.bucket_shapes.bucket_shape`)."""
+        return bucket_shape(sizes, self.max_batch_samples) if self.bucket_shapes else (len(sizes), max(sizes))
 
     def _computed(self, waves: Sequence[np.ndarray], kwargs: Mapping[str, Any],
                   then: Callable[[list[int], Any, Any], Result]) -> Iterator[Result]:
@@ -126,11 +141,12 @@ class TorchFrontend:
         def launch(group: list[int], staged: tuple[Any, Any]) -> Result:
             speech, lengths = staged
             with torch.inference_mode():
-                with precision_scope(self.device, self.precision):
+                with precision_scope(self.device, self.precision, planned_shapes=self.bucket_shapes):
                     feats, flens = self.extract(speech, lengths, kwargs)
                 if flens is None:
                     flens = torch.full((feats.shape[0],), feats.shape[1], dtype=torch.long, device=feats.device)
-                return then(group, feats.detach(), flens.detach())
+                rows = len(group)  # (the rows of zeros filling a fixed shape dropped)
+                return then(group, feats[:rows].detach(), flens[:rows].detach())
 
         return overlapped(self.batches([len(w) for w in waves]), lambda group: self._staged(waves, group), launch)
 
@@ -166,7 +182,8 @@ class TorchFrontend:
         frames, nonfinite = [0] * len(waves), [False] * len(waves)
         total, dim, computed = Moments(), 0, 0
         for group, feats, flens in self._computed(waves, kwargs, lambda *done: done):
-            computed += len(group) * max(len(waves[i]) for i in group)
+            rows, longest = self.shape([len(waves[i]) for i in group])
+            computed += rows * longest
             with torch.inference_mode():
                 lengths = flens.to(torch.long)
                 bad = nonfinite_rows(feats, lengths)
@@ -186,27 +203,28 @@ class TorchFrontend:
         import torch
 
         sizes = [len(waves[i]) for i in group]
-        rows, longest = len(group), max(sizes)
+        rows, longest = self.shape(sizes)
         gpu = self.device.type == "cuda"
         speech = self._staging.take(rows * longest).view(rows, longest) if gpu else torch.empty(rows, longest)
         for row, (i, n) in enumerate(zip(group, sizes, strict=True)):
             speech[row, :n] = torch.from_numpy(np.asarray(waves[i], dtype=np.float32))
             speech[row, n:] = 0.0
-        lengths = torch.tensor(sizes, dtype=torch.long)
+        speech[len(sizes):] = 0.0
+        lengths = torch.tensor(sizes + [longest] * (rows - len(sizes)), dtype=torch.long)
         if not gpu:
             return speech, lengths
         return self._staging.to_device(speech, self.device), lengths.to(self.device, non_blocking=True)
 
 
 def espnet2_frontend(frontend: Any, device: str = "cpu", max_batch_samples: int = 0,
-                     precision: str = "float32") -> TorchFrontend:
+                     precision: str = "float32", bucket_shapes: bool = False) -> TorchFrontend:
     """A frontend from an ESPnet2 frontend module (``forward(speech, lengths) -> (feats, lengths)``),
     run as ESPnet2's ``collect_feats`` runs it."""
 
     def extract(speech: Any, lengths: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Any]:
         return frontend(speech, lengths)
 
-    return TorchFrontend(extract, frontend, device, max_batch_samples, precision)
+    return TorchFrontend(extract, frontend, device, max_batch_samples, precision, bucket_shapes)
 
 
 def torch_batching(cfg: FrontendConfig) -> dict[str, Any]:
@@ -215,4 +233,5 @@ def torch_batching(cfg: FrontendConfig) -> dict[str, Any]:
     bound of the batches only where there are batches)."""
     return {"max_batch_samples": cfg.max_batch_samples, "implementation": TORCH_FRONTEND_IMPLEMENTATION,
             **({"precision": cfg.precision} if cfg.precision != "float32" else {}),
-            **({"max_padding": [MAX_PADDING, FULL_ENOUGH]} if cfg.max_batch_samples > 0 else {})}
+            **({"max_padding": [MAX_PADDING, FULL_ENOUGH]} if cfg.max_batch_samples > 0 else {}),
+            **({"bucket_shapes": [LADDER_BASE, LADDER_STEP, LADDER_ALIGN]} if cfg.bucket_shapes else {})}

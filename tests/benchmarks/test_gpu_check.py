@@ -60,7 +60,11 @@ def test_rehearsal_measures_what_the_issue_asks(rehearsal):
     hubert = [r for r in rows if r["part"] == "hubert"]
     assert {r["mode"] for r in hubert} == {"one at a time", "batched", "collect-stats moments",
                                            "model only (batches on the device)", "written, calls of 16",
-                                           "written, calls of 256"}
+                                           "written, calls of 256", "padded as they are, second pass",
+                                           "bucket shapes"}
+    fixed = {r["mode"]: r for r in hubert if "shapes" in r}
+    assert fixed["bucket shapes"]["padding"] >= fixed["padded as they are, second pass"]["padding"]
+    assert fixed["bucket shapes"]["max_rel"] < 1e-5  # float32 on the CPU: exact as the batches as they are
     assert all(r["x_realtime"] > 0 for r in hubert if r["mode"].startswith("written"))  # features were written
     batched = {r["precision"]: r for r in hubert if r["mode"] == "batched"}
     assert batched["float32"]["max_rel"] < 1e-5  # exact padded batches

@@ -85,10 +85,11 @@ def test_fbank_frontend_on_the_cpu_is_per_utterance():
         np.testing.assert_array_equal(got, frontend.fbank(wave))
 
 
-def test_ssl_features_in_padded_batches_equal_each_utterance_alone(hubert):
+@pytest.mark.parametrize("bucket_shapes", [False, True], ids=["as-is", "bucket-shapes"])
+def test_ssl_features_in_padded_batches_equal_each_utterance_alone(hubert, bucket_shapes):
     waves = noise([SR, 23_456, 2 * SR + 7, 40_000], seed=1)
     alone = model_frontend(hubert)(waves, {})
-    batched = model_frontend(hubert, max_batch_samples=10 ** 7)(waves, {})
+    batched = model_frontend(hubert, max_batch_samples=10 ** 7, bucket_shapes=bucket_shapes)(waves, {})
     assert [a.shape for a in alone] == [b.shape for b in batched] == [(49, 768), (73, 768), (99, 768), (124, 768)]
     for a, b in zip(alone, batched, strict=True):
         # measured 1.3e-6 of the feature scale: padding no longer reaches the features

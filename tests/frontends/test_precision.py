@@ -29,6 +29,9 @@ def test_the_scope_sets_the_flags_for_the_call_and_restores_them(device, precisi
     with precision_scope(device, precision):
         assert flags() == inside
     assert flags() == before
+    with precision_scope(device, precision, planned_shapes=True):  # fixed shapes: cuDNN's attention stays
+        assert flags() == (*inside[:2], True)
+    assert flags() == before
     with pytest.raises(RuntimeError, match="model failed"), precision_scope(device, precision):
         raise RuntimeError("model failed")
     assert flags() == before
