@@ -12,9 +12,9 @@ LADDER_BASE = 1600
 #: The ladder's ratio: each length is 5 % above the one before, so a batch's longest utterance is
 #: padded by less than 5 % (and the alignment's 10 ms)
 LADDER_STEP = 1.05
-#: Ladder lengths are multiples of this many samples (10 ms at 16 kHz: a hop of every frontend here)
+#: Ladder lengths are multiples of this many samples (10 ms at 16 kHz)
 LADDER_ALIGN = 160
-#: A batch's rows are rounded up to a multiple of this share of its length's capacity
+#: A batch's rows are rounded up to a multiple of this share of its length's capacity (at least 8)
 ROW_STEPS = 16
 
 
@@ -37,10 +37,11 @@ def bucket_capacity(length: int, max_batch_samples: int) -> int:
 
 def bucket_shape(sizes: list[int], max_batch_samples: int) -> tuple[int, int]:
     """``(rows, length)`` a batch of utterances of ``sizes`` samples is padded to: the ladder length
-    of the longest, and its rows rounded up to a power of two up to 8, above that to a multiple of
-    :data:`ROW_STEPS`-th of the length's capacity (at least 8), at most the capacity: a ladder
-    length then has at most ``4 + ROW_STEPS`` row counts."""
-    length = bucket_length(max(sizes))
+    of the longest (but never past ``max_batch_samples`` for an utterance that fits in it), and its
+    rows rounded up to a power of two up to 8, above that to a multiple of a :data:`ROW_STEPS`-th of
+    the length's capacity (at least 8), at most the capacity: about 20 row counts per length."""
+    longest = max(sizes)
+    length = min(bucket_length(longest), max(longest, max_batch_samples))
     capacity = bucket_capacity(length, max_batch_samples)
     rows = len(sizes)
     if rows <= 8:

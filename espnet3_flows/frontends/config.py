@@ -184,9 +184,10 @@ class FrontendConfig:
             (``espnet3_flows.frontends.precision``). Its shards have other hashes than float32's.
         bucket_shapes: For padded batches (``model`` and ``espnet2`` with ``max_batch_samples``
             above 0): pad each batch to one of a few fixed shapes, its longest utterance up to a
-            length on a ladder of 5 % steps (from 0.1 s, in 10 ms) and its rows up to 1, 2, 4 or
-            8, above that to a multiple of a sixteenth of what that length holds, rows of zeros
-            computed and dropped. A GPU then sees the same shapes call after call, so under
+            length on a ladder of 5 % steps (from 1,600 samples, in multiples of 160: 0.1 s and
+            10 ms at 16 kHz) and its rows up to 1, 2, 4 or 8, above that to a multiple of a
+            sixteenth of what that length holds (at least 8), rows of zeros computed and dropped
+            (the frontend must give its features' lengths). A GPU then sees the same shapes call after call, so under
             ``bf16``/``fp16`` cuDNN's attention, which plans each new shape once (~200 ms), stays
             on. More padding (collect-stats' ``padding_fraction`` counts it): for shards of
             1,000 utterances of 2-16 s, 10 % at 16M samples (4.9 % without) and 5.5 % at 4M (1.9 %),
@@ -233,9 +234,9 @@ class FrontendConfig:
         if self.max_batch_samples < 0:
             raise ConfigError(f"frontend.max_batch_samples must be >= 0, got {self.max_batch_samples}")
         if self.bucket_shapes and kind.own_batches(self) != "padded":
-            raise ConfigError("frontend.bucket_shapes is for padded batches: type=model or espnet2 with "
-                              f"frontend.max_batch_samples above 0 (got type={self.type}, max_batch_samples="
-                              f"{self.max_batch_samples})")
+            raise ConfigError("frontend.bucket_shapes is for padded batches: type=model or espnet2 (not "
+                              "espnet2's default fast path) with frontend.max_batch_samples above 0 (got "
+                              f"type={self.type}, max_batch_samples={self.max_batch_samples})")
         if self.num_mel_bins <= 0:
             raise ConfigError(f"frontend.num_mel_bins must be positive, got {self.num_mel_bins}")
         try:

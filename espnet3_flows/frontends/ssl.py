@@ -171,7 +171,7 @@ def per_utterance_channel_norm(x: torch.Tensor, lengths: torch.Tensor, norm: tor
     float32 ``x`` is normalised in float32, as torch computes a GroupNorm. Reduced-precision ``x``
     (bf16 or fp16: a product's output under autocast) stays in its dtype
     (:func:`_reduced_precision_channel_norm`)."""
-    if x.dtype != torch.float32:
+    if x.dtype in (torch.bfloat16, torch.float16):
         return _reduced_precision_channel_norm(x, lengths, norm)
     out = x.float()
     for b, n in enumerate(lengths.tolist()):
@@ -190,18 +190,17 @@ def _reduced_precision_channel_norm(x: torch.Tensor, lengths: torch.Tensor, norm
     """:func:`per_utterance_channel_norm` of bf16 or fp16 ``x``, written in ``x``'s dtype.
 
     Each utterance's per-channel sum and sum of squares are accumulated in float32 from ``x``'s
-    own values (a GPU's reductions cast on the fly: no float32 copy of ``x``), and the whole batch
-    is normalised in one product in ``x``'s dtype. Torch's GroupNorm under autocast, and the
-    float32 path above, instead write a float32 copy of this, the model's largest activation
-    (102 values per audio sample in HuBERT-base), then the GELU's float32 output, which the next
-    convolution casts back: on an H200 in bf16, casts were 32 % of HuBERT-base's GPU time and this
-    norm 14 % (``benchmarks/results/gpu.json``). What it costs: the normalised values are rounded
-    to ``x``'s dtype before the GELU, within the error ``x`` already carries (``x`` holds
-    8 mantissa bits in bf16, so its normalised values are good to ~2**-9 times the ratio of a
-    channel's mean to its standard deviation either way).
+    own values (a GPU's reductions cast on the fly: no float32 copy of ``x``); the batch is then
+    centred and scaled in ``x``'s dtype. Torch's GroupNorm under autocast, and the float32 path
+    above, instead write a float32 copy of this, the model's largest activation (102 values per
+    audio sample in HuBERT-base), then the GELU's float32 output, which the next convolution casts
+    back: on an H200 in bf16, casts were 32 % of HuBERT-base's GPU time and this norm 14 %
+    (``benchmarks/results/gpu.json``). What it costs: the normalised values are rounded to ``x``'s
+    dtype before the GELU. Centring first keeps that rounding relative to the output, also for a
+    channel far from zero or constant (scaling first would cancel two large rounded terms).
     """
     batch, _, channels = x.shape
-    frames_of = lengths.tolist()
+    frames_of = lengths.tolist()  # (one wait per batch, as the float32 path's)
     sums = torch.zeros(batch, channels, dtype=torch.float32, device=x.device)
     squares = torch.zeros_like(sums)
     for b, n in enumerate(frames_of):
@@ -209,14 +208,15 @@ def _reduced_precision_channel_norm(x: torch.Tensor, lengths: torch.Tensor, norm
             frames = x[b, :n]
             sums[b] = frames.sum(0, dtype=torch.float32)
             squares[b] = torch.linalg.vector_norm(frames, 2, dim=0, dtype=torch.float32).square()
-    counts = torch.tensor([[max(n, 1)] for n in frames_of], dtype=torch.float32).to(x.device, non_blocking=True)
+    lengths = lengths.to(x.device)
+    valid = (lengths > 0)[:, None]  # an utterance shorter than the first window: its row left as it is
+    counts = lengths.to(torch.float32).clamp_min(1)[:, None]
     mean = sums / counts
     var = (squares / counts - mean.square()).clamp_min(0)
     scale = torch.rsqrt(var + norm.eps)
     if norm.affine:
         scale = scale * norm.weight.float()
-    shift = (norm.bias.float() if norm.affine else 0) - mean * scale
-    empty = [b for b, n in enumerate(frames_of) if n <= 0]
-    if empty:  # an utterance shorter than the first window: its row left as it is
-        scale[empty], shift[empty] = 1.0, 0.0
-    return torch.addcmul(shift[:, None].to(x.dtype), x, scale[:, None].to(x.dtype))
+    shift = norm.bias.float().expand(batch, channels) if norm.affine else torch.zeros_like(sums)
+    mean, scale, shift = torch.where(valid, mean, 0.0), torch.where(valid, scale, 1.0), torch.where(valid, shift, 0.0)
+    centred = x - mean[:, None].to(x.dtype)
+    return torch.addcmul(shift[:, None].to(x.dtype), centred, scale[:, None].to(x.dtype), out=centred)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from espnet3_flows.frontends.bucket_shapes import (LADDER_ALIGN, LADDER_BASE, LADDER_STEP, bucket_capacity,
-                                                   bucket_length, bucket_shape)
+from espnet3_flows.frontends.bucket_shapes import (LADDER_ALIGN, LADDER_BASE, LADDER_STEP, ROW_STEPS,
+                                                   bucket_capacity, bucket_length, bucket_shape)
 from espnet3_flows.frontends.checked import CheckedFeatures
 from espnet3_flows.frontends.device_moments import FrameMoments, Moments, nonfinite_rows
 from espnet3_flows.frontends.pinned import HostCopy, PinnedStaging, Result, overlapped
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 #: Version of how model and ESPnet2 frontends are run (one utterance per call unless batched)
 TORCH_FRONTEND_IMPLEMENTATION = "espnet3_flows.stats.frontend.TorchFrontend/1"
+#: Version of what ``bf16``/``fp16`` compute beyond autocast (in shard hashes of those precisions
+#: only): 2, ``SSLFeatures``' first norm in the autocast dtype
+REDUCED_PRECISION_VERSION = 2
 #: The most padding a padded batch of :meth:`TorchFrontend.batches` takes on once it holds
 #: :data:`FULL_ENOUGH` of ``max_batch_samples`` (a share of its samples)
 MAX_PADDING = 0.05
@@ -144,6 +147,9 @@ class TorchFrontend:
                 with precision_scope(self.device, self.precision, planned_shapes=self.bucket_shapes):
                     feats, flens = self.extract(speech, lengths, kwargs)
                 if flens is None:
+                    if self.bucket_shapes:
+                        raise ValueError("frontend.bucket_shapes needs a frontend that gives its features' lengths "
+                                         "(feats_lengths): every utterance would keep its batch's padded frames")
                     flens = torch.full((feats.shape[0],), feats.shape[1], dtype=torch.long, device=feats.device)
                 rows = len(group)  # (the rows of zeros filling a fixed shape dropped)
                 return then(group, feats[:rows].detach(), flens[:rows].detach())
@@ -232,6 +238,7 @@ def torch_batching(cfg: FrontendConfig) -> dict[str, Any]:
     only when set: float32 shards keep the hashes they had before precision existed; the padding
     bound of the batches only where there are batches)."""
     return {"max_batch_samples": cfg.max_batch_samples, "implementation": TORCH_FRONTEND_IMPLEMENTATION,
-            **({"precision": cfg.precision} if cfg.precision != "float32" else {}),
+            **({"precision": cfg.precision, "reduced_precision": REDUCED_PRECISION_VERSION}
+               if cfg.precision != "float32" else {}),
             **({"max_padding": [MAX_PADDING, FULL_ENOUGH]} if cfg.max_batch_samples > 0 else {}),
-            **({"bucket_shapes": [LADDER_BASE, LADDER_STEP, LADDER_ALIGN]} if cfg.bucket_shapes else {})}
+            **({"bucket_shapes": [LADDER_BASE, LADDER_STEP, LADDER_ALIGN, ROW_STEPS]} if cfg.bucket_shapes else {})}

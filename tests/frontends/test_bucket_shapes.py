@@ -83,3 +83,17 @@ def test_the_key_is_for_padded_batches_and_changes_the_hash():
         FrontendConfig(bucket_shapes=True)  # fbank
     with pytest.raises(ConfigError, match="bucket_shapes is for padded batches"):
         FrontendConfig(type="model", model=MODEL, bucket_shapes=True)  # one utterance at a time
+
+
+def test_an_utterance_that_fits_the_cap_alone_is_never_padded_past_it():
+    assert bucket_shape([99_990], max_batch_samples=100_000) == (1, 100_000)  # (its ladder length: 101,280)
+    assert bucket_shape([150_000], max_batch_samples=100_000) == (1, 150_000)  # alone, as without the key
+
+
+def test_a_frontend_without_feature_lengths_is_refused_rather_than_padded():
+    def no_lengths(speech, lengths, kwargs):
+        return speech[:, :, None], None
+
+    fixed = TorchFrontend(no_lengths, object(), "cpu", max_batch_samples=100_000, bucket_shapes=True)
+    with pytest.raises(ValueError, match="needs a frontend that gives its features' lengths"):
+        fixed([np.ones(16_000, dtype=np.float32)], {})
