@@ -58,6 +58,7 @@ BENCHMARKS = {b.name: b for b in [
     Benchmark("s3", "bench_s3", False),
     Benchmark("startup", "bench_startup", False),
     Benchmark("runners", "bench_runners", False),
+    Benchmark("task_costs", "bench_task_costs", True),
     Benchmark("gpu", "bench_gpu", False, device_only=True),
 ]}
 

@@ -20,7 +20,7 @@ from tests.support.prefect_db import seed_home
 REPO = Path(__file__).resolve().parents[2]
 #: the quick groups, each run by its module ``tests/benchmarks/test_quick_<group>.py``
 GROUPS: dict[str, tuple[str, ...]] = {
-    "startup": ("startup", "espnet2"),  # ~74 CPU-s alone on 2 cores
+    "startup": ("startup", "espnet2", "task_costs"),  # ~74 CPU-s alone on 2 cores (task_costs: ~15)
     "flows": ("collect_stats", "overhead", "memory"),  # ~82
     "models": ("xvector", "spk_embed", "frontend_espnet2", "batching", "runners", "s3"),  # ~70
 }
