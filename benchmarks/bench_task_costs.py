@@ -49,6 +49,8 @@ def _cpu_s() -> float:
 
 
 def _install_driver_patches() -> None:
+    """The speed patches a run on a cluster installs in its driver (``orchestration.flows._run_flow``
+    and ``_run_patched_flow``); its lifecycle patches (heartbeats, exit hooks) cost nothing per task."""
     from espnet3_flows.orchestration.prefect_private import client, contexts, events, gate
 
     gate.enter_run()
@@ -124,7 +126,7 @@ def driver_child(n: int) -> dict[str, float]:
                 out[rep] = 1000 * (_cpu_s() - c0) / count
 
         loop()
-        client.gather([client.submit(int, i, pure=False) for i in range(50)])
+        client.gather([client.submit(int, i, pure=False) for i in range(WARM_UP)])
         c0 = _cpu_s()
         client.gather([client.submit(int, i, pure=False) for i in range(n)])
         out["dask"] = 1000 * (_cpu_s() - c0) / n

@@ -187,9 +187,9 @@ class FrontendConfig:
             length on a ladder of 5 % steps (from 1,600 samples, in multiples of 160: 0.1 s and
             10 ms at 16 kHz) and its rows up to 1, 2, 4 or 8, above that to a multiple of a
             sixteenth of what that length holds (at least 8), rows of zeros computed and dropped
-            (the frontend must give its features' lengths). A GPU then sees the same shapes call after call, so under
-            ``bf16``/``fp16`` cuDNN's attention, which plans each new shape once (~200 ms), stays
-            on. More padding (collect-stats' ``padding_fraction`` counts it): for shards of
+            (the frontend must give its features' lengths). A GPU then sees the same shapes call
+            after call, so under ``bf16``/``fp16`` cuDNN's attention, which plans each new shape
+            once (~200 ms), stays on. More padding (collect-stats' ``padding_fraction`` counts it): for shards of
             1,000 utterances of 2-16 s, 10 % at 16M samples (4.9 % without) and 5.5 % at 4M (1.9 %),
             91 shapes over 30 shards' 479 batches; a bad trade for calls of a few utterances (16:
             51 % against 28 %). Features as padded batches give them: for a padding-exact model

@@ -74,7 +74,7 @@ class RecordingCache:
             self.ahead[ahead_key(utt)] = (decode(utt), settings)
 
     def keep_ahead(self, keys: set[tuple[str, str]]) -> None:
-        """Cancel and drop the decodes started ahead but for ``keys``'."""
+        """Cancel and drop the decodes started ahead, but those of ``keys``."""
         for key in [k for k in self.ahead if k not in keys]:
             self.ahead.pop(key)[0].cancel()
 
